@@ -1,0 +1,40 @@
+/*
+ * Out-of-line wrappers for libfabric's static-inline calls, which have no symbol to link
+ * against. Each forwards its arguments unchanged; see shim.c.
+ */
+#ifndef DMA_LIBFABRIC_SHIM_H
+#define DMA_LIBFABRIC_SHIM_H
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+
+struct fi_info *dmafab_allocinfo(void);
+int dmafab_set_provider_name(struct fi_info *info, const char *name);
+uint32_t dmafab_version(void);
+
+int dmafab_domain(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **domain, void *context);
+int dmafab_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep, void *context);
+int dmafab_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fid_av **av, void *context);
+int dmafab_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_cq **cq, void *context);
+int dmafab_ep_bind(struct fid_ep *ep, struct fid *bfid, uint64_t flags);
+int dmafab_enable(struct fid_ep *ep);
+int dmafab_close(struct fid *fid);
+int dmafab_getname(struct fid *fid, void *addr, size_t *addrlen);
+
+int dmafab_av_insert(struct fid_av *av, const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flags, void *context);
+int dmafab_av_remove(struct fid_av *av, fi_addr_t *fi_addr, size_t count, uint64_t flags);
+int dmafab_av_lookup(struct fid_av *av, fi_addr_t fi_addr, void *addr, size_t *addrlen);
+const char *dmafab_av_straddr(struct fid_av *av, const void *addr, char *buf, size_t *len);
+
+ssize_t dmafab_cq_read(struct fid_cq *cq, void *buf, size_t count);
+ssize_t dmafab_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf, uint64_t flags);
+const char *dmafab_cq_strerror(struct fid_cq *cq, int prov_errno, const void *err_data, char *buf, size_t len);
+
+ssize_t dmafab_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest_addr, void *context);
+ssize_t dmafab_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest_addr);
+ssize_t dmafab_recv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, void *context);
+
+#endif

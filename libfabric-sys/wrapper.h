@@ -1,0 +1,8 @@
+/* Everything the bindings cover: libfabric's public headers and the shims below. */
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include "shim.h"
