@@ -16,6 +16,16 @@ int dmafab_set_provider_name(struct fi_info *info, const char *name)
 	return 0;
 }
 
+int dmafab_set_fabric_name(struct fi_info *info, const char *name)
+{
+	char *copy = strdup(name);
+	if (!copy)
+		return -FI_ENOMEM;
+	free(info->fabric_attr->name);
+	info->fabric_attr->name = copy;
+	return 0;
+}
+
 /* The API version these headers describe, which is what fi_getinfo must be asked for. */
 uint32_t dmafab_version(void) { return FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION); }
 

@@ -13,6 +13,7 @@
 
 struct fi_info *dmafab_allocinfo(void);
 int dmafab_set_provider_name(struct fi_info *info, const char *name);
+int dmafab_set_fabric_name(struct fi_info *info, const char *name);
 uint32_t dmafab_version(void);
 
 int dmafab_domain(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **domain, void *context);

@@ -1,1 +1,38 @@
-//! placeholder
+//! dma-libfabric: a lock-free address-vector cache and a safe endpoint for data-transfer servers
+//! on libfabric (RDMA NICs, AWS EFA, or the tcp provider on any host).
+//!
+//! - [`endpoint`]: [`LibfabricEndpoint`], a reliable-datagram endpoint with its AV and queues.
+//! - [`address`]: [`AddressFormat`], which bytes of an address name a peer.
+//! - [`cache`]: [`AddressCache`], wait-free hits, one writer, epoch-deferred `fi_av_remove`.
+//!
+//! ```
+//! use dma_libfabric::{Configuration, LibfabricEndpoint};
+//!
+//! let server = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
+//! let client = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
+//! {
+//!     let pinned = server.peers().pin();
+//!     let peer = pinned.resolve(1, &client.local_address()?)?;
+//!     server.send(peer.fi_addr(), b"ping")?;
+//! }
+//! assert_eq!(Some(b"ping".to_vec()), client.receive(std::time::Duration::from_secs(5))?);
+//! # Ok::<(), dma_libfabric::DmaError>(())
+//! ```
+
+pub mod address;
+pub mod cache;
+pub mod configuration;
+pub mod endpoint;
+pub mod error;
+pub(crate) mod sync;
+
+/// The raw bindings, for code that calls libfabric itself.
+pub use libfabric_sys as sys;
+
+pub use address::AddressFormat;
+pub use cache::{AddressCache, AvBackend, CacheStats, Peer, Pinned};
+#[cfg(any(test, feature = "model"))]
+pub use cache::model::{AvEvent, ModelAv};
+pub use configuration::{Configuration, Provider};
+pub use endpoint::{Description, FabricAv, LibfabricEndpoint};
+pub use error::DmaError;

@@ -1,0 +1,156 @@
+//! Peer addresses: how many of their bytes name the peer, and which lengths are acceptable.
+//!
+//! `fi_av_insert` reads as many bytes as the provider's address length whatever slice it is
+//! given, so every address is checked against that length before any libfabric call: an address
+//! of any other length (empty included) is [`DmaError::InvalidAddress`].
+//!
+//! On efa an address is not only an identifier: it is `raw[16]` (the GID), `qpn: u16`,
+//! `pad: u16`, `qkey: u32` and 8 bytes of pointer. The device hands a closed endpoint's QPN to the
+//! next endpoint on the card, and efa's reverse address vector keys entries by GID and QPN, so
+//! those 18 bytes are the peer's *identity* and the QKEY only tells incarnations of one slot
+//! apart. Every other provider's identity is the whole address.
+
+use crate::error::DmaError;
+use crate::sys;
+
+/// `sizeof(struct efa_ep_addr)`: `raw[16]`, `qpn: u16`, `pad: u16`, `qkey: u32`, `next: ptr`.
+pub const EFA_ADDRESS_LEN: usize = 32;
+/// The GID and the QPN: the part of an efa address that names the endpoint slot.
+pub const EFA_IDENTITY_LEN: usize = 18;
+/// A `struct sockaddr_in`, which is what tcp on IPv4 advertises.
+pub const SOCKADDR_IN_LEN: usize = 16;
+
+/// How a provider lays out an address.
+///
+/// ```
+/// use dma_libfabric::AddressFormat;
+///
+/// let efa = [7_u8; 32];
+/// assert_eq!(18, AddressFormat::Efa.identity(&efa, 32)?.len());
+/// assert!(AddressFormat::Efa.identity(&efa[..31], 32).is_err());
+/// assert_eq!(16, AddressFormat::Opaque.identity(&[1; 16], 16)?.len());
+/// # Ok::<(), dma_libfabric::DmaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AddressFormat {
+    /// efa: the GID and QPN name a slot the device recycles; the QKEY tells its incarnations
+    /// apart. The identity is the first [`EFA_IDENTITY_LEN`] bytes of [`EFA_ADDRESS_LEN`].
+    Efa,
+    /// Every other provider: the address is the identity.
+    Opaque,
+}
+
+impl AddressFormat {
+    /// The format of `fi_info.addr_format`.
+    pub fn from_fi(addr_format: u32) -> Self {
+        if sys::FI_ADDR_EFA == addr_format {
+            Self::Efa
+        } else {
+            Self::Opaque
+        }
+    }
+
+    /// The address length a provider of this format uses when it does not say: 32 for efa, a
+    /// `sockaddr_in` otherwise.
+    pub fn default_len(self) -> usize {
+        match self {
+            Self::Efa => EFA_ADDRESS_LEN,
+            Self::Opaque => SOCKADDR_IN_LEN,
+        }
+    }
+
+    /// The identity of `address`, a prefix of it, after checking that it is `address_len` bytes
+    /// long (and, for efa, that the provider's length is efa's).
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidAddress`] for an empty address or one of any other length.
+    pub fn identity(self, address: &[u8], address_len: usize) -> Result<&[u8], DmaError> {
+        let identity_len = self.identity_len(address, address_len)?;
+        Ok(&address[..identity_len])
+    }
+
+    /// How many leading bytes of a checked `address` name its peer.
+    pub(crate) fn identity_len(self, address: &[u8], address_len: usize) -> Result<usize, DmaError> {
+        if address.is_empty() {
+            return Err(DmaError::InvalidAddress("the address is empty".into()));
+        }
+        if address.len() != address_len {
+            return Err(DmaError::InvalidAddress(format!(
+                "the address is {} bytes, and this provider's addresses are {address_len}",
+                address.len()
+            )));
+        }
+        match self {
+            Self::Efa if EFA_ADDRESS_LEN != address_len => Err(DmaError::InvalidAddress(format!(
+                "efa addresses are {EFA_ADDRESS_LEN} bytes, not {address_len}"
+            ))),
+            Self::Efa => Ok(EFA_IDENTITY_LEN),
+            Self::Opaque => Ok(address_len),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An efa address with a fixed GID.
+    fn efa(qpn: u16, qkey: u32) -> Vec<u8> {
+        let mut bytes = vec![0xfe; EFA_ADDRESS_LEN];
+        bytes[16..18].copy_from_slice(&qpn.to_ne_bytes());
+        bytes[18..20].fill(0);
+        bytes[20..24].copy_from_slice(&qkey.to_ne_bytes());
+        bytes
+    }
+
+    #[test]
+    fn efa_addresses_differing_only_in_qkey_share_an_identity() {
+        let old = efa(0, 0x9bce_1061);
+        let new = efa(0, 0x961f_0203);
+        assert_ne!(old, new);
+        assert_eq!(
+            AddressFormat::Efa.identity(&old, 32).ok(),
+            AddressFormat::Efa.identity(&new, 32).ok()
+        );
+    }
+
+    #[test]
+    fn efa_addresses_with_different_qpns_are_different_identities() {
+        assert_ne!(
+            AddressFormat::Efa.identity(&efa(0, 1), 32).ok(),
+            AddressFormat::Efa.identity(&efa(1, 1), 32).ok()
+        );
+    }
+
+    #[test]
+    fn efa_rejects_every_length_but_32() {
+        for len in [0, 1, 17, 18, 31, 33, 64] {
+            let error = AddressFormat::Efa.identity(&vec![0; len], 32);
+            assert!(matches!(error, Err(DmaError::InvalidAddress(_))), "{len} bytes: {error:?}");
+        }
+        assert!(AddressFormat::Efa.identity(&[0; 32], 32).is_ok());
+        assert!(AddressFormat::Efa.identity(&[0; 16], 16).is_err(), "efa is 32 bytes whatever the provider says");
+    }
+
+    #[test]
+    fn opaque_addresses_are_checked_against_the_providers_length() {
+        assert!(AddressFormat::Opaque.identity(&[], 16).is_err());
+        assert!(AddressFormat::Opaque.identity(&[1; 15], 16).is_err());
+        assert!(AddressFormat::Opaque.identity(&[1; 17], 16).is_err());
+        assert_eq!(Some(&[1_u8; 16][..]), AddressFormat::Opaque.identity(&[1; 16], 16).ok());
+    }
+
+    #[test]
+    fn opaque_identity_is_every_byte() {
+        assert_ne!(
+            AddressFormat::Opaque.identity(&[1, 2, 3], 3).ok(),
+            AddressFormat::Opaque.identity(&[1, 2, 4], 3).ok()
+        );
+    }
+
+    #[test]
+    fn the_format_comes_from_fi_info() {
+        assert_eq!(AddressFormat::Efa, AddressFormat::from_fi(sys::FI_ADDR_EFA));
+        assert_eq!(AddressFormat::Opaque, AddressFormat::from_fi(sys::FI_SOCKADDR_IN));
+    }
+}

@@ -1,0 +1,31 @@
+//! What the cache's writer needs from an address vector.
+
+use crate::address::AddressFormat;
+use crate::error::DmaError;
+use crate::sys::fi_addr_t;
+
+/// An address vector the cache's writer thread drives. It is the only caller of `insert` and
+/// `remove`, so an implementation needs no synchronisation of its own.
+///
+/// Two implementations ship: [`FabricAv`](crate::FabricAv), the endpoint's real libfabric AV,
+/// and, with the `model` feature, [`ModelAv`](crate::ModelAv), which has efa's address rules
+/// without an efa device.
+pub trait AvBackend: Send + 'static {
+    /// How addresses are laid out, and so what identifies a peer.
+    fn format(&self) -> AddressFormat;
+    /// The provider's address length: every address must be exactly this long.
+    fn address_len(&self) -> usize;
+    /// How many entries the AV was opened for. The cache never holds more, counting entries
+    /// still awaiting their deferred removal.
+    fn capacity(&self) -> usize;
+    /// `fi_av_insert` of one address, already checked against `format` and `address_len`.
+    ///
+    /// # Errors
+    /// Whatever the AV reports; the cache hands it to the caller unchanged.
+    fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError>;
+    /// `fi_av_remove` of one index this backend inserted.
+    ///
+    /// # Errors
+    /// Whatever the AV reports; the cache logs it.
+    fn remove(&mut self, fi_addr: fi_addr_t) -> Result<(), DmaError>;
+}

@@ -1,0 +1,66 @@
+//! Each cache's private epoch collector, and the per-thread handles readers pin through.
+//!
+//! A `crossbeam_epoch::LocalHandle` is a thread's membership of one collector. Registering one
+//! allocates, so a thread registers once per cache and keeps the handle in a thread-local list;
+//! `pin` then costs a short scan of that list and crossbeam's own pin. Handles of caches that
+//! have been dropped are pruned whenever a new one is registered, so a thread that meets many
+//! caches over its life holds handles only for the live ones.
+
+use std::cell::RefCell;
+
+use crossbeam_epoch::{Collector, Guard, LocalHandle};
+
+use crate::sync::{Arc, Weak};
+
+/// A cache's collector with the token that says the cache is alive.
+pub(crate) struct Epochs {
+    collector: Collector,
+    alive: Arc<()>,
+}
+
+struct Registered {
+    alive: Weak<()>,
+    handle: LocalHandle,
+}
+
+std::thread_local! {
+    static HANDLES: RefCell<Vec<Registered>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Epochs {
+    pub(crate) fn new() -> Self {
+        Self {
+            collector: Collector::new(),
+            alive: Arc::new(()),
+        }
+    }
+
+    /// The collector, for the writer thread to register on.
+    pub(crate) fn collector(&self) -> &Collector {
+        &self.collector
+    }
+
+    /// Pin the calling thread on this cache's collector.
+    pub(crate) fn pin(&self) -> Guard {
+        let pinned = HANDLES.try_with(|handles| {
+            let mut handles = handles.borrow_mut();
+            if let Some(registered) = handles
+                .iter()
+                .find(|registered| registered.handle.collector() == &self.collector)
+            {
+                return registered.handle.pin();
+            }
+            handles.retain(|registered| 0 < registered.alive.strong_count());
+            let handle = self.collector.register();
+            let guard = handle.pin();
+            handles.push(Registered {
+                alive: Arc::downgrade(&self.alive),
+                handle,
+            });
+            guard
+        });
+        // During thread teardown the list may already be gone: pin through a handle of our own,
+        // which the guard outlives safely (crossbeam keeps the participant until both drop).
+        pinned.unwrap_or_else(|_| self.collector.register().pin())
+    }
+}

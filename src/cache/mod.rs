@@ -1,0 +1,363 @@
+//! The lock-free cache of address-vector entries.
+//!
+//! Posting threads turn a peer's advertised address into the `fi_addr_t` they post against, once
+//! per transfer. [`AddressCache`] makes that a hash probe:
+//!
+//! - **Readers** [`pin`](AddressCache::pin) an epoch and [`resolve`](Pinned::resolve)
+//!   `(client, address)` pairs. A hit is one probe of a papaya map keyed by the borrowed
+//!   `(client, identity)` pair plus a comparison of the full address: it allocates nothing,
+//!   takes no lock and writes no shared memory. Each [`Peer`] borrows the [`Pinned`] it came
+//!   from, so the borrow checker forbids posting to it after the pin is dropped.
+//! - **One writer thread** per cache applies every change in arrival order: it alone calls
+//!   `fi_av_insert` and `fi_av_remove`, counts which clients hold which entry, evicts stale efa
+//!   incarnations, and publishes and unlinks index entries. A miss sends it a request; `resolve`
+//!   waits for the reply, `try_resolve` does not.
+//! - **Removal is deferred**: an entry whose last client has gone is unlinked from the index and
+//!   its removal deferred on the cache's private `crossbeam_epoch::Collector`. The deferred
+//!   closure only hands the index back to the writer, which removes it once every reader that was
+//!   pinned at the unlink has unpinned. So no reader ever holds a `fi_addr_t` that libfabric has
+//!   removed or handed to another peer (the ABA hazard of `FI_AV_TABLE`, which reuses the lowest
+//!   free index at once).
+//!
+//! # Guarantees
+//!
+//! 1. A `Peer` maps, in the AV, to exactly the address it was resolved for, for as long as its
+//!    pin lives.
+//! 2. Every `fi_av_insert` is matched by exactly one `fi_av_remove`, after the last client
+//!    released the entry and every reader that could have seen it unpinned.
+//! 3. The AV never holds two entries for one identity: on efa, a new QKEY on a known GID and QPN
+//!    evicts the old incarnation (and every client on it), whose removal runs *before* the new
+//!    incarnation's insert. The new one waits, parked, without stalling other requests.
+//! 4. Once every client is released and the cache is quiesced, the AV and the index are empty.
+//! 5. Bad input (an address of the wrong length, empty) is a [`DmaError`] before any AV call,
+//!    and changes nothing. So is a full AV: the cache never holds more than
+//!    [`AvBackend::capacity`] entries, counting those awaiting removal.
+//!
+//! # Why a resolve under a pin can be told to wait
+//!
+//! A recycled efa slot cannot take its new incarnation until the old one is removed, and the old
+//! one cannot be removed while the caller's own pin (taken before the eviction) lives. So when a
+//! resolve has to park a new incarnation, it returns [`DmaError::WouldBlock`] rather than wait
+//! for itself: the writer inserts the new incarnation once every reader has unpinned, and a
+//! resolve under a later pin finds it.
+//!
+//! # Drop
+//!
+//! Dropping the cache stops the writer, which removes every pending and live entry before the
+//! thread ends; the endpoint closes its AV only after that. No `Drop` and no deferred closure
+//! calls libfabric.
+
+mod backend;
+pub(crate) mod epoch;
+pub(crate) mod index;
+#[cfg(any(test, feature = "model"))]
+pub(crate) mod model;
+mod stats;
+pub(crate) mod writer;
+
+use std::marker::PhantomData;
+
+pub use self::backend::AvBackend;
+pub use self::stats::CacheStats;
+use self::epoch::Epochs;
+use self::index::{Index, IndexGuard};
+use self::stats::Counters;
+use self::writer::{Request, Shared, Writer};
+use crate::address::AddressFormat;
+use crate::endpoint::FabricAv;
+use crate::error::DmaError;
+use crate::sync::{Arc, mpsc, thread};
+use crate::sys::fi_addr_t;
+
+/// What a reader needs, whatever the backend.
+struct Core {
+    shared: Arc<Shared>,
+    epochs: Epochs,
+    requests: mpsc::Sender<Request>,
+    format: AddressFormat,
+    address_len: usize,
+}
+
+/// A cache of address-vector entries shared by many posting threads. See the module docs.
+///
+/// ```
+/// use dma_libfabric::{Configuration, LibfabricEndpoint};
+///
+/// let server = LibfabricEndpoint::open(&Configuration::default(), None)?;
+/// let client = LibfabricEndpoint::open(&Configuration::default(), None)?;
+/// let address = client.local_address()?;
+///
+/// let pinned = server.peers().pin();
+/// let peer = pinned.resolve(7, &address)?;
+/// server.send(peer.fi_addr(), b"hello")?;
+/// drop(pinned);
+///
+/// server.peers().release(7);
+/// server.peers().quiesce();
+/// assert_eq!(0, server.peers().stats().entries);
+/// # Ok::<(), dma_libfabric::DmaError>(())
+/// ```
+pub struct AddressCache<B: AvBackend = FabricAv> {
+    core: Core,
+    writer: Option<thread::JoinHandle<()>>,
+    backend: PhantomData<fn() -> B>,
+}
+
+impl<B: AvBackend> std::fmt::Debug for AddressCache<B> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("AddressCache")
+            .field("format", &self.core.format)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: AvBackend> AddressCache<B> {
+    /// A cache over `backend`, with its writer thread started.
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
+    ///
+    /// let av = ModelAv::new(AddressFormat::Efa);
+    /// let cache = AddressCache::with_backend(av.clone());
+    /// let peer = cache.pin().resolve(1, &[9; 32])?.fi_addr();
+    /// assert_eq!(Some(vec![9; 32]), av.lookup(peer));
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn with_backend(backend: B) -> Self {
+        let format = backend.format();
+        let address_len = backend.address_len();
+        let shared = Arc::new(Shared {
+            index: Index::with_capacity(backend.capacity()),
+            counters: Counters::default(),
+        });
+        let epochs = Epochs::new();
+        let (requests, inbox) = mpsc::channel();
+        let writer = spawn_writer(
+            backend,
+            Arc::clone(&shared),
+            epochs.collector().clone(),
+            inbox,
+            requests.clone(),
+        );
+        Self {
+            core: Core {
+                shared,
+                epochs,
+                requests,
+                format,
+                address_len,
+            },
+            writer,
+            backend: PhantomData,
+        }
+    }
+
+    /// Pin the calling thread: every [`Peer`] resolved through the pin stays valid until it is
+    /// dropped. Hold a pin across the posts that use its peers, and not much longer: a pin held
+    /// for ever holds back every removal.
+    pub fn pin(&self) -> Pinned<'_> {
+        Pinned {
+            epoch: self.core.epochs.pin(),
+            index: self.core.shared.index.guard(),
+            core: &self.core,
+        }
+    }
+
+    /// Let go of `client`'s entry. Returns at once; the writer removes the entry from the AV,
+    /// once its readers have unpinned, if `client` was its last holder. Unknown and repeated ids
+    /// are harmless.
+    pub fn release(&self, client: u64) {
+        // A stopped writer holds nothing any more.
+        let _ = self.core.requests.send(Request::Release { client });
+    }
+
+    /// Block until the writer has applied every request sent before this call and run every
+    /// removal whose readers are gone. Removals held back by a reader that is still pinned stay
+    /// pending (see [`CacheStats::pending_removals`]); `quiesce` does not wait for that reader.
+    pub fn quiesce(&self) {
+        let (reply, done) = mpsc::channel();
+        if self.core.requests.send(Request::Quiesce { reply }).is_ok() {
+            // An error means the writer stopped, which leaves nothing to wait for.
+            let _ = done.recv();
+        }
+    }
+
+    /// The writer's counters, as of its last applied request.
+    pub fn stats(&self) -> CacheStats {
+        self.core.shared.counters.snapshot()
+    }
+
+    /// How addresses are laid out for this cache's AV.
+    pub fn format(&self) -> AddressFormat {
+        self.core.format
+    }
+
+    /// How long every address must be.
+    pub fn address_len(&self) -> usize {
+        self.core.address_len
+    }
+
+    /// How many registrations the index holds now (one per client on a live entry).
+    pub fn indexed(&self) -> usize {
+        self.core.shared.index.len()
+    }
+}
+
+/// Start the writer thread. Its epoch handle is registered on the thread itself, since a
+/// `LocalHandle` cannot move between threads.
+fn spawn_writer<B: AvBackend>(
+    backend: B,
+    shared: Arc<Shared>,
+    collector: crossbeam_epoch::Collector,
+    inbox: mpsc::Receiver<Request>,
+    outbox: mpsc::Sender<Request>,
+) -> Option<thread::JoinHandle<()>> {
+    let run = move || Writer::new(backend, shared, collector.register(), inbox, outbox).run();
+    #[cfg(not(dma_loom))]
+    {
+        match std::thread::Builder::new()
+            .name("dma-av-writer".into())
+            .spawn(run)
+        {
+            Ok(handle) => Some(handle),
+            Err(error) => {
+                // Every miss will report `Closed`; the inbox was dropped with the writer.
+                tracing::error!(%error, "could not start the address cache's writer thread");
+                None
+            }
+        }
+    }
+    #[cfg(dma_loom)]
+    {
+        Some(thread::spawn(run))
+    }
+}
+
+impl<B: AvBackend> Drop for AddressCache<B> {
+    fn drop(&mut self) {
+        let _ = self.core.requests.send(Request::Shutdown);
+        if let Some(writer) = self.writer.take() {
+            if writer.join().is_err() {
+                tracing::error!("the address cache's writer thread panicked; its AV entries were not removed");
+            }
+        }
+    }
+}
+
+/// A reader's pin on a cache: the epoch that holds back removals, and the index's memory guard.
+///
+/// Not `Send`: a pin belongs to the thread that took it.
+pub struct Pinned<'cache> {
+    epoch: crossbeam_epoch::Guard,
+    index: IndexGuard<'cache>,
+    core: &'cache Core,
+}
+
+impl std::fmt::Debug for Pinned<'_> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("Pinned").finish_non_exhaustive()
+    }
+}
+
+impl Pinned<'_> {
+    /// The entry `client` posts to for `address`, inserting it through the writer on a miss and
+    /// waiting for the writer's answer.
+    ///
+    /// A client re-advertising a different address lets go of its old entry. On efa, an address
+    /// that only changes the QKEY of a slot others hold evicts them.
+    ///
+    /// # Errors
+    /// - [`DmaError::InvalidAddress`] for an address of the wrong length; nothing changes.
+    /// - [`DmaError::Capacity`] when a new entry would exceed the AV's capacity; nothing changes.
+    /// - [`DmaError::WouldBlock`] when the address is a new incarnation of a slot whose old one
+    ///   must leave the AV first (see the module docs): resolve again under a later pin.
+    /// - [`DmaError::Closed`] when the writer has stopped.
+    /// - Whatever `fi_av_insert` returned, when it failed; nothing changes.
+    #[inline]
+    pub fn resolve(&self, client: u64, address: &[u8]) -> Result<Peer<'_>, DmaError> {
+        if let Some(peer) = self.hit(client, address)? {
+            return Ok(peer);
+        }
+        let (reply, answer) = mpsc::channel();
+        self.core
+            .requests
+            .send(Request::Resolve {
+                client,
+                address: address.into(),
+                reply: Some(reply),
+            })
+            .map_err(|_| DmaError::Closed)?;
+        let fi_addr = answer.recv().map_err(|_| DmaError::Closed)??;
+        Ok(self.peer(fi_addr))
+    }
+
+    /// As [`resolve`](Self::resolve), but never blocks: a miss is queued for the writer and
+    /// returns [`DmaError::WouldBlock`]; a later resolve under a later pin finds the entry.
+    ///
+    /// # Errors
+    /// As `resolve`, except that a failed insert is only logged by the writer.
+    #[inline]
+    pub fn try_resolve(&self, client: u64, address: &[u8]) -> Result<Peer<'_>, DmaError> {
+        if let Some(peer) = self.hit(client, address)? {
+            return Ok(peer);
+        }
+        self.core
+            .requests
+            .send(Request::Resolve {
+                client,
+                address: address.into(),
+                reply: None,
+            })
+            .map_err(|_| DmaError::Closed)?;
+        Err(DmaError::WouldBlock)
+    }
+
+    /// The hot path: one probe, no allocation, no lock, no shared write.
+    #[inline]
+    fn hit(&self, client: u64, address: &[u8]) -> Result<Option<Peer<'_>>, DmaError> {
+        let identity_len = self.core.format.identity_len(address, self.core.address_len)?;
+        let identity = &address[..identity_len];
+        Ok(self
+            .core
+            .shared
+            .index
+            .get(&self.index, client, identity, address)
+            .map(|fi_addr| self.peer(fi_addr)))
+    }
+
+    fn peer(&self, fi_addr: fi_addr_t) -> Peer<'_> {
+        let _ = &self.epoch;
+        Peer {
+            fi_addr,
+            pin: PhantomData,
+        }
+    }
+}
+
+/// A resolved peer: the `fi_addr_t` to post against, valid while the [`Pinned`] it came from
+/// lives.
+///
+/// ```compile_fail
+/// use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
+///
+/// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+/// let pinned = cache.pin();
+/// let peer = pinned.resolve(1, &[1; 16]).unwrap();
+/// drop(pinned);
+/// let _ = peer.fi_addr(); // a peer cannot outlive its pin
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer<'pin> {
+    fi_addr: fi_addr_t,
+    pin: PhantomData<&'pin ()>,
+}
+
+impl Peer<'_> {
+    /// The `fi_addr_t` to post against.
+    #[inline]
+    pub fn fi_addr(self) -> fi_addr_t {
+        self.fi_addr
+    }
+}

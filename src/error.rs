@@ -1,0 +1,92 @@
+//! The one error type of the crate.
+//!
+//! Every fallible call returns [`DmaError`]. A libfabric failure carries the call that failed,
+//! its return code and `fi_strerror`'s text, so a log line names what went wrong without a
+//! debugger. Bad input (an address of the wrong length, an oversized message) is reported before
+//! any libfabric call is made, and changes nothing.
+
+use std::ffi::CStr;
+
+/// What went wrong.
+///
+/// ```
+/// use dma_libfabric::DmaError;
+///
+/// let error = DmaError::InvalidAddress("efa addresses are 32 bytes, this one is 3".into());
+/// assert!(error.to_string().contains("32 bytes"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DmaError {
+    /// A libfabric call returned an error.
+    #[error("{call} failed with {code}: {message}")]
+    Fabric {
+        /// The libfabric call, as the man pages name it.
+        call: &'static str,
+        /// Its return code (a negative `FI_E*` value for most calls).
+        code: i64,
+        /// `fi_strerror`'s text for the code, or the provider's own text where it gave one.
+        message: String,
+    },
+    /// None of the configured providers gave a reliable-datagram endpoint.
+    #[error("no provider gave a reliable-datagram (FI_EP_RDM) endpoint; tried {tried}")]
+    NoProvider {
+        /// Each provider tried, with why it was turned down.
+        tried: String,
+    },
+    /// An address that cannot be handed to `fi_av_insert`: empty, or not the provider's length.
+    #[error("invalid address: {0}")]
+    InvalidAddress(String),
+    /// The address vector holds as many entries as it was opened for.
+    ///
+    /// libfabric up to 2.6 grows a full table by reallocating it while other threads post
+    /// against it, so the cache refuses to grow it. Releasing clients makes room again once their
+    /// entries' deferred removals have run.
+    #[error(
+        "the address vector is full: it was opened for {capacity} entries (Configuration::av_capacity), \
+         counting entries still waiting for their deferred removal"
+    )]
+    Capacity {
+        /// `Configuration::av_capacity`.
+        capacity: usize,
+    },
+    /// An argument the call cannot take, with what was wrong with it.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The address cache's writer thread has stopped, so nothing more can be resolved.
+    #[error("the address cache is closed: its writer thread has stopped")]
+    Closed,
+    /// The call would have had to wait. A queued resolve has been handed to the writer; resolving
+    /// again under a later pin finds its result.
+    #[error("the operation would block; it has been queued")]
+    WouldBlock,
+}
+
+impl DmaError {
+    /// The error for libfabric call `call` that returned `code`.
+    pub(crate) fn fabric(call: &'static str, code: i64) -> Self {
+        Self::Fabric {
+            call,
+            code,
+            message: strerror(code),
+        }
+    }
+}
+
+/// `fi_strerror` of a return code, whichever sign it was returned with.
+pub(crate) fn strerror(code: i64) -> String {
+    let Ok(errno) = i32::try_from(code.unsigned_abs()) else {
+        return format!("unknown error {code}");
+    };
+    // SAFETY: fi_strerror takes any integer and returns a pointer to a static, NUL-terminated
+    // string (or NULL, checked below); it keeps no state.
+    let text = unsafe { crate::sys::fi_strerror(errno) };
+    if text.is_null() {
+        return format!("unknown error {code}");
+    }
+    // SAFETY: non-null and NUL-terminated, as fi_strerror promises; it is static, so it outlives
+    // the copy made here.
+    unsafe { CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned()
+}
