@@ -1,0 +1,178 @@
+//! The endpoint against the real tcp provider on 127.0.0.1.
+
+use std::time::Duration;
+
+use dma_libfabric::sys;
+use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, Provider};
+
+fn tcp() -> LibfabricEndpoint {
+    LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1")).expect("a tcp endpoint on loopback")
+}
+
+/// Insert `address` straight into `endpoint`'s AV, bypassing the cache, as these tests are about
+/// libfabric's own behaviour.
+fn insert(endpoint: &LibfabricEndpoint, address: &[u8]) -> sys::fi_addr_t {
+    let mut fi_addr = sys::FI_ADDR_NOTAVAIL;
+    // SAFETY: the AV is open for as long as `endpoint` lives, and `address` is a full tcp address.
+    let inserted = unsafe {
+        sys::fi_av_insert(
+            endpoint.address_vector(),
+            address.as_ptr().cast(),
+            1,
+            &raw mut fi_addr,
+            0,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(1, inserted, "fi_av_insert");
+    fi_addr
+}
+
+fn remove(endpoint: &LibfabricEndpoint, fi_addr: sys::fi_addr_t) {
+    let mut fi_addr = fi_addr;
+    // SAFETY: as in `insert`; `fi_addr` was inserted by this test and not yet removed.
+    let code = unsafe { sys::fi_av_remove(endpoint.address_vector(), &raw mut fi_addr, 1, 0) };
+    assert_eq!(0, code, "fi_av_remove");
+}
+
+#[test]
+fn an_endpoint_describes_tcp_and_has_a_sockaddr_in() {
+    let endpoint = tcp();
+    let description = endpoint.describe();
+    assert_eq!("tcp;ofi_rxm", description.provider);
+    assert_eq!(sys::FI_SOCKADDR_IN, description.addr_format);
+    assert_eq!(sys::FI_THREAD_SAFE, description.threading);
+    assert_eq!(sys::FI_AV_TABLE, description.av_type);
+    let address = endpoint.local_address().expect("local address");
+    assert_eq!(16, address.len());
+    assert_eq!(16, description.address_len);
+    // AF_INET, a port the provider bound, and 127.0.0.1.
+    assert_eq!(libc_af_inet(), u16::from_ne_bytes([address[0], address[1]]));
+    assert_ne!(0, u16::from_be_bytes([address[2], address[3]]), "a bound port");
+    assert_eq!([127, 0, 0, 1], address[4..8]);
+}
+
+fn libc_af_inet() -> u16 {
+    2
+}
+
+/// tcp progresses manually: a connection is accepted only while the receiver reads its queue, so
+/// each side runs on its own thread, as a server and a client would.
+#[test]
+fn two_endpoints_exchange_messages_both_ways() {
+    const MESSAGES: u32 = 200; // more than there are receive buffers, so re-posting is exercised
+    let one = tcp();
+    let other = tcp();
+    let to_other = insert(&one, &other.local_address().expect("address"));
+    let to_one = insert(&other, &one.local_address().expect("address"));
+
+    let received = std::thread::scope(|scope| {
+        let receiver = scope.spawn(|| {
+            let mut received = Vec::new();
+            while received.len() < MESSAGES as usize + 1 {
+                match other.receive(Duration::from_secs(20)).expect("receive") {
+                    Some(message) => received.push(message),
+                    None => break,
+                }
+            }
+            other.send(to_one, b"and back").expect("send other -> one");
+            received
+        });
+        one.send(to_other, b"from one").expect("send one -> other");
+        for sequence in 0..MESSAGES {
+            one.send(to_other, &sequence.to_le_bytes()).expect("send");
+        }
+        assert_eq!(
+            Some(b"and back".to_vec()),
+            one.receive(Duration::from_secs(20)).expect("receive")
+        );
+        receiver.join().expect("receiver thread")
+    });
+
+    assert_eq!(b"from one".to_vec(), received[0]);
+    let sequences: Vec<Vec<u8>> = (0..MESSAGES).map(|sequence| sequence.to_le_bytes().to_vec()).collect();
+    assert_eq!(sequences, received[1..], "every message, intact and in order");
+    remove(&one, to_other);
+    remove(&other, to_one);
+}
+
+#[test]
+fn an_oversized_message_is_refused_before_libfabric_sees_it() {
+    let endpoint = tcp();
+    let peer = insert(&endpoint, &endpoint.local_address().expect("address"));
+    let too_big = vec![0; endpoint.describe().inject_size + 1];
+    assert!(matches!(endpoint.send(peer, &too_big), Err(DmaError::InvalidArgument(_))));
+    remove(&endpoint, peer);
+}
+
+/// tcp hands out the lowest free index first, and reads a removed index back with its old bytes.
+#[test]
+fn lookup_shows_the_inserted_address_and_reuse_after_removal() {
+    let endpoint = tcp();
+    let peers: Vec<LibfabricEndpoint> = (0..3).map(|_| tcp()).collect();
+    let addresses: Vec<Vec<u8>> = peers.iter().map(|peer| peer.local_address().expect("address")).collect();
+    let indexes: Vec<_> = addresses.iter().map(|address| insert(&endpoint, address)).collect();
+    assert_eq!(vec![0, 1, 2], indexes);
+    for (index, address) in indexes.iter().zip(&addresses) {
+        assert_eq!(Some(address.clone()), endpoint.lookup(*index).expect("lookup"));
+    }
+
+    remove(&endpoint, indexes[1]);
+    // The documented 1.17 quirk: the removed index still reads back its old bytes.
+    assert_eq!(Some(addresses[1].clone()), endpoint.lookup(indexes[1]).expect("lookup"));
+
+    let newcomer = tcp();
+    let new_address = newcomer.local_address().expect("address");
+    let reused = insert(&endpoint, &new_address);
+    assert_eq!(indexes[1], reused, "the lowest free index goes first");
+    assert_eq!(Some(new_address), endpoint.lookup(reused).expect("lookup"));
+
+    for index in [indexes[0], reused, indexes[2]] {
+        remove(&endpoint, index);
+    }
+}
+
+#[test]
+fn a_provider_missing_from_this_machine_is_an_error_naming_it() {
+    let configuration = Configuration {
+        providers: vec![Provider::Efa],
+        bind: None,
+        ..Configuration::default()
+    };
+    match LibfabricEndpoint::open(&configuration, None) {
+        Err(DmaError::NoProvider { tried }) => assert!(tried.contains("efa"), "{tried}"),
+        Err(other) => panic!("expected NoProvider, got {other}"),
+        Ok(endpoint) => {
+            // Only on a host with an efa device; then the endpoint is efa's.
+            assert_eq!("efa", endpoint.describe().provider);
+        }
+    }
+}
+
+#[test]
+fn providers_are_tried_in_order() {
+    let configuration = Configuration {
+        providers: vec![Provider::Efa, Provider::Tcp],
+        ..Configuration::default()
+    };
+    let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("tcp after efa");
+    assert!(["efa", "tcp;ofi_rxm"].contains(&endpoint.describe().provider.as_str()));
+}
+
+#[test]
+fn bad_configuration_is_an_error() {
+    let empty = Configuration {
+        providers: Vec::new(),
+        ..Configuration::default()
+    };
+    assert!(matches!(LibfabricEndpoint::open(&empty, None), Err(DmaError::InvalidArgument(_))));
+    let no_room = Configuration {
+        av_capacity: 0,
+        ..Configuration::default()
+    };
+    assert!(matches!(LibfabricEndpoint::open(&no_room, None), Err(DmaError::InvalidArgument(_))));
+    assert!(matches!(
+        LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1\0")),
+        Err(DmaError::InvalidArgument(_))
+    ));
+}
