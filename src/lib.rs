@@ -30,9 +30,9 @@ pub(crate) mod sync;
 pub use libfabric_sys as sys;
 
 pub use address::AddressFormat;
-pub use cache::{AddressCache, AvBackend, CacheStats, Peer, Pinned};
 #[cfg(any(test, feature = "model"))]
 pub use cache::model::{AvEvent, ModelAv};
+pub use cache::{AddressCache, AvBackend, CacheStats, Peer, Pinned};
 pub use configuration::{Configuration, Provider};
 pub use endpoint::{Description, FabricAv, LibfabricEndpoint};
 pub use error::DmaError;

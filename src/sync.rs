@@ -5,20 +5,20 @@
 //! feature), which the loom suite sets beside `dma_loom`.
 
 #[cfg(not(dma_loom))]
-pub(crate) use std::sync::{Arc, Mutex, Weak};
-#[cfg(not(dma_loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(dma_loom))]
 pub(crate) use std::sync::mpsc;
 #[cfg(not(dma_loom))]
+pub(crate) use std::sync::{Arc, Mutex, Weak};
+#[cfg(not(dma_loom))]
 pub(crate) use std::thread;
 
-#[cfg(dma_loom)]
-pub(crate) use loom::sync::{Arc, Mutex};
 #[cfg(dma_loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(dma_loom)]
 pub(crate) use loom::sync::mpsc;
+#[cfg(dma_loom)]
+pub(crate) use loom::sync::{Arc, Mutex};
 #[cfg(dma_loom)]
 pub(crate) use loom::thread;
 #[cfg(dma_loom)]
@@ -30,10 +30,14 @@ pub(crate) use std::sync::Weak;
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> impl std::ops::DerefMut<Target = T> + '_ {
     #[cfg(not(dma_loom))]
     {
-        mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        mutex
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
     #[cfg(dma_loom)]
     {
-        mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        mutex
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

@@ -6,7 +6,8 @@ use dma_libfabric::sys;
 use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, Provider};
 
 fn tcp() -> LibfabricEndpoint {
-    LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1")).expect("a tcp endpoint on loopback")
+    LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))
+        .expect("a tcp endpoint on loopback")
 }
 
 /// Insert `address` straight into `endpoint`'s AV, bypassing the cache, as these tests are about
@@ -48,7 +49,11 @@ fn an_endpoint_describes_tcp_and_has_a_sockaddr_in() {
     assert_eq!(16, description.address_len);
     // AF_INET, a port the provider bound, and 127.0.0.1.
     assert_eq!(libc_af_inet(), u16::from_ne_bytes([address[0], address[1]]));
-    assert_ne!(0, u16::from_be_bytes([address[2], address[3]]), "a bound port");
+    assert_ne!(
+        0,
+        u16::from_be_bytes([address[2], address[3]]),
+        "a bound port"
+    );
     assert_eq!([127, 0, 0, 1], address[4..8]);
 }
 
@@ -90,8 +95,14 @@ fn two_endpoints_exchange_messages_both_ways() {
     });
 
     assert_eq!(b"from one".to_vec(), received[0]);
-    let sequences: Vec<Vec<u8>> = (0..MESSAGES).map(|sequence| sequence.to_le_bytes().to_vec()).collect();
-    assert_eq!(sequences, received[1..], "every message, intact and in order");
+    let sequences: Vec<Vec<u8>> = (0..MESSAGES)
+        .map(|sequence| sequence.to_le_bytes().to_vec())
+        .collect();
+    assert_eq!(
+        sequences,
+        received[1..],
+        "every message, intact and in order"
+    );
     remove(&one, to_other);
     remove(&other, to_one);
 }
@@ -101,7 +112,10 @@ fn an_oversized_message_is_refused_before_libfabric_sees_it() {
     let endpoint = tcp();
     let peer = insert(&endpoint, &endpoint.local_address().expect("address"));
     let too_big = vec![0; endpoint.describe().inject_size + 1];
-    assert!(matches!(endpoint.send(peer, &too_big), Err(DmaError::InvalidArgument(_))));
+    assert!(matches!(
+        endpoint.send(peer, &too_big),
+        Err(DmaError::InvalidArgument(_))
+    ));
     remove(&endpoint, peer);
 }
 
@@ -110,16 +124,28 @@ fn an_oversized_message_is_refused_before_libfabric_sees_it() {
 fn lookup_shows_the_inserted_address_and_reuse_after_removal() {
     let endpoint = tcp();
     let peers: Vec<LibfabricEndpoint> = (0..3).map(|_| tcp()).collect();
-    let addresses: Vec<Vec<u8>> = peers.iter().map(|peer| peer.local_address().expect("address")).collect();
-    let indexes: Vec<_> = addresses.iter().map(|address| insert(&endpoint, address)).collect();
+    let addresses: Vec<Vec<u8>> = peers
+        .iter()
+        .map(|peer| peer.local_address().expect("address"))
+        .collect();
+    let indexes: Vec<_> = addresses
+        .iter()
+        .map(|address| insert(&endpoint, address))
+        .collect();
     assert_eq!(vec![0, 1, 2], indexes);
     for (index, address) in indexes.iter().zip(&addresses) {
-        assert_eq!(Some(address.clone()), endpoint.lookup(*index).expect("lookup"));
+        assert_eq!(
+            Some(address.clone()),
+            endpoint.lookup(*index).expect("lookup")
+        );
     }
 
     remove(&endpoint, indexes[1]);
     // The documented 1.17 quirk: the removed index still reads back its old bytes.
-    assert_eq!(Some(addresses[1].clone()), endpoint.lookup(indexes[1]).expect("lookup"));
+    assert_eq!(
+        Some(addresses[1].clone()),
+        endpoint.lookup(indexes[1]).expect("lookup")
+    );
 
     let newcomer = tcp();
     let new_address = newcomer.local_address().expect("address");
@@ -155,7 +181,8 @@ fn providers_are_tried_in_order() {
         providers: vec![Provider::Efa, Provider::Tcp],
         ..Configuration::default()
     };
-    let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("tcp after efa");
+    let endpoint =
+        LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("tcp after efa");
     assert!(["efa", "tcp;ofi_rxm"].contains(&endpoint.describe().provider.as_str()));
 }
 
@@ -165,12 +192,18 @@ fn bad_configuration_is_an_error() {
         providers: Vec::new(),
         ..Configuration::default()
     };
-    assert!(matches!(LibfabricEndpoint::open(&empty, None), Err(DmaError::InvalidArgument(_))));
+    assert!(matches!(
+        LibfabricEndpoint::open(&empty, None),
+        Err(DmaError::InvalidArgument(_))
+    ));
     let no_room = Configuration {
         av_capacity: 0,
         ..Configuration::default()
     };
-    assert!(matches!(LibfabricEndpoint::open(&no_room, None), Err(DmaError::InvalidArgument(_))));
+    assert!(matches!(
+        LibfabricEndpoint::open(&no_room, None),
+        Err(DmaError::InvalidArgument(_))
+    ));
     assert!(matches!(
         LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1\0")),
         Err(DmaError::InvalidArgument(_))

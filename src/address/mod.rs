@@ -70,7 +70,11 @@ impl AddressFormat {
     }
 
     /// How many leading bytes of a checked `address` name its peer.
-    pub(crate) fn identity_len(self, address: &[u8], address_len: usize) -> Result<usize, DmaError> {
+    pub(crate) fn identity_len(
+        self,
+        address: &[u8],
+        address_len: usize,
+    ) -> Result<usize, DmaError> {
         if address.is_empty() {
             return Err(DmaError::InvalidAddress("the address is empty".into()));
         }
@@ -126,10 +130,16 @@ mod tests {
     fn efa_rejects_every_length_but_32() {
         for len in [0, 1, 17, 18, 31, 33, 64] {
             let error = AddressFormat::Efa.identity(&vec![0; len], 32);
-            assert!(matches!(error, Err(DmaError::InvalidAddress(_))), "{len} bytes: {error:?}");
+            assert!(
+                matches!(error, Err(DmaError::InvalidAddress(_))),
+                "{len} bytes: {error:?}"
+            );
         }
         assert!(AddressFormat::Efa.identity(&[0; 32], 32).is_ok());
-        assert!(AddressFormat::Efa.identity(&[0; 16], 16).is_err(), "efa is 32 bytes whatever the provider says");
+        assert!(
+            AddressFormat::Efa.identity(&[0; 16], 16).is_err(),
+            "efa is 32 bytes whatever the provider says"
+        );
     }
 
     #[test]
@@ -137,7 +147,10 @@ mod tests {
         assert!(AddressFormat::Opaque.identity(&[], 16).is_err());
         assert!(AddressFormat::Opaque.identity(&[1; 15], 16).is_err());
         assert!(AddressFormat::Opaque.identity(&[1; 17], 16).is_err());
-        assert_eq!(Some(&[1_u8; 16][..]), AddressFormat::Opaque.identity(&[1; 16], 16).ok());
+        assert_eq!(
+            Some(&[1_u8; 16][..]),
+            AddressFormat::Opaque.identity(&[1; 16], 16).ok()
+        );
     }
 
     #[test]
@@ -151,6 +164,9 @@ mod tests {
     #[test]
     fn the_format_comes_from_fi_info() {
         assert_eq!(AddressFormat::Efa, AddressFormat::from_fi(sys::FI_ADDR_EFA));
-        assert_eq!(AddressFormat::Opaque, AddressFormat::from_fi(sys::FI_SOCKADDR_IN));
+        assert_eq!(
+            AddressFormat::Opaque,
+            AddressFormat::from_fi(sys::FI_SOCKADDR_IN)
+        );
     }
 }

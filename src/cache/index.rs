@@ -114,7 +114,9 @@ impl Index {
         identity: &[u8],
         address: &[u8],
     ) -> Option<fi_addr_t> {
-        let (registration, fi_addr) = self.map.get_key_value(&Lookup { client, identity }, guard)?;
+        let (registration, fi_addr) = self
+            .map
+            .get_key_value(&Lookup { client, identity }, guard)?;
         (*registration.address == *address).then_some(*fi_addr)
     }
 

@@ -58,9 +58,9 @@ pub(crate) mod writer;
 use std::marker::PhantomData;
 
 pub use self::backend::AvBackend;
-pub use self::stats::CacheStats;
 use self::epoch::Epochs;
 use self::index::{Index, IndexGuard};
+pub use self::stats::CacheStats;
 use self::stats::Counters;
 use self::writer::{Request, Shared, Writer};
 use crate::address::AddressFormat;
@@ -240,7 +240,9 @@ impl<B: AvBackend> Drop for AddressCache<B> {
         let _ = self.core.requests.send(Request::Shutdown);
         if let Some(writer) = self.writer.take() {
             if writer.join().is_err() {
-                tracing::error!("the address cache's writer thread panicked; its AV entries were not removed");
+                tracing::error!(
+                    "the address cache's writer thread panicked; its AV entries were not removed"
+                );
             }
         }
     }
@@ -317,7 +319,10 @@ impl Pinned<'_> {
     /// The hot path: one probe, no allocation, no lock, no shared write.
     #[inline]
     fn hit(&self, client: u64, address: &[u8]) -> Result<Option<Peer<'_>>, DmaError> {
-        let identity_len = self.core.format.identity_len(address, self.core.address_len)?;
+        let identity_len = self
+            .core
+            .format
+            .identity_len(address, self.core.address_len)?;
         let identity = &address[..identity_len];
         Ok(self
             .core

@@ -105,7 +105,11 @@ impl ModelAv {
     pub fn lookup(&self, fi_addr: fi_addr_t) -> Option<Vec<u8>> {
         let table = lock(&self.table);
         let index = usize::try_from(fi_addr).ok()?;
-        table.slots.get(index)?.as_ref().map(|entry| entry.address.clone())
+        table
+            .slots
+            .get(index)?
+            .as_ref()
+            .map(|entry| entry.address.clone())
     }
 
     /// How many indexes are in use.
@@ -208,7 +212,9 @@ impl AvBackend for ModelAv {
         });
         let index = match existing {
             Some((index, true)) => {
-                if let (AddressFormat::Opaque, Some(Some(entry))) = (table.format, table.slots.get_mut(index)) {
+                if let (AddressFormat::Opaque, Some(Some(entry))) =
+                    (table.format, table.slots.get_mut(index))
+                {
                     entry.uses += 1;
                 }
                 index

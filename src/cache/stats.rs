@@ -55,8 +55,10 @@ impl Counters {
         self.inserts.store(stats.inserts, Ordering::Relaxed);
         self.removes.store(stats.removes, Ordering::Relaxed);
         self.evictions.store(stats.evictions, Ordering::Relaxed);
-        self.evicted_clients.store(stats.evicted_clients, Ordering::Relaxed);
-        self.pending_removals.store(stats.pending_removals, Ordering::Relaxed);
+        self.evicted_clients
+            .store(stats.evicted_clients, Ordering::Relaxed);
+        self.pending_removals
+            .store(stats.pending_removals, Ordering::Relaxed);
         self.misses.store(stats.misses, Ordering::Relaxed);
     }
 

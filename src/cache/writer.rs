@@ -198,6 +198,7 @@ impl<B: AvBackend> Writer<B> {
                         }
                         pending_at_last_round = self.pending.len();
                         if self.pending.is_empty() || stalled >= STALLED_ROUNDS {
+                            self.publish_stats();
                             for reply in self.quiescing.drain(..) {
                                 // The caller may have gone; nothing to do about that.
                                 let _ = reply.send(());
@@ -220,6 +221,8 @@ impl<B: AvBackend> Writer<B> {
             } => {
                 self.stats.misses += 1;
                 let result = self.resolve(client, &address);
+                // Counters first, so a caller reading them after its reply sees this request.
+                self.publish_stats();
                 if let Some(reply) = reply {
                     // A caller that stopped waiting has nothing to be told.
                     let _ = reply.send(result);
@@ -247,18 +250,20 @@ impl<B: AvBackend> Writer<B> {
         let identity = &address[..identity_len];
 
         // Already registered on exactly this? A reader raced its own earlier miss.
-        if self.clients.get(&client).is_some_and(|held| **held == *identity) {
+        if self
+            .clients
+            .get(&client)
+            .is_some_and(|held| **held == *identity)
+        {
             if let Some(slot) = self.slots.get(identity) {
                 if let Some(live) = slot.live.as_ref().filter(|live| *live.address == *address) {
                     if live.clients.contains(&client) {
                         return Ok(live.fi_addr);
                     }
                 }
-                if slot
-                    .parked
-                    .as_ref()
-                    .is_some_and(|parked| *parked.address == *address && parked.clients.contains(&client))
-                {
+                if slot.parked.as_ref().is_some_and(|parked| {
+                    *parked.address == *address && parked.clients.contains(&client)
+                }) {
                     return Err(DmaError::WouldBlock);
                 }
             }
@@ -302,7 +307,12 @@ impl<B: AvBackend> Writer<B> {
     }
 
     /// Register `client` on an identity that already has a slot.
-    fn join(&mut self, client: u64, identity: &[u8], address: &[u8]) -> Result<fi_addr_t, DmaError> {
+    fn join(
+        &mut self,
+        client: u64,
+        identity: &[u8],
+        address: &[u8],
+    ) -> Result<fi_addr_t, DmaError> {
         let Some(slot) = self.slots.get_mut(identity) else {
             // Detaching never drops a slot that has a live entry or a removal, so this is
             // unreachable; answer as a busy writer would rather than guess.
@@ -327,7 +337,10 @@ impl<B: AvBackend> Writer<B> {
             // The very incarnation whose removal is pending: its fi_addr_t still maps to these
             // bytes, so it can be published again and its removal cancelled.
             self.evict_parked(client, identity);
-            let ticket = self.slots.get_mut(identity).and_then(|slot| slot.removing.take());
+            let ticket = self
+                .slots
+                .get_mut(identity)
+                .and_then(|slot| slot.removing.take());
             if let Some(pending) = ticket.and_then(|ticket| self.pending.remove(&ticket)) {
                 if let Some(slot) = self.slots.get_mut(identity) {
                     slot.live = Some(Live {
@@ -337,7 +350,11 @@ impl<B: AvBackend> Writer<B> {
                     });
                 }
                 self.stats.entries += 1;
-                tracing::debug!(client, fi_addr = pending.fi_addr, "revived an entry awaiting removal");
+                tracing::debug!(
+                    client,
+                    fi_addr = pending.fi_addr,
+                    "revived an entry awaiting removal"
+                );
                 self.register(client, identity, address, pending.fi_addr);
                 return Ok(pending.fi_addr);
             }
@@ -348,7 +365,11 @@ impl<B: AvBackend> Writer<B> {
 
     /// Evict the live incarnation of `identity` and every client on it.
     fn evict_live(&mut self, asking: u64, identity: &[u8]) {
-        let Some(live) = self.slots.get_mut(identity).and_then(|slot| slot.live.take()) else {
+        let Some(live) = self
+            .slots
+            .get_mut(identity)
+            .and_then(|slot| slot.live.take())
+        else {
             return;
         };
         for &holder in &live.clients {
@@ -369,7 +390,11 @@ impl<B: AvBackend> Writer<B> {
 
     /// Drop the clients waiting on `identity`'s parked incarnation: a newer one supersedes it.
     fn evict_parked(&mut self, asking: u64, identity: &[u8]) {
-        let Some(parked) = self.slots.get_mut(identity).and_then(|slot| slot.parked.take()) else {
+        let Some(parked) = self
+            .slots
+            .get_mut(identity)
+            .and_then(|slot| slot.parked.take())
+        else {
             return;
         };
         for waiter in &parked.clients {
@@ -411,7 +436,11 @@ impl<B: AvBackend> Writer<B> {
 
     /// Publish `client`'s registration on the live entry of `identity`.
     fn register(&mut self, client: u64, identity: &[u8], address: &[u8], fi_addr: fi_addr_t) {
-        if let Some(live) = self.slots.get_mut(identity).and_then(|slot| slot.live.as_mut()) {
+        if let Some(live) = self
+            .slots
+            .get_mut(identity)
+            .and_then(|slot| slot.live.as_mut())
+        {
             if live.clients.insert(client) {
                 self.stats.clients += 1;
             }
@@ -515,7 +544,11 @@ impl<B: AvBackend> Writer<B> {
             Ok(fi_addr) => {
                 self.stats.inserts += 1;
                 self.stats.entries += 1;
-                tracing::debug!(fi_addr, waiting = parked.clients.len(), "fi_av_insert of a parked incarnation");
+                tracing::debug!(
+                    fi_addr,
+                    waiting = parked.clients.len(),
+                    "fi_av_insert of a parked incarnation"
+                );
                 if let Some(slot) = self.slots.get_mut(identity) {
                     slot.live = Some(Live {
                         address: parked.address.clone(),
@@ -576,6 +609,10 @@ impl<B: AvBackend> Writer<B> {
             let _ = reply.send(());
         }
         self.publish_stats();
-        tracing::debug!(inserts = self.stats.inserts, removes = self.stats.removes, "address cache writer stopped");
+        tracing::debug!(
+            inserts = self.stats.inserts,
+            removes = self.stats.removes,
+            "address cache writer stopped"
+        );
     }
 }

@@ -21,6 +21,22 @@ pub struct FabricAv {
 unsafe impl Send for FabricAv {}
 
 impl FabricAv {
+    /// A backend over an address vector opened elsewhere, for a second cache on an endpoint's AV
+    /// (tests and benches that compare against the endpoint's own cache).
+    ///
+    /// # Safety
+    /// `av` is an open address vector of a `FI_THREAD_SAFE` domain that stays open until the cache
+    /// built on this backend has been dropped, with addresses of `address_len` bytes; nothing else
+    /// removes the entries this backend inserts.
+    pub unsafe fn from_raw(
+        av: *mut sys::fid_av,
+        format: AddressFormat,
+        address_len: usize,
+        capacity: usize,
+    ) -> Self {
+        Self::new(av, format, address_len, capacity)
+    }
+
     pub(super) fn new(
         av: *mut sys::fid_av,
         format: AddressFormat,
@@ -73,7 +89,7 @@ impl AvBackend for FabricAv {
             _ => Err(DmaError::Fabric {
                 call: "fi_av_insert",
                 code: inserted.into(),
-                message: format!("inserted {inserted} of 1 addresses"),
+                message: format!("inserted {inserted} of 1 addresses: the provider rejected it"),
             }),
         }
     }

@@ -148,11 +148,20 @@ impl LibfabricEndpoint {
         unsafe {
             check(
                 "fi_fabric",
-                sys::fi_fabric((*info).fabric_attr, &raw mut handles.fabric, ptr::null_mut()),
+                sys::fi_fabric(
+                    (*info).fabric_attr,
+                    &raw mut handles.fabric,
+                    ptr::null_mut(),
+                ),
             )?;
             check(
                 "fi_domain",
-                sys::fi_domain(handles.fabric, info, &raw mut handles.domain, ptr::null_mut()),
+                sys::fi_domain(
+                    handles.fabric,
+                    info,
+                    &raw mut handles.domain,
+                    ptr::null_mut(),
+                ),
             )?;
 
             let mut av_attr = sys::fi_av_attr {
@@ -162,7 +171,12 @@ impl LibfabricEndpoint {
             };
             check(
                 "fi_av_open",
-                sys::fi_av_open(handles.domain, &raw mut av_attr, &raw mut handles.av, ptr::null_mut()),
+                sys::fi_av_open(
+                    handles.domain,
+                    &raw mut av_attr,
+                    &raw mut handles.av,
+                    ptr::null_mut(),
+                ),
             )?;
 
             let mut cq_attr = sys::fi_cq_attr {
@@ -173,11 +187,21 @@ impl LibfabricEndpoint {
             };
             check(
                 "fi_cq_open",
-                sys::fi_cq_open(handles.domain, &raw mut cq_attr, &raw mut handles.tx_cq, ptr::null_mut()),
+                sys::fi_cq_open(
+                    handles.domain,
+                    &raw mut cq_attr,
+                    &raw mut handles.tx_cq,
+                    ptr::null_mut(),
+                ),
             )?;
             check(
                 "fi_cq_open",
-                sys::fi_cq_open(handles.domain, &raw mut cq_attr, &raw mut handles.rx_cq, ptr::null_mut()),
+                sys::fi_cq_open(
+                    handles.domain,
+                    &raw mut cq_attr,
+                    &raw mut handles.rx_cq,
+                    ptr::null_mut(),
+                ),
             )?;
 
             check(
@@ -190,11 +214,19 @@ impl LibfabricEndpoint {
             )?;
             check(
                 "fi_ep_bind",
-                sys::fi_ep_bind(handles.ep, &raw mut (*handles.tx_cq).fid, sys::FI_TRANSMIT.into()),
+                sys::fi_ep_bind(
+                    handles.ep,
+                    &raw mut (*handles.tx_cq).fid,
+                    sys::FI_TRANSMIT.into(),
+                ),
             )?;
             check(
                 "fi_ep_bind",
-                sys::fi_ep_bind(handles.ep, &raw mut (*handles.rx_cq).fid, sys::FI_RECV.into()),
+                sys::fi_ep_bind(
+                    handles.ep,
+                    &raw mut (*handles.rx_cq).fid,
+                    sys::FI_RECV.into(),
+                ),
             )?;
             check("fi_enable", sys::fi_enable(handles.ep))?;
         }
@@ -266,7 +298,12 @@ impl LibfabricEndpoint {
         // SAFETY: the AV is open; `address` has room for `len` bytes and fi_av_lookup copies at
         // most that many, reporting the full length in `len`.
         let code = unsafe {
-            sys::fi_av_lookup(self.handles.av, fi_addr, address.as_mut_ptr().cast(), &raw mut len)
+            sys::fi_av_lookup(
+                self.handles.av,
+                fi_addr,
+                address.as_mut_ptr().cast(),
+                &raw mut len,
+            )
         };
         if -(sys::FI_EINVAL as i32) == code {
             return Ok(None);
@@ -318,7 +355,14 @@ impl LibfabricEndpoint {
         }
         // SAFETY: the endpoint is open; fi_inject copies `message` before returning, so the
         // buffer need not outlive the call.
-        let code = unsafe { sys::fi_inject(self.handles.ep, message.as_ptr().cast(), message.len(), peer) };
+        let code = unsafe {
+            sys::fi_inject(
+                self.handles.ep,
+                message.as_ptr().cast(),
+                message.len(),
+                peer,
+            )
+        };
         match code {
             0 => Ok(()),
             code if code == -(sys::FI_EAGAIN as isize) => Err(DmaError::WouldBlock),
@@ -410,7 +454,14 @@ impl LibfabricEndpoint {
             // which outlives the endpoint's libfabric objects; this slot is not posted (it is new,
             // or its completion was just read by this thread).
             let code = unsafe {
-                sys::fi_recv(self.handles.ep, buffer, len, ptr::null_mut(), sys::FI_ADDR_UNSPEC, slot.context())
+                sys::fi_recv(
+                    self.handles.ep,
+                    buffer,
+                    len,
+                    ptr::null_mut(),
+                    sys::FI_ADDR_UNSPEC,
+                    slot.context(),
+                )
             };
             match code {
                 0 => return Ok(()),
@@ -432,7 +483,13 @@ impl LibfabricEndpoint {
         // SAFETY: the queue is open, `err_data` is valid until the next read of this queue (none
         // happens before the copy below), and `text` has room for `text.len()` bytes.
         let message = unsafe {
-            let provider_text = sys::fi_cq_strerror(cq, entry.prov_errno, entry.err_data, text.as_mut_ptr(), text.len());
+            let provider_text = sys::fi_cq_strerror(
+                cq,
+                entry.prov_errno,
+                entry.err_data,
+                text.as_mut_ptr(),
+                text.len(),
+            );
             if provider_text.is_null() {
                 crate::error::strerror(entry.err.into())
             } else {
@@ -468,7 +525,8 @@ fn getinfo(provider: Provider, node: Option<&CStr>) -> Result<*mut sys::fi_info,
         return Err(DmaError::fabric("fi_allocinfo", -(sys::FI_ENOMEM as i64)));
     }
     let mut info = ptr::null_mut();
-    let name = CString::new(provider.name()).map_err(|_| DmaError::InvalidArgument("provider name".into()))?;
+    let name = CString::new(provider.name())
+        .map_err(|_| DmaError::InvalidArgument("provider name".into()))?;
     let fabric = provider
         .fabric()
         .map(CString::new)

@@ -44,7 +44,9 @@ impl ReceiveSlots {
     /// The slot whose context is `context`, if it is one of ours.
     pub(super) fn find(&self, context: *mut std::ffi::c_void) -> Option<&ReceiveSlot> {
         let slot: *const ReceiveSlot = context.cast();
-        self.slots.iter().find(|candidate| std::ptr::eq(*candidate, slot))
+        self.slots
+            .iter()
+            .find(|candidate| std::ptr::eq(*candidate, slot))
     }
 
     pub(super) fn get(&self, index: usize) -> Option<&ReceiveSlot> {
