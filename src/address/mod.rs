@@ -129,7 +129,8 @@ mod tests {
     #[test]
     fn efa_rejects_every_length_but_32() {
         for len in [0, 1, 17, 18, 31, 33, 64] {
-            let error = AddressFormat::Efa.identity(&vec![0; len], 32);
+            let address = vec![0; len];
+            let error = AddressFormat::Efa.identity(&address, 32);
             assert!(
                 matches!(error, Err(DmaError::InvalidAddress(_))),
                 "{len} bytes: {error:?}"
