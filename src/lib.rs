@@ -6,16 +6,21 @@
 //! - [`cache`]: [`AddressCache`], wait-free hits, one writer, epoch-deferred `fi_av_remove`.
 //!
 //! ```
+//! use std::time::Duration;
 //! use dma_libfabric::{Configuration, LibfabricEndpoint};
 //!
 //! let server = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
 //! let client = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
-//! {
+//! let address = client.local_address()?;
+//! std::thread::scope(|scope| {
+//!     // tcp progresses manually: the client accepts the connection while it polls.
+//!     let received = scope.spawn(|| client.receive(Duration::from_secs(10)));
 //!     let pinned = server.peers().pin();
-//!     let peer = pinned.resolve(1, &client.local_address()?)?;
+//!     let peer = pinned.resolve(1, &address)?;
 //!     server.send(peer.fi_addr(), b"ping")?;
-//! }
-//! assert_eq!(Some(b"ping".to_vec()), client.receive(std::time::Duration::from_secs(5))?);
+//!     assert_eq!(Some(b"ping".to_vec()), received.join().expect("receiver")?);
+//!     Ok::<(), dma_libfabric::DmaError>(())
+//! })?;
 //! # Ok::<(), dma_libfabric::DmaError>(())
 //! ```
 

@@ -1,4 +1,5 @@
 //! The endpoint against the real tcp provider on 127.0.0.1.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::time::Duration;
 

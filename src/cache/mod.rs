@@ -89,7 +89,7 @@ struct Core {
 ///
 /// let pinned = server.peers().pin();
 /// let peer = pinned.resolve(7, &address)?;
-/// server.send(peer.fi_addr(), b"hello")?;
+/// assert_eq!(Some(address), server.lookup(peer.fi_addr())?);
 /// drop(pinned);
 ///
 /// server.peers().release(7);

@@ -56,6 +56,7 @@ struct Table {
     events: Vec<AvEvent>,
     violations: Vec<String>,
     fail_next_insert: Option<DmaError>,
+    fail_next_remove: Option<DmaError>,
     panic_on_next_call: bool,
 }
 
@@ -96,6 +97,7 @@ impl ModelAv {
                 events: Vec::new(),
                 violations: Vec::new(),
                 fail_next_insert: None,
+                fail_next_remove: None,
                 panic_on_next_call: false,
             })),
         }
@@ -145,6 +147,11 @@ impl ModelAv {
     /// Make the next insert fail with `error`, as a full or broken provider would.
     pub fn fail_next_insert(&self, error: DmaError) {
         lock(&self.table).fail_next_insert = Some(error);
+    }
+
+    /// Make the next remove fail with `error` and leave its entry in place.
+    pub fn fail_next_remove(&self, error: DmaError) {
+        lock(&self.table).fail_next_remove = Some(error);
     }
 
     /// Make the next insert or remove panic, to stand for a writer thread that dies.
@@ -256,6 +263,9 @@ impl AvBackend for ModelAv {
     fn remove(&mut self, fi_addr: fi_addr_t) -> Result<(), DmaError> {
         let mut table = lock(&self.table);
         table.check_panic();
+        if let Some(error) = table.fail_next_remove.take() {
+            return Err(error);
+        }
         let format = table.format;
         let slot = usize::try_from(fi_addr)
             .ok()

@@ -280,7 +280,7 @@ impl<B: AvBackend> Writer<B> {
             }
             let fi_addr = self.backend.insert(address)?;
             self.stats.inserts += 1;
-            tracing::debug!(client, fi_addr, "fi_av_insert");
+            tracing::debug!(op = "insert", client, fi_addr, "fi_av_insert");
             Some(fi_addr)
         };
 
@@ -351,6 +351,7 @@ impl<B: AvBackend> Writer<B> {
                 }
                 self.stats.entries += 1;
                 tracing::debug!(
+                    op = "revive",
                     client,
                     fi_addr = pending.fi_addr,
                     "revived an entry awaiting removal"
@@ -380,6 +381,7 @@ impl<B: AvBackend> Writer<B> {
         self.stats.evictions += 1;
         self.stats.evicted_clients += live.clients.len() as u64;
         tracing::warn!(
+            op = "evict",
             client = asking,
             evicted = live.clients.len(),
             fi_addr = live.fi_addr,
@@ -403,6 +405,7 @@ impl<B: AvBackend> Writer<B> {
         self.stats.evictions += 1;
         self.stats.evicted_clients += parked.clients.len() as u64;
         tracing::warn!(
+            op = "evict",
             client = asking,
             evicted = parked.clients.len(),
             "an incarnation waiting to enter the AV was superseded before it got in"
@@ -431,7 +434,11 @@ impl<B: AvBackend> Writer<B> {
             .clients
             .insert(client);
         self.clients.insert(client, identity.into());
-        tracing::debug!(client, "parked behind the removal of a stale incarnation");
+        tracing::debug!(
+            op = "park",
+            client,
+            "parked behind the removal of a stale incarnation"
+        );
     }
 
     /// Publish `client`'s registration on the live entry of `identity`.
@@ -520,9 +527,9 @@ impl<B: AvBackend> Writer<B> {
         };
         self.stats.removes += 1;
         match self.backend.remove(pending.fi_addr) {
-            Ok(()) => tracing::debug!(fi_addr = pending.fi_addr, "fi_av_remove"),
+            Ok(()) => tracing::debug!(op = "remove", fi_addr = pending.fi_addr, "fi_av_remove"),
             Err(error) => {
-                tracing::warn!(fi_addr = pending.fi_addr, %error, "fi_av_remove failed");
+                tracing::warn!(op = "remove_failed", fi_addr = pending.fi_addr, %error, "fi_av_remove failed");
             }
         }
         let identity = pending.identity;
@@ -545,6 +552,7 @@ impl<B: AvBackend> Writer<B> {
                 self.stats.inserts += 1;
                 self.stats.entries += 1;
                 tracing::debug!(
+                    op = "insert",
                     fi_addr,
                     waiting = parked.clients.len(),
                     "fi_av_insert of a parked incarnation"
@@ -561,7 +569,7 @@ impl<B: AvBackend> Writer<B> {
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, waiting = parked.clients.len(), "fi_av_insert of a parked incarnation failed; its clients must resolve again");
+                tracing::warn!(op = "insert_failed", %error, waiting = parked.clients.len(), "fi_av_insert of a parked incarnation failed; its clients must resolve again");
                 for client in &parked.clients {
                     self.clients.remove(client);
                 }
@@ -588,7 +596,7 @@ impl<B: AvBackend> Writer<B> {
         for (_, pending) in pending {
             self.stats.removes += 1;
             if let Err(error) = self.backend.remove(pending.fi_addr) {
-                tracing::warn!(fi_addr = pending.fi_addr, %error, "fi_av_remove failed at shutdown");
+                tracing::warn!(op = "remove_failed", fi_addr = pending.fi_addr, %error, "fi_av_remove failed at shutdown");
             }
         }
         let slots: Vec<_> = self.slots.drain().collect();
@@ -600,7 +608,7 @@ impl<B: AvBackend> Writer<B> {
                 self.stats.entries -= 1;
                 self.stats.removes += 1;
                 if let Err(error) = self.backend.remove(live.fi_addr) {
-                    tracing::warn!(fi_addr = live.fi_addr, %error, "fi_av_remove failed at shutdown");
+                    tracing::warn!(op = "remove_failed", fi_addr = live.fi_addr, %error, "fi_av_remove failed at shutdown");
                 }
             }
         }

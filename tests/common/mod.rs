@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+#![allow(dead_code)] // each test binary uses some of these
 
-use dma_libfabric::{AddressFormat, Configuration, LibfabricEndpoint};
+use dma_libfabric::{Configuration, LibfabricEndpoint};
 
 /// A real tcp endpoint on loopback.
 pub fn tcp() -> LibfabricEndpoint {
@@ -38,9 +39,6 @@ pub fn efa(gid: u8, qpn: u16, qkey: u32) -> Vec<u8> {
     address[20..24].copy_from_slice(&qkey.to_ne_bytes());
     address
 }
-
-/// The format a tcp endpoint uses.
-pub const TCP: AddressFormat = AddressFormat::Opaque;
 
 /// A small deterministic generator (xorshift64*), so stress tests need no extra crate and replay.
 pub struct Random(u64);
