@@ -17,6 +17,7 @@ use crate::sys::fi_addr_t;
 
 /// The hasher: foldhash, seeded per map. Lookups hash a `u64` and 16 to 18 bytes, where
 /// SipHash would cost more than the probe.
+#[cfg(not(dma_loom))]
 pub(crate) type IndexHasher = foldhash::fast::RandomState;
 
 /// A registration: `client` posts to the entry for `address`.
@@ -44,6 +45,7 @@ impl Registration {
 
 /// A borrowed key: what a reader probes with.
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(dma_loom, allow(dead_code))]
 pub(crate) struct Lookup<'a> {
     pub(crate) client: u64,
     pub(crate) identity: &'a [u8],
@@ -82,16 +84,52 @@ impl papaya::Equivalent<Registration> for Lookup<'_> {
     }
 }
 
+/// What the cache needs of its index: readers probe under a guard, the writer alone publishes
+/// and unlinks. Two implementations: papaya in the build that ships, and a locked map under loom,
+/// which cannot see papaya's per-thread reclamation state. The protocol's proof needs only that a
+/// probe after an unlink (in the writer's program order, ordered by the epoch fences) misses,
+/// which both give.
+pub(crate) trait RegistrationIndex: Send + Sync {
+    /// A reader's guard on the index's memory.
+    type Guard<'a>
+    where
+        Self: 'a;
+    fn guard(&self) -> Self::Guard<'_>;
+    /// The entry `client` is registered on for exactly `address`, whose identity is `identity`.
+    fn get(
+        &self,
+        guard: &Self::Guard<'_>,
+        client: u64,
+        identity: &[u8],
+        address: &[u8],
+    ) -> Option<fi_addr_t>;
+    /// Publish a registration. Writer only.
+    fn publish(&self, registration: Registration, fi_addr: fi_addr_t);
+    /// Unlink a registration. Writer only.
+    fn unlink(&self, client: u64, identity: &[u8]);
+    /// How many registrations are published.
+    fn len(&self) -> usize;
+}
+
+/// The index the cache uses in this build.
+#[cfg(not(dma_loom))]
+pub(crate) type Index = PapayaIndex;
+/// The index the cache uses in this build.
+#[cfg(dma_loom)]
+pub(crate) type Index = LockedIndex;
+
+/// A reader's guard on the index in this build.
+pub(crate) type IndexGuard<'a> = <Index as RegistrationIndex>::Guard<'a>;
+
 /// The concurrent index: papaya, pre-sized to the AV's capacity so the hot path meets no resize
 /// in steady state.
-pub(crate) struct Index {
+#[cfg(not(dma_loom))]
+pub(crate) struct PapayaIndex {
     map: papaya::HashMap<Registration, fi_addr_t, IndexHasher>,
 }
 
-/// A reader's pin on the index's memory.
-pub(crate) type IndexGuard<'a> = papaya::LocalGuard<'a>;
-
-impl Index {
+#[cfg(not(dma_loom))]
+impl PapayaIndex {
     pub(crate) fn with_capacity(capacity: usize) -> Self {
         let map = papaya::HashMap::builder()
             .hasher(IndexHasher::default())
@@ -100,16 +138,20 @@ impl Index {
             .build();
         Self { map }
     }
+}
 
-    pub(crate) fn guard(&self) -> IndexGuard<'_> {
+#[cfg(not(dma_loom))]
+impl RegistrationIndex for PapayaIndex {
+    type Guard<'a> = papaya::LocalGuard<'a>;
+
+    fn guard(&self) -> Self::Guard<'_> {
         self.map.guard()
     }
 
-    /// The entry `client` is registered on for exactly `address`, whose identity is `identity`.
     #[inline]
-    pub(crate) fn get(
+    fn get(
         &self,
-        guard: &IndexGuard<'_>,
+        guard: &Self::Guard<'_>,
         client: u64,
         identity: &[u8],
         address: &[u8],
@@ -120,19 +162,75 @@ impl Index {
         (*registration.address == *address).then_some(*fi_addr)
     }
 
-    /// Publish a registration. Writer only.
-    pub(crate) fn publish(&self, registration: Registration, fi_addr: fi_addr_t) {
+    fn publish(&self, registration: Registration, fi_addr: fi_addr_t) {
         let guard = self.map.guard();
         self.map.insert(registration, fi_addr, &guard);
     }
 
-    /// Unlink a registration. Writer only.
-    pub(crate) fn unlink(&self, client: u64, identity: &[u8]) {
+    fn unlink(&self, client: u64, identity: &[u8]) {
         let guard = self.map.guard();
         self.map.remove(&Lookup { client, identity }, &guard);
     }
 
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.map.len()
+    }
+}
+
+/// The index under loom: a loom mutex over a std map, so loom sees every probe and change.
+#[cfg(dma_loom)]
+pub(crate) struct LockedIndex {
+    map: loom::sync::Mutex<std::collections::HashMap<(u64, Vec<u8>), (Box<[u8]>, fi_addr_t)>>,
+}
+
+#[cfg(dma_loom)]
+impl LockedIndex {
+    pub(crate) fn with_capacity(_capacity: usize) -> Self {
+        Self {
+            map: loom::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    fn locked(
+        &self,
+    ) -> loom::sync::MutexGuard<'_, std::collections::HashMap<(u64, Vec<u8>), (Box<[u8]>, fi_addr_t)>>
+    {
+        self.map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(dma_loom)]
+impl RegistrationIndex for LockedIndex {
+    type Guard<'a> = std::marker::PhantomData<&'a ()>;
+
+    fn guard(&self) -> Self::Guard<'_> {
+        std::marker::PhantomData
+    }
+
+    fn get(
+        &self,
+        _guard: &Self::Guard<'_>,
+        client: u64,
+        identity: &[u8],
+        address: &[u8],
+    ) -> Option<fi_addr_t> {
+        let map = self.locked();
+        let (registered, fi_addr) = map.get(&(client, identity.to_vec()))?;
+        (**registered == *address).then_some(*fi_addr)
+    }
+
+    fn publish(&self, registration: Registration, fi_addr: fi_addr_t) {
+        let key = (registration.client, registration.identity().to_vec());
+        self.locked().insert(key, (registration.address, fi_addr));
+    }
+
+    fn unlink(&self, client: u64, identity: &[u8]) {
+        self.locked().remove(&(client, identity.to_vec()));
+    }
+
+    fn len(&self) -> usize {
+        self.locked().len()
     }
 }

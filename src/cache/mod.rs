@@ -59,7 +59,7 @@ use std::marker::PhantomData;
 
 pub use self::backend::AvBackend;
 use self::epoch::Epochs;
-use self::index::{Index, IndexGuard};
+use self::index::{Index, IndexGuard, RegistrationIndex};
 pub use self::stats::CacheStats;
 use self::stats::Counters;
 use self::writer::{Request, Shared, Writer};
@@ -252,7 +252,7 @@ impl<B: AvBackend> Drop for AddressCache<B> {
 ///
 /// Not `Send`: a pin belongs to the thread that took it.
 pub struct Pinned<'cache> {
-    epoch: crossbeam_epoch::Guard,
+    epoch: epoch::EpochPin,
     index: IndexGuard<'cache>,
     core: &'cache Core,
 }

@@ -9,6 +9,9 @@
 //! breach of the rules (a stale remove, a read past a short address, a grown table) as a
 //! *violation* a test can assert is absent.
 //!
+//! Its table sits behind a std mutex even under loom: the model stands for libfabric, which
+//! the protocol does not get to model-check.
+//!
 //! `ModelAv` is a cheap handle: clones share one table, so a test keeps a clone to inspect what
 //! the writer thread did with the one it handed to [`AddressCache::with_backend`].
 //!
@@ -17,7 +20,9 @@
 use crate::address::AddressFormat;
 use crate::cache::AvBackend;
 use crate::error::DmaError;
-use crate::sync::{Arc, Mutex, lock};
+use std::sync::{Arc, Mutex};
+
+use crate::sync::lock;
 use crate::sys::{self, fi_addr_t};
 
 /// One call the model AV saw, in order.

@@ -1,6 +1,7 @@
 //! Counters the writer publishes and anyone may read.
 
-use crate::sync::{AtomicU64, Ordering};
+// Plain std atomics even under loom: statistics, not part of the protocol (see `crate::sync`).
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A snapshot of a cache's counters.
 ///

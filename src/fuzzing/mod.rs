@@ -1,0 +1,263 @@
+//! The fuzz targets' checking functions, in the library so that `cargo test` replays every corpus
+//! file through them on stable (`tests/fuzz_corpus.rs`) and the fuzz crate stays a thin shell.
+//!
+//! Each `check_*` function takes the raw bytes libFuzzer hands a target, decodes them with
+//! `arbitrary` into the structured input of [`ops`], runs it, and panics, with the steps that led
+//! there, when anything is wrong:
+//!
+//! - [`check_address`]: arbitrary bytes under each [`AddressFormat`]. Parsing never panics,
+//!   wrong lengths are [`DmaError::InvalidAddress`] before any AV call, and the identity is the
+//!   prefix of the format's length (efa: 18 of 32).
+//! - [`check_cache_ops`]: a sequence of resolves, queued resolves, releases, pins held over later
+//!   steps, unpins and quiesces against an [`AddressCache`] over [`ModelAv`], with efa or opaque
+//!   addresses from a small space. After every step the answer is checked against the
+//!   [`reference`] model and the five invariants of DESIGN.md.
+//! - [`check_tcp_av`]: the same sequences against a real tcp endpoint's AV, with sockaddrs from
+//!   a small space that mixes in bad families, zero ports and garbage, and arbitrary 16-byte
+//!   inputs. Nothing crashes, `LibfabricEndpoint::lookup` agrees with the cache, invalid input
+//!   is an error that changes nothing, and each input leaves the cache empty.
+//!
+//! Driving is single-threaded, and every queued request (`release`, `try_resolve`) is followed
+//! by a `quiesce`, so the only thing left to timing is when a removal whose readers have gone
+//! runs; the reference model accounts for it (see its docs).
+
+pub mod ops;
+pub mod reference;
+
+mod driver;
+
+use arbitrary::{Arbitrary, Unstructured};
+
+use self::driver::{Driver, ModelObserver, Observer};
+use self::ops::{Address, AddressInput, CacheOps, TcpOps};
+use self::reference::{Acceptance, Rules};
+use crate::address::{AddressFormat, EFA_ADDRESS_LEN, EFA_IDENTITY_LEN, SOCKADDR_IN_LEN};
+use crate::cache::AddressCache;
+use crate::configuration::Configuration;
+use crate::endpoint::LibfabricEndpoint;
+use crate::error::DmaError;
+use crate::{CacheStats, ModelAv, sys};
+
+/// An oracle failure: the fuzz target found a bug.
+#[allow(clippy::panic)] // a failed check must abort the fuzz run, with what went wrong
+#[cold]
+pub(crate) fn fail(what: &str) -> ! {
+    panic!("{what}");
+}
+
+/// The capacity of the tcp endpoint [`check_tcp_av`] opens once per thread.
+pub const TCP_AV_CAPACITY: usize = 6;
+
+std::thread_local! {
+    /// Model caches for [`check_address`]: efa with efa's length, opaque sockaddrs, and efa
+    /// under a provider that claims 16 bytes (every address is then invalid).
+    static ADDRESS_CACHES: Vec<(ModelAv, AddressCache<ModelAv>)> = [
+        ModelAv::new(AddressFormat::Efa),
+        ModelAv::new(AddressFormat::Opaque),
+        ModelAv::with_layout(AddressFormat::Efa, SOCKADDR_IN_LEN, 16),
+    ]
+    .into_iter()
+    .map(|av| (av.clone(), AddressCache::with_backend(av)))
+    .collect();
+
+    /// The real tcp endpoint of [`check_tcp_av`]: opening one costs milliseconds.
+    static TCP: Result<LibfabricEndpoint, DmaError> = LibfabricEndpoint::open(
+        &Configuration {
+            av_capacity: TCP_AV_CAPACITY,
+            ..Configuration::default()
+        },
+        Some("127.0.0.1"),
+    );
+}
+
+/// The `address` target: see the module docs.
+pub fn check_address(data: &[u8]) {
+    let Ok(input) = AddressInput::arbitrary_take_rest(Unstructured::new(data)) else {
+        return;
+    };
+    let classified = AddressFormat::from_fi(input.addr_format);
+    if (AddressFormat::Efa == classified) != (sys::FI_ADDR_EFA == input.addr_format) {
+        fail(&format!(
+            "addr_format {} classified as {classified:?}",
+            input.addr_format
+        ));
+    }
+    let bytes = &input.bytes;
+    for format in [AddressFormat::Efa, AddressFormat::Opaque] {
+        let address_len = match input.address_len {
+            0 => format.default_len(),
+            len => usize::from(len),
+        };
+        let valid = !bytes.is_empty()
+            && bytes.len() == address_len
+            && (AddressFormat::Opaque == format || EFA_ADDRESS_LEN == address_len);
+        let identity_len = match format {
+            AddressFormat::Efa => EFA_IDENTITY_LEN,
+            AddressFormat::Opaque => address_len,
+        };
+        match format.identity(bytes, address_len) {
+            Ok(identity) if valid && identity == &bytes[..identity_len] => {}
+            Err(DmaError::InvalidAddress(_)) if !valid => {}
+            other => fail(&format!(
+                "{format:?} with a {address_len}-byte provider took {} bytes as {other:?}",
+                bytes.len()
+            )),
+        }
+    }
+    let cache = match (input.efa, 0 == input.address_len % 4) {
+        (true, false) => 0,
+        (false, _) => 1,
+        (true, true) => 2,
+    };
+    ADDRESS_CACHES.with(|caches| {
+        let Some((av, cache)) = caches.get(cache) else {
+            return;
+        };
+        check_address_through(av, cache, bytes);
+    });
+}
+
+/// One address through a model cache's reader and writer, and back out.
+fn check_address_through(av: &ModelAv, cache: &AddressCache<ModelAv>, bytes: &[u8]) {
+    let valid = cache.format().identity(bytes, cache.address_len()).is_ok();
+    let before = (av.events().len(), cache.stats());
+    {
+        let pinned = cache.pin();
+        match pinned.try_resolve(1, bytes).map(|peer| peer.fi_addr()) {
+            Err(DmaError::WouldBlock) if valid => {}
+            Err(DmaError::InvalidAddress(_)) if !valid => {}
+            other => fail(&format!(
+                "try_resolve of {} bytes by a {}-byte cache: {other:?}",
+                bytes.len(),
+                cache.address_len()
+            )),
+        }
+        cache.quiesce();
+        match pinned.resolve(1, bytes).map(|peer| peer.fi_addr()) {
+            Ok(fi_addr) if valid && av.lookup(fi_addr).as_deref() == Some(bytes) => {}
+            Err(DmaError::InvalidAddress(_)) if !valid => {}
+            other => fail(&format!(
+                "resolve of {} bytes by a {}-byte cache: {other:?}",
+                bytes.len(),
+                cache.address_len()
+            )),
+        }
+    }
+    if !valid && (av.events().len(), cache.stats()) != before {
+        fail("an invalid address changed the cache or reached the AV");
+    }
+    cache.release(1);
+    cache.quiesce();
+    let stats = cache.stats();
+    if 0 != stats.entries + stats.pending_removals + stats.clients
+        || !av.is_empty()
+        || !av.violations().is_empty()
+        || stats.inserts != stats.removes
+    {
+        fail(&format!(
+            "left behind: {stats:?}, {} in the AV, breaches {:?}",
+            av.len(),
+            av.violations()
+        ));
+    }
+}
+
+/// The `cache_ops` target: see the module docs.
+pub fn check_cache_ops(data: &[u8]) {
+    let Ok(input) = CacheOps::arbitrary_take_rest(Unstructured::new(data)) else {
+        return;
+    };
+    let format = if input.efa {
+        AddressFormat::Efa
+    } else {
+        AddressFormat::Opaque
+    };
+    let address_len = format.default_len();
+    let capacity = input.capacity();
+    let av = ModelAv::with_layout(format, address_len, capacity);
+    let cache = AddressCache::with_backend(av.clone());
+    let rules = Rules {
+        format,
+        address_len,
+        capacity,
+        acceptance: |_| Acceptance::Accept,
+    };
+    let materialize = move |address: &Address| match address {
+        Address::Small { gid, qpn, qkey } => match format {
+            AddressFormat::Efa => ops::efa_address(*gid, *qpn, *qkey),
+            AddressFormat::Opaque => ops::opaque_address(*gid, *qpn, *qkey, address_len),
+        },
+        Address::Exact(bytes) => ops::exact(bytes, address_len),
+        Address::Raw(bytes) => bytes.clone(),
+    };
+    let observer = ModelObserver::new(av, address_len);
+    Driver::new(&cache, rules, observer, &materialize).run(&input.ops);
+}
+
+/// Which sockaddrs tcp on libfabric 1.17 certainly refuses: another family, port zero, host
+/// zero, or anything in `sin_zero`. It takes some well-formed ones and refuses others (hosts
+/// outside the fabric), so the rest may go either way.
+fn tcp_acceptance(address: &[u8]) -> Acceptance {
+    let field = |range: std::ops::Range<usize>| address.get(range).unwrap_or(&[]);
+    let family = field(0..2);
+    let malformed = family != 2_u16.to_ne_bytes()
+        || field(2..4) == [0, 0]
+        || field(4..8) == [0, 0, 0, 0]
+        || field(8..16).iter().any(|byte| 0 != *byte);
+    if malformed {
+        Acceptance::Reject
+    } else {
+        Acceptance::Either
+    }
+}
+
+/// The real endpoint as the driver sees it.
+struct TcpObserver<'e> {
+    endpoint: &'e LibfabricEndpoint,
+}
+
+impl Observer for TcpObserver<'_> {
+    fn lookup(&self, fi_addr: u64) -> Option<Vec<u8>> {
+        match self.endpoint.lookup(fi_addr) {
+            Ok(found) => found,
+            Err(error) => fail(&format!("fi_av_lookup of {fi_addr} failed: {error}")),
+        }
+    }
+
+    fn calls(&self) -> Option<usize> {
+        None
+    }
+
+    fn after_step(&mut self, _held: &[(u64, usize)], _log: &str) {}
+
+    fn at_end(&mut self, _stats: &CacheStats, _log: &str) {}
+}
+
+/// The `tcp_av` target: see the module docs. Every input runs on this thread's one endpoint,
+/// and leaves its cache empty for the next.
+pub fn check_tcp_av(data: &[u8]) {
+    let Ok(input) = TcpOps::arbitrary_take_rest(Unstructured::new(data)) else {
+        return;
+    };
+    TCP.with(|endpoint| {
+        let endpoint = match endpoint {
+            Ok(endpoint) => endpoint,
+            Err(error) => fail(&format!("no tcp endpoint on 127.0.0.1: {error}")),
+        };
+        let cache = endpoint.peers();
+        let rules = Rules {
+            format: cache.format(),
+            address_len: cache.address_len(),
+            capacity: TCP_AV_CAPACITY,
+            acceptance: tcp_acceptance,
+        };
+        let address_len = cache.address_len();
+        let materialize = move |address: &Address| match address {
+            Address::Small { gid, qpn, qkey } => ops::sockaddr(*gid, *qpn, *qkey),
+            Address::Exact(bytes) => ops::exact(bytes, address_len),
+            Address::Raw(bytes) => bytes.clone(),
+        };
+        let observer = TcpObserver { endpoint };
+        Driver::new(cache, rules, observer, &materialize).run(&input.ops);
+    });
+}
