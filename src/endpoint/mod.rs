@@ -403,7 +403,7 @@ impl LibfabricEndpoint {
         if read < 0 {
             return Err(DmaError::fabric("fi_cq_read", read as i64));
         }
-        let Some(index) = self.slot_index(entry.op_context) else {
+        let Some(index) = self.receives.index_of(entry.op_context) else {
             return Err(DmaError::InvalidArgument(
                 "a receive completion named a context this endpoint never posted".into(),
             ));
@@ -433,15 +433,6 @@ impl LibfabricEndpoint {
             self.progress();
             std::thread::yield_now();
         }
-    }
-
-    fn slot_index(&self, context: *mut std::ffi::c_void) -> Option<usize> {
-        let slot = self.receives.find(context)?;
-        (0..self.receives.len()).find(|&index| {
-            self.receives
-                .get(index)
-                .is_some_and(|candidate| std::ptr::eq(candidate, slot))
-        })
     }
 
     fn post_receive(&self, index: usize) -> Result<(), DmaError> {
@@ -496,7 +487,7 @@ impl LibfabricEndpoint {
                 CStr::from_ptr(provider_text).to_string_lossy().into_owned()
             }
         };
-        if let Some(index) = self.slot_index(entry.op_context) {
+        if let Some(index) = self.receives.index_of(entry.op_context) {
             if let Err(error) = self.post_receive(index) {
                 tracing::warn!(%error, "could not re-post a receive buffer after an error");
             }

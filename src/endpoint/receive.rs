@@ -41,12 +41,14 @@ impl ReceiveSlots {
         self.slots.len()
     }
 
-    /// The slot whose context is `context`, if it is one of ours.
-    pub(super) fn find(&self, context: *mut std::ffi::c_void) -> Option<&ReceiveSlot> {
-        let slot: *const ReceiveSlot = context.cast();
-        self.slots
-            .iter()
-            .find(|candidate| std::ptr::eq(*candidate, slot))
+    /// The index of the slot whose context is `context`, if it is one of ours. Computed from
+    /// addresses alone: nothing is dereferenced, so a foreign context is simply `None`.
+    pub(super) fn index_of(&self, context: *mut std::ffi::c_void) -> Option<usize> {
+        let start = self.slots.as_ptr() as usize;
+        let offset = (context as usize).checked_sub(start)?;
+        let size = std::mem::size_of::<ReceiveSlot>();
+        let index = offset / size;
+        (0 == offset % size && index < self.slots.len()).then_some(index)
     }
 
     pub(super) fn get(&self, index: usize) -> Option<&ReceiveSlot> {
