@@ -492,3 +492,13 @@ fn try_resolve_queues_a_miss_and_never_blocks() {
     );
     assert_eq!(1, cache.stats().inserts);
 }
+
+/// One cache serves every posting thread; a pin belongs to the thread that took it.
+#[test]
+fn the_cache_is_shared_between_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<dma_libfabric::AddressCache>();
+    shared::<dma_libfabric::LibfabricEndpoint>();
+    fn copied<T: Copy>() {}
+    copied::<dma_libfabric::Peer<'static>>();
+}
