@@ -11,7 +11,7 @@
 //! - [`check_cache_ops`]: a sequence of resolves, queued resolves, releases, pins held over later
 //!   steps, unpins and quiesces against an [`AddressCache`] over [`ModelAv`], with efa or opaque
 //!   addresses from a small space. After every step the answer is checked against the
-//!   [`reference`] model and the five invariants of DESIGN.md.
+//!   [reference](mod@reference) model and the five invariants of DESIGN.md.
 //! - [`check_tcp_av`]: the same sequences against a real tcp endpoint's AV, with sockaddrs from
 //!   a small space that mixes in bad families, zero ports and garbage, and arbitrary 16-byte
 //!   inputs. Nothing crashes, `LibfabricEndpoint::lookup` agrees with the cache, invalid input
@@ -248,6 +248,10 @@ impl Observer for TcpObserver<'_> {
     }
 
     fn calls(&self) -> Option<usize> {
+        None
+    }
+
+    fn inserted_since(&self, _mark: usize, _address: &[u8]) -> Option<bool> {
         None
     }
 
