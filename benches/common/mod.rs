@@ -1,0 +1,555 @@
+//! What the benches share: the keys, the baselines (DESIGN.md), the endpoints, and where the
+//! figures criterion does not measure are written for `scripts/bench-table`.
+//!
+//! Every baseline is keyed like the cache's index: the pair (client, identity), hashed with the
+//! same foldhash (`write_u64(client)` then `write(identity)`), compared on the identity, and a hit
+//! confirmed against the full address. Only the storage differs: the baselines keep the key inline,
+//! so the unsynchronised `HashMap` probe is the floor a hash-map lookup can reach.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::hash::Hasher as StdHasher;
+use std::hash::{BuildHasher, Hash};
+use std::io::Write;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use criterion::Criterion;
+use dma_libfabric::sys::{self, fi_addr_t};
+use dma_libfabric::{AddressCache, AddressFormat, AvBackend, Configuration, LibfabricEndpoint};
+use dma_libfabric::{DmaError, ModelAv};
+
+/// The hasher of the cache's index, and so of every baseline.
+pub type Hasher = foldhash::fast::RandomState;
+
+/// Criterion settings short enough for the whole run on 2 cores.
+pub fn criterion() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20)
+        .without_plots()
+        .configure_from_args()
+}
+
+/// Which addresses a bench uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// 32-byte efa addresses over the model AV (identity: GID + QPN, 18 bytes).
+    Efa,
+    /// 16-byte `sockaddr_in`s over a real tcp AV.
+    Tcp,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Efa => "efa",
+            Self::Tcp => "tcp",
+        }
+    }
+
+    pub fn address_len(self) -> usize {
+        match self {
+            Self::Efa => 32,
+            Self::Tcp => 16,
+        }
+    }
+
+    pub fn identity_len(self) -> usize {
+        match self {
+            Self::Efa => 18,
+            Self::Tcp => 16,
+        }
+    }
+
+    pub fn format(self) -> AddressFormat {
+        match self {
+            Self::Efa => AddressFormat::Efa,
+            Self::Tcp => AddressFormat::Opaque,
+        }
+    }
+
+    /// Address number `n` (distinct for every `n` below 16 million).
+    pub fn address(self, n: u32) -> Vec<u8> {
+        match self {
+            Self::Efa => efa(n),
+            Self::Tcp => sockaddr(n),
+        }
+    }
+}
+
+/// A well-formed `sockaddr_in` for 127.0.0.x and a port derived from `n`. `fi_av_insert` never
+/// contacts the peer, so nothing needs to listen there.
+pub fn sockaddr(n: u32) -> Vec<u8> {
+    let port = 1 + (n % 65_000) as u16;
+    let host = 1 + (n / 65_000) as u8;
+    let mut address = vec![0_u8; 16];
+    address[0..2].copy_from_slice(&2_u16.to_ne_bytes()); // AF_INET
+    address[2..4].copy_from_slice(&port.to_be_bytes());
+    address[4..8].copy_from_slice(&[127, 0, 0, host]);
+    address
+}
+
+/// An efa address: a GID and QPN from `n`, a QKEY that looks random.
+pub fn efa(n: u32) -> Vec<u8> {
+    let mut address = vec![0_u8; 32];
+    address[0..2].copy_from_slice(&[0xfe, 0x80]);
+    address[8..12].copy_from_slice(&(n >> 16).to_be_bytes());
+    address[16..18].copy_from_slice(&(n as u16).to_ne_bytes());
+    address[20..24].copy_from_slice(&(n.wrapping_mul(0x9e37_79b9) | 1).to_ne_bytes());
+    address
+}
+
+/// A small deterministic generator (xorshift64*).
+pub struct Random(pub u64);
+
+impl Random {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound.max(1)
+    }
+}
+
+/// `n` live entries: client `i` advertises address `i`.
+pub struct Keys {
+    pub kind: Kind,
+    pub addresses: Vec<Vec<u8>>,
+    /// The order probes visit them in: a random permutation, the same for every contestant.
+    pub order: Vec<u32>,
+}
+
+impl Keys {
+    pub fn new(kind: Kind, n: usize) -> Self {
+        let addresses = (0..n as u32).map(|i| kind.address(i)).collect();
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        let mut random = Random(0x5eed_1234_abcd_0001);
+        for i in (1..order.len()).rev() {
+            order.swap(i, random.below(i as u64 + 1) as usize);
+        }
+        Self {
+            kind,
+            addresses,
+            order,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.addresses.len()
+    }
+
+    /// The `step`-th probe: (client, address).
+    #[inline]
+    pub fn probe(&self, step: usize) -> (u64, &[u8]) {
+        let i = self.order[step % self.order.len()] as usize;
+        (i as u64, &self.addresses[i])
+    }
+}
+
+/// A tcp endpoint on 127.0.0.1 whose AV holds `capacity` entries.
+pub fn tcp_endpoint(capacity: usize) -> LibfabricEndpoint {
+    let configuration = Configuration {
+        av_capacity: capacity,
+        ..Configuration::default()
+    };
+    LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint on 127.0.0.1")
+}
+
+/// The cache under test: the endpoint's own (tcp), or one over the model AV (efa).
+pub enum Subject {
+    Tcp(LibfabricEndpoint),
+    Efa(AddressCache<ModelAv>),
+}
+
+impl Subject {
+    pub fn new(kind: Kind, capacity: usize) -> Self {
+        match kind {
+            Kind::Tcp => Self::Tcp(tcp_endpoint(capacity)),
+            Kind::Efa => Self::Efa(AddressCache::with_backend(ModelAv::with_layout(
+                AddressFormat::Efa,
+                32,
+                capacity,
+            ))),
+        }
+    }
+
+    /// Resolve every key once, so the cache is warm.
+    pub fn warm(&self, keys: &Keys) {
+        match self {
+            Self::Tcp(endpoint) => warm(endpoint.peers(), keys),
+            Self::Efa(cache) => warm(cache, keys),
+        }
+    }
+}
+
+pub fn warm<B: AvBackend>(cache: &AddressCache<B>, keys: &Keys) {
+    for (client, address) in keys.addresses.iter().enumerate() {
+        cache
+            .pin()
+            .resolve(client as u64, address)
+            .expect("resolve while warming");
+    }
+    assert_eq!(keys.len() as u64, cache.stats().entries);
+}
+
+/// A baseline key: the pair (client, identity), stored inline.
+#[derive(Clone, Copy)]
+pub struct Key {
+    client: u64,
+    len: u8,
+    identity: [u8; 32],
+}
+
+impl Key {
+    #[inline]
+    pub fn new(client: u64, identity: &[u8]) -> Self {
+        let mut bytes = [0_u8; 32];
+        bytes[..identity.len()].copy_from_slice(identity);
+        Self {
+            client,
+            len: identity.len() as u8,
+            identity: bytes,
+        }
+    }
+
+    fn identity(&self) -> &[u8] {
+        &self.identity[..usize::from(self.len)]
+    }
+}
+
+// The cache's `Lookup` hashes exactly this sequence.
+impl Hash for Key {
+    fn hash<H: StdHasher>(&self, state: &mut H) {
+        state.write_u64(self.client);
+        state.write(self.identity());
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.client == other.client && self.identity() == other.identity()
+    }
+}
+
+impl Eq for Key {}
+
+/// A baseline value: the full address, to confirm the incarnation, and the `fi_addr_t`.
+#[derive(Clone, Copy)]
+pub struct Value {
+    len: u8,
+    address: [u8; 32],
+    pub fi_addr: fi_addr_t,
+}
+
+impl Value {
+    pub fn new(address: &[u8], fi_addr: fi_addr_t) -> Self {
+        let mut bytes = [0_u8; 32];
+        bytes[..address.len()].copy_from_slice(address);
+        Self {
+            len: address.len() as u8,
+            address: bytes,
+            fi_addr,
+        }
+    }
+
+    #[inline]
+    pub fn confirms(&self, address: &[u8]) -> bool {
+        self.address[..usize::from(self.len)] == *address
+    }
+}
+
+/// The unsynchronised map every baseline builds on.
+pub type Plain = HashMap<Key, Value, Hasher>;
+
+pub fn plain(keys: &Keys) -> Plain {
+    let mut map = Plain::with_capacity_and_hasher(keys.len(), Hasher::default());
+    for (client, address) in keys.addresses.iter().enumerate() {
+        let identity = &address[..keys.kind.identity_len()];
+        map.insert(
+            Key::new(client as u64, identity),
+            Value::new(address, client as u64),
+        );
+    }
+    map
+}
+
+#[inline]
+pub fn probe(map: &Plain, identity_len: usize, client: u64, address: &[u8]) -> Option<fi_addr_t> {
+    let value = map.get(&Key::new(client, &address[..identity_len]))?;
+    value.confirms(address).then_some(value.fi_addr)
+}
+
+pub fn dashmap(keys: &Keys) -> dashmap::DashMap<Key, Value, Hasher> {
+    let map = dashmap::DashMap::with_capacity_and_hasher(keys.len(), Hasher::default());
+    for (client, address) in keys.addresses.iter().enumerate() {
+        let identity = &address[..keys.kind.identity_len()];
+        map.insert(
+            Key::new(client as u64, identity),
+            Value::new(address, client as u64),
+        );
+    }
+    map
+}
+
+#[inline]
+pub fn probe_dashmap(
+    map: &dashmap::DashMap<Key, Value, Hasher>,
+    identity_len: usize,
+    client: u64,
+    address: &[u8],
+) -> Option<fi_addr_t> {
+    let value = map.get(&Key::new(client, &address[..identity_len]))?;
+    value.confirms(address).then_some(value.fi_addr)
+}
+
+pub fn rwlock(keys: &Keys) -> RwLock<Plain> {
+    RwLock::new(plain(keys))
+}
+
+#[inline]
+pub fn probe_rwlock(
+    map: &RwLock<Plain>,
+    identity_len: usize,
+    client: u64,
+    address: &[u8],
+) -> Option<fi_addr_t> {
+    probe(&map.read().unwrap(), identity_len, client, address)
+}
+
+/// Where the reference model's entries go: the real AV, or nowhere (hit benches, which never
+/// insert after warming, and so may use a counter).
+pub enum RefAv {
+    Counter(fi_addr_t),
+    Raw(*mut sys::fid_av),
+}
+
+// SAFETY: the raw AV belongs to a FI_THREAD_SAFE domain, and the model is only used under its
+// mutex.
+unsafe impl Send for RefAv {}
+
+impl RefAv {
+    fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
+        match self {
+            Self::Counter(next) => {
+                *next += 1;
+                Ok(*next - 1)
+            }
+            Self::Raw(av) => av_insert(*av, address),
+        }
+    }
+
+    fn remove(&mut self, fi_addr: fi_addr_t) {
+        if let Self::Raw(av) = self {
+            av_remove(*av, fi_addr);
+        }
+    }
+}
+
+/// `fi_av_insert` of one address on a raw AV.
+pub fn av_insert(av: *mut sys::fid_av, address: &[u8]) -> Result<fi_addr_t, DmaError> {
+    let mut fi_addr = sys::FI_ADDR_NOTAVAIL;
+    // SAFETY: `av` is an open AV of a tcp endpoint that outlives the call; `address` holds the
+    // provider's 16 bytes; `fi_addr` has room for the one index written.
+    let inserted = unsafe {
+        sys::fi_av_insert(
+            av,
+            address.as_ptr().cast(),
+            1,
+            &raw mut fi_addr,
+            0,
+            std::ptr::null_mut(),
+        )
+    };
+    if 1 == inserted {
+        Ok(fi_addr)
+    } else {
+        Err(DmaError::InvalidArgument(format!(
+            "fi_av_insert returned {inserted}"
+        )))
+    }
+}
+
+/// `fi_av_remove` of one index on a raw AV.
+pub fn av_remove(av: *mut sys::fid_av, fi_addr: fi_addr_t) {
+    let mut fi_addr = fi_addr;
+    // SAFETY: `av` is open and `fi_addr` is an index this bench inserted and has not removed.
+    let code = unsafe { sys::fi_av_remove(av, &raw mut fi_addr, 1, 0) };
+    assert_eq!(0, code, "fi_av_remove");
+}
+
+/// One AV entry of the reference model; it leaves the AV when the last client drops it.
+pub struct RefEntry {
+    fi_addr: fi_addr_t,
+    av: Arc<Mutex<RefAv>>,
+}
+
+impl RefEntry {
+    pub fn fi_addr(&self) -> fi_addr_t {
+        self.fi_addr
+    }
+}
+
+impl Drop for RefEntry {
+    fn drop(&mut self) {
+        self.av.lock().unwrap().remove(self.fi_addr);
+    }
+}
+
+/// An identity key of the reference model's dedup index, with the full address beside it.
+struct RefAddress {
+    bytes: Box<[u8]>,
+    identity_len: usize,
+}
+
+impl std::borrow::Borrow<[u8]> for RefAddress {
+    fn borrow(&self) -> &[u8] {
+        &self.bytes[..self.identity_len]
+    }
+}
+
+impl Hash for RefAddress {
+    fn hash<H: StdHasher>(&self, state: &mut H) {
+        let identity: &[u8] = std::borrow::Borrow::borrow(self);
+        identity.hash(state);
+    }
+}
+
+impl PartialEq for RefAddress {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes[..self.identity_len] == other.bytes[..other.identity_len]
+    }
+}
+
+impl Eq for RefAddress {}
+
+/// The seed's `PeerAddresses`, in the bench's words: a dedup index of weak entries by identity,
+/// the ownership (and so the refcount) by client, and a lookup that replaces the client's `Arc`
+/// on every call, as the seed's `handle` does. Shared as a user would share it: in a `Mutex`.
+pub struct Reference {
+    identity_len: usize,
+    by_address: HashMap<RefAddress, Weak<RefEntry>, Hasher>,
+    by_client: HashMap<u64, Arc<RefEntry>, Hasher>,
+    av: Arc<Mutex<RefAv>>,
+}
+
+impl Reference {
+    pub fn new(kind: Kind, av: RefAv, capacity: usize) -> Self {
+        Self {
+            identity_len: kind.identity_len(),
+            by_address: HashMap::with_capacity_and_hasher(capacity, Hasher::default()),
+            by_client: HashMap::with_capacity_and_hasher(capacity, Hasher::default()),
+            av: Arc::new(Mutex::new(av)),
+        }
+    }
+
+    pub fn warmed(kind: Kind, keys: &Keys) -> Self {
+        let mut model = Self::new(kind, RefAv::Counter(0), keys.len());
+        for (client, address) in keys.addresses.iter().enumerate() {
+            model.handle(client as u64, address).unwrap();
+        }
+        model
+    }
+
+    /// The seed's `handle`: the entry `client` posts to for `address`.
+    #[inline]
+    pub fn handle(&mut self, client: u64, address: &[u8]) -> Result<Arc<RefEntry>, DmaError> {
+        let identity = &address[..self.identity_len];
+        let held = self
+            .by_address
+            .get_key_value(identity)
+            .and_then(|(known, entry)| {
+                entry
+                    .upgrade()
+                    .map(|entry| (*known.bytes == *address, entry))
+            });
+        match held {
+            Some((true, entry)) => {
+                self.by_client.insert(client, Arc::clone(&entry));
+                return Ok(entry);
+            }
+            Some((false, stale)) => {
+                self.by_client.retain(|_, held| !Arc::ptr_eq(held, &stale));
+            }
+            None => {}
+        }
+        self.by_client.remove(&client);
+        self.by_address.remove(identity);
+        let fi_addr = self.av.lock().unwrap().insert(address)?;
+        let entry = Arc::new(RefEntry {
+            fi_addr,
+            av: Arc::clone(&self.av),
+        });
+        self.by_address.insert(
+            RefAddress {
+                bytes: address.into(),
+                identity_len: self.identity_len,
+            },
+            Arc::downgrade(&entry),
+        );
+        self.by_client.insert(client, Arc::clone(&entry));
+        Ok(entry)
+    }
+
+    /// The seed's `release`.
+    pub fn release(&mut self, client: u64) {
+        // Dropping the last `Arc` removes the entry from the AV.
+        self.by_client.remove(&client);
+    }
+
+    /// Drop dead index keys, as the seed's sweep does.
+    pub fn sweep(&mut self) {
+        self.by_address.retain(|_, entry| 0 < entry.strong_count());
+    }
+
+    pub fn clear(&mut self) {
+        self.by_client.clear();
+        self.by_address.clear();
+    }
+}
+
+#[inline]
+pub fn probe_reference(model: &Mutex<Reference>, client: u64, address: &[u8]) -> fi_addr_t {
+    // The caller posts while holding the `Arc`, then drops it.
+    let entry = model.lock().unwrap().handle(client, address).unwrap();
+    entry.fi_addr()
+}
+
+/// Hash the way the cache does, for a sanity check that the baselines see the same hashes.
+pub fn hash_of(hasher: &Hasher, client: u64, identity: &[u8]) -> u64 {
+    let mut state = hasher.build_hasher();
+    state.write_u64(client);
+    state.write(identity);
+    state.finish()
+}
+
+/// Record a figure criterion does not measure (or a derived one) for `scripts/bench-table`:
+/// one `name<TAB>value` line in `$CARGO_TARGET_DIR/bench-results/<bench>.tsv`.
+pub fn record(bench: &str, name: &str, value: f64) {
+    let directory = results_dir();
+    std::fs::create_dir_all(&directory).unwrap();
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(directory.join(format!("{bench}.tsv")))
+        .unwrap();
+    writeln!(file, "{name}\t{value}").unwrap();
+    println!("{bench}: {name} = {value:.3}");
+}
+
+/// Start a fresh results file for `bench`.
+pub fn reset(bench: &str) {
+    let _ = std::fs::remove_file(results_dir().join(format!("{bench}.tsv")));
+}
+
+fn results_dir() -> std::path::PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
+    target.join("bench-results")
+}

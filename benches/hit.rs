@@ -1,0 +1,99 @@
+//! The hit path on one thread: `pinned.resolve` on a warm cache of 1,000 and 100,000 live
+//! entries, efa (32-byte addresses, model AV) and tcp (16-byte, real AV), in batch mode (one pin,
+//! many resolves) and single-shot mode (pin, resolve, unpin), next to the baselines probing the
+//! same keys in the same order with the same hasher.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::hint::black_box;
+use std::sync::Mutex;
+
+use common::{Keys, Kind, Reference, Subject};
+use criterion::{Criterion, Throughput};
+
+fn hit(criterion: &mut Criterion) {
+    for kind in [Kind::Efa, Kind::Tcp] {
+        for n in [1_000, 100_000] {
+            let keys = Keys::new(kind, n);
+            let identity_len = kind.identity_len();
+            let subject = Subject::new(kind, n.max(4096));
+            subject.warm(&keys);
+            let plain = common::plain(&keys);
+            let reference = Mutex::new(Reference::warmed(kind, &keys));
+            let rwlock = common::rwlock(&keys);
+            let dashmap = common::dashmap(&keys);
+
+            let mut group = criterion.benchmark_group(format!("hit_{}_{n}", kind.name()));
+            group.throughput(Throughput::Elements(1));
+            let mut step = 0_usize;
+            macro_rules! ours {
+                ($cache:expr) => {{
+                    let cache = $cache;
+                    group.bench_function("ours_batch", |b| {
+                        let pinned = cache.pin();
+                        b.iter(|| {
+                            step += 1;
+                            let (client, address) = keys.probe(step);
+                            black_box(pinned.resolve(client, address).unwrap().fi_addr())
+                        })
+                    });
+                    group.bench_function("ours_single", |b| {
+                        b.iter(|| {
+                            step += 1;
+                            let (client, address) = keys.probe(step);
+                            let pinned = cache.pin();
+                            black_box(pinned.resolve(client, address).unwrap().fi_addr())
+                        })
+                    });
+                }};
+            }
+            match &subject {
+                Subject::Tcp(endpoint) => ours!(endpoint.peers()),
+                Subject::Efa(cache) => ours!(cache),
+            }
+            group.bench_function("hashmap", |b| {
+                b.iter(|| {
+                    step += 1;
+                    let (client, address) = keys.probe(step);
+                    black_box(common::probe(&plain, identity_len, client, address).unwrap())
+                })
+            });
+            group.bench_function("mutex_reference", |b| {
+                b.iter(|| {
+                    step += 1;
+                    let (client, address) = keys.probe(step);
+                    black_box(common::probe_reference(&reference, client, address))
+                })
+            });
+            group.bench_function("rwlock_hashmap", |b| {
+                b.iter(|| {
+                    step += 1;
+                    let (client, address) = keys.probe(step);
+                    black_box(common::probe_rwlock(&rwlock, identity_len, client, address).unwrap())
+                })
+            });
+            group.bench_function("dashmap", |b| {
+                b.iter(|| {
+                    step += 1;
+                    let (client, address) = keys.probe(step);
+                    black_box(
+                        common::probe_dashmap(&dashmap, identity_len, client, address).unwrap(),
+                    )
+                })
+            });
+            group.finish();
+            let misses = match &subject {
+                Subject::Tcp(endpoint) => endpoint.peers().stats().misses,
+                Subject::Efa(cache) => cache.stats().misses,
+            };
+            assert_eq!(n as u64, misses, "every probe after warming must have hit");
+        }
+    }
+}
+
+fn main() {
+    let mut criterion = common::criterion();
+    hit(&mut criterion);
+    criterion.final_summary();
+}
