@@ -157,6 +157,17 @@ impl<B: AvBackend> AddressCache<B> {
     /// Pin the calling thread: every [`Peer`] resolved through the pin stays valid until it is
     /// dropped. Hold a pin across the posts that use its peers, and not much longer: a pin held
     /// for ever holds back every removal.
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+    ///
+    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// let pinned = cache.pin();
+    /// let one = pinned.resolve(1, &[1; 16])?;
+    /// let two = pinned.resolve(2, &[2; 16])?; // one pin, many peers
+    /// assert_ne!(one.fi_addr(), two.fi_addr());
+    /// # Ok::<(), DmaError>(())
+    /// ```
     pub fn pin(&self) -> Pinned<'_> {
         Pinned {
             epoch: self.core.epochs.pin(),
@@ -168,6 +179,18 @@ impl<B: AvBackend> AddressCache<B> {
     /// Let go of `client`'s entry. Returns at once; the writer removes the entry from the AV,
     /// once its readers have unpinned, if `client` was its last holder. Unknown and repeated ids
     /// are harmless.
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+    ///
+    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// cache.pin().resolve(1, &[1; 16])?;
+    /// cache.release(1);
+    /// cache.release(1); // harmless
+    /// cache.quiesce();
+    /// assert_eq!((0, 1), (cache.stats().entries, cache.stats().removes));
+    /// # Ok::<(), DmaError>(())
+    /// ```
     pub fn release(&self, client: u64) {
         // A stopped writer holds nothing any more.
         let _ = self.core.requests.send(Request::Release { client });
@@ -176,6 +199,21 @@ impl<B: AvBackend> AddressCache<B> {
     /// Block until the writer has applied every request sent before this call and run every
     /// removal whose readers are gone. Removals held back by a reader that is still pinned stay
     /// pending (see [`CacheStats::pending_removals`]); `quiesce` does not wait for that reader.
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+    ///
+    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// let reader = cache.pin();
+    /// reader.resolve(1, &[1; 16])?;
+    /// cache.release(1);
+    /// cache.quiesce();
+    /// assert_eq!(1, cache.stats().pending_removals, "held back by `reader`");
+    /// drop(reader);
+    /// cache.quiesce();
+    /// assert_eq!(0, cache.stats().pending_removals);
+    /// # Ok::<(), DmaError>(())
+    /// ```
     pub fn quiesce(&self) {
         let (reply, done) = mpsc::channel();
         if self.core.requests.send(Request::Quiesce { reply }).is_ok() {
@@ -277,6 +315,17 @@ impl Pinned<'_> {
     ///   must leave the AV first (see the module docs): resolve again under a later pin.
     /// - [`DmaError::Closed`] when the writer has stopped.
     /// - Whatever `fi_av_insert` returned, when it failed; nothing changes.
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+    ///
+    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// let pinned = cache.pin();
+    /// let peer = pinned.resolve(1, &[1; 16])?; // a miss: the writer inserts it
+    /// assert_eq!(peer, pinned.resolve(1, &[1; 16])?); // a hit
+    /// assert!(matches!(pinned.resolve(1, &[1; 3]), Err(DmaError::InvalidAddress(_))));
+    /// # Ok::<(), DmaError>(())
+    /// ```
     #[inline]
     pub fn resolve(&self, client: u64, address: &[u8]) -> Result<Peer<'_>, DmaError> {
         if let Some(peer) = self.hit(client, address)? {
@@ -300,6 +349,15 @@ impl Pinned<'_> {
     ///
     /// # Errors
     /// As `resolve`, except that a failed insert is only logged by the writer.
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+    ///
+    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// assert_eq!(Err(DmaError::WouldBlock), cache.pin().try_resolve(1, &[1; 16]).map(|p| p.fi_addr()));
+    /// cache.quiesce(); // the queued miss has been applied
+    /// assert!(cache.pin().try_resolve(1, &[1; 16]).is_ok());
+    /// ```
     #[inline]
     pub fn try_resolve(&self, client: u64, address: &[u8]) -> Result<Peer<'_>, DmaError> {
         if let Some(peer) = self.hit(client, address)? {
