@@ -120,7 +120,7 @@ pub fn check_address(data: &[u8]) {
 /// One address through a model cache's reader and writer, and back out.
 fn check_address_through(av: &ModelAv, cache: &AddressCache<ModelAv>, bytes: &[u8]) {
     let valid = cache.format().identity(bytes, cache.address_len()).is_ok();
-    let before = (av.events().len(), cache.stats());
+    let before = ((av.inserts(), av.removes()), cache.stats());
     {
         let pinned = cache.pin();
         match pinned.try_resolve(1, bytes).map(|peer| peer.fi_addr()) {
@@ -143,7 +143,7 @@ fn check_address_through(av: &ModelAv, cache: &AddressCache<ModelAv>, bytes: &[u
             )),
         }
     }
-    if !valid && (av.events().len(), cache.stats()) != before {
+    if !valid && ((av.inserts(), av.removes()), cache.stats()) != before {
         fail("an invalid address changed the cache or reached the AV");
     }
     cache.release(1);

@@ -256,8 +256,17 @@ impl World {
         let Some(identity) = rules.identity(address) else {
             return vec![(Outcome::InvalidAddress, self.clone())];
         };
+        // The client's old registration goes too, so the removal pending on its old identity
+        // matters as well: if it has run, the client may hold a parked incarnation let in since.
+        let mut worlds = self.branch_on(&identity, alive);
+        if let Some(old) = self.clients.get(&client).filter(|old| **old != identity) {
+            worlds = worlds
+                .iter()
+                .flat_map(|world| world.branch_on(old, alive))
+                .collect();
+        }
         let mut outcomes = Vec::new();
-        for world in self.branch_on(&identity, alive) {
+        for world in worlds {
             world.resolve_now(rules, alive, client, &identity, address, &mut outcomes);
         }
         outcomes
