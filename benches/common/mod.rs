@@ -436,6 +436,8 @@ pub struct Reference {
     by_address: HashMap<RefAddress, Weak<RefEntry>, Hasher>,
     by_client: HashMap<u64, Arc<RefEntry>, Hasher>,
     av: Arc<Mutex<RefAv>>,
+    /// Index size at which dead weak entries are swept (the seed's policy).
+    sweep_at: usize,
 }
 
 impl Reference {
@@ -445,6 +447,7 @@ impl Reference {
             by_address: HashMap::with_capacity_and_hasher(capacity, Hasher::default()),
             by_client: HashMap::with_capacity_and_hasher(capacity, Hasher::default()),
             av: Arc::new(Mutex::new(av)),
+            sweep_at: 64,
         }
     }
 
@@ -485,6 +488,10 @@ impl Reference {
             fi_addr,
             av: Arc::clone(&self.av),
         });
+        if self.by_address.len() >= self.sweep_at {
+            self.sweep();
+            self.sweep_at = 64.max(self.by_address.len() * 2);
+        }
         self.by_address.insert(
             RefAddress {
                 bytes: address.into(),
@@ -518,6 +525,29 @@ pub fn probe_reference(model: &Mutex<Reference>, client: u64, address: &[u8]) ->
     // The caller posts while holding the `Arc`, then drops it.
     let entry = model.lock().unwrap().handle(client, address).unwrap();
     entry.fi_addr()
+}
+
+/// Run `work(thread, iters)` on `threads` threads at once and time the whole, from the moment
+/// all of them are ready to the moment the last one finishes.
+pub fn parallel<F: Fn(usize, u64) + Sync>(threads: usize, iters: u64, work: &F) -> Duration {
+    let ready = std::sync::Barrier::new(threads + 1);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|thread| {
+                let ready = &ready;
+                scope.spawn(move || {
+                    ready.wait();
+                    work(thread, iters);
+                })
+            })
+            .collect();
+        ready.wait();
+        let started = std::time::Instant::now();
+        for handle in handles {
+            handle.join().unwrap();
+        }
+        started.elapsed()
+    })
 }
 
 /// Hash the way the cache does, for a sanity check that the baselines see the same hashes.

@@ -1,0 +1,119 @@
+//! Scaling: aggregate hit throughput on 1, 2, 4 and 8 threads, ours (batch mode: a pin per 256
+//! resolves) next to each baseline, on warm tcp caches of 1,000 and 100,000 live entries. Every
+//! thread probes the same keys, each from its own offset into the same random order.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::hint::black_box;
+use std::sync::Mutex;
+
+use common::{Keys, Kind, Reference, parallel, tcp_endpoint};
+use criterion::{Criterion, Throughput};
+
+/// Resolves per pin in batch mode.
+const BATCH: u64 = 256;
+
+fn offset(thread: usize) -> usize {
+    thread * 7_919
+}
+
+fn scaling(criterion: &mut Criterion) {
+    let kind = Kind::Tcp;
+    let identity_len = kind.identity_len();
+    for n in [1_000, 100_000] {
+        let keys = Keys::new(kind, n);
+        let endpoint = tcp_endpoint(n.max(4096));
+        common::warm(endpoint.peers(), &keys);
+        let cache = endpoint.peers();
+        let plain = common::plain(&keys);
+        let reference = Mutex::new(Reference::warmed(kind, &keys));
+        let rwlock = common::rwlock(&keys);
+        let dashmap = common::dashmap(&keys);
+        for threads in [1, 2, 4, 8] {
+            let mut group = criterion.benchmark_group(format!("scaling_tcp_{n}_t{threads}"));
+            group.throughput(Throughput::Elements(threads as u64));
+            group.bench_function("ours", |b| {
+                b.iter_custom(|iters| {
+                    parallel(threads, iters, &|thread, iters| {
+                        let mut step = offset(thread);
+                        let mut done = 0;
+                        while done < iters {
+                            let pinned = cache.pin();
+                            for _ in 0..BATCH.min(iters - done) {
+                                step += 1;
+                                let (client, address) = keys.probe(step);
+                                black_box(pinned.resolve(client, address).unwrap().fi_addr());
+                            }
+                            done += BATCH;
+                        }
+                    })
+                })
+            });
+            group.bench_function("hashmap", |b| {
+                b.iter_custom(|iters| {
+                    parallel(threads, iters, &|thread, iters| {
+                        let mut step = offset(thread);
+                        for _ in 0..iters {
+                            step += 1;
+                            let (client, address) = keys.probe(step);
+                            black_box(
+                                common::probe(&plain, identity_len, client, address).unwrap(),
+                            );
+                        }
+                    })
+                })
+            });
+            group.bench_function("mutex_reference", |b| {
+                b.iter_custom(|iters| {
+                    parallel(threads, iters, &|thread, iters| {
+                        let mut step = offset(thread);
+                        for _ in 0..iters {
+                            step += 1;
+                            let (client, address) = keys.probe(step);
+                            black_box(common::probe_reference(&reference, client, address));
+                        }
+                    })
+                })
+            });
+            group.bench_function("rwlock_hashmap", |b| {
+                b.iter_custom(|iters| {
+                    parallel(threads, iters, &|thread, iters| {
+                        let mut step = offset(thread);
+                        for _ in 0..iters {
+                            step += 1;
+                            let (client, address) = keys.probe(step);
+                            black_box(
+                                common::probe_rwlock(&rwlock, identity_len, client, address)
+                                    .unwrap(),
+                            );
+                        }
+                    })
+                })
+            });
+            group.bench_function("dashmap", |b| {
+                b.iter_custom(|iters| {
+                    parallel(threads, iters, &|thread, iters| {
+                        let mut step = offset(thread);
+                        for _ in 0..iters {
+                            step += 1;
+                            let (client, address) = keys.probe(step);
+                            black_box(
+                                common::probe_dashmap(&dashmap, identity_len, client, address)
+                                    .unwrap(),
+                            );
+                        }
+                    })
+                })
+            });
+            group.finish();
+        }
+        assert_eq!(n as u64, cache.stats().misses, "every probe must have hit");
+    }
+}
+
+fn main() {
+    let mut criterion = common::criterion();
+    scaling(&mut criterion);
+    criterion.final_summary();
+}
