@@ -76,6 +76,10 @@ fn main() {
     }
 }
 
+/// The first non-blank line of pkg-config's multi-line error.
 fn first_line(text: &str) -> &str {
-    text.lines().next().unwrap_or(text)
+    text.lines()
+        .map(str::trim)
+        .find(|line| !line.is_empty())
+        .unwrap_or("no detail")
 }
