@@ -32,3 +32,33 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// Receive from `receiver`, polling for up to `spin` before parking. A parked thread takes
+/// microseconds to wake, which would double the cost of a miss's round trip to the writer; a
+/// short poll keeps both ends awake across a burst. Under loom it only parks.
+#[cfg(not(dma_loom))]
+pub(crate) fn recv_spinning<T>(
+    receiver: &mpsc::Receiver<T>,
+    spin: std::time::Duration,
+) -> Result<T, mpsc::RecvError> {
+    let deadline = std::time::Instant::now() + spin;
+    loop {
+        match receiver.try_recv() {
+            Ok(value) => return Ok(value),
+            Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
+            Err(mpsc::TryRecvError::Empty) if std::time::Instant::now() < deadline => {
+                std::hint::spin_loop();
+            }
+            Err(mpsc::TryRecvError::Empty) => return receiver.recv(),
+        }
+    }
+}
+
+/// Receive from `receiver`, parking at once: loom has no time to spin for.
+#[cfg(dma_loom)]
+pub(crate) fn recv_spinning<T>(
+    receiver: &mpsc::Receiver<T>,
+    _spin: std::time::Duration,
+) -> Result<T, std::sync::mpsc::RecvError> {
+    receiver.recv()
+}

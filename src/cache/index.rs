@@ -20,26 +20,65 @@ use crate::sys::fi_addr_t;
 #[cfg(not(dma_loom))]
 pub(crate) type IndexHasher = foldhash::fast::RandomState;
 
+/// Addresses up to this long live inside the registration: efa's 32 bytes, a `sockaddr_in6`'s
+/// 28, a `sockaddr_in`'s 16. A hit then reads the key's bytes from the node papaya already
+/// loaded, instead of following one more pointer.
+const INLINE_ADDRESS: usize = 32;
+
+/// An address's bytes, inline when short enough.
+#[derive(Debug)]
+enum StoredAddress {
+    Inline { len: u8, bytes: [u8; INLINE_ADDRESS] },
+    Heap(Box<[u8]>),
+}
+
+impl StoredAddress {
+    fn new(address: &[u8]) -> Self {
+        match u8::try_from(address.len()) {
+            Ok(len) if address.len() <= INLINE_ADDRESS => {
+                let mut bytes = [0; INLINE_ADDRESS];
+                bytes[..address.len()].copy_from_slice(address);
+                Self::Inline { len, bytes }
+            }
+            _ => Self::Heap(address.into()),
+        }
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Self::Heap(bytes) => bytes,
+        }
+    }
+}
+
 /// A registration: `client` posts to the entry for `address`.
 #[derive(Debug)]
 pub(crate) struct Registration {
     client: u64,
-    /// The full address, so a hit can confirm the incarnation too.
-    address: Box<[u8]>,
     identity_len: usize,
+    /// The full address, so a hit can confirm the incarnation too.
+    address: StoredAddress,
 }
 
 impl Registration {
     pub(crate) fn new(client: u64, address: &[u8], identity_len: usize) -> Self {
         Self {
             client,
-            address: address.into(),
             identity_len: identity_len.min(address.len()),
+            address: StoredAddress::new(address),
         }
     }
 
+    #[inline]
+    fn address(&self) -> &[u8] {
+        self.address.as_slice()
+    }
+
+    #[inline]
     fn identity(&self) -> &[u8] {
-        &self.address[..self.identity_len]
+        &self.address()[..self.identity_len]
     }
 }
 
@@ -159,7 +198,7 @@ impl RegistrationIndex for PapayaIndex {
         let (registration, fi_addr) = self
             .map
             .get_key_value(&Lookup { client, identity }, guard)?;
-        (*registration.address == *address).then_some(*fi_addr)
+        (registration.address() == address).then_some(*fi_addr)
     }
 
     fn publish(&self, registration: Registration, fi_addr: fi_addr_t) {
@@ -223,7 +262,8 @@ impl RegistrationIndex for LockedIndex {
 
     fn publish(&self, registration: Registration, fi_addr: fi_addr_t) {
         let key = (registration.client, registration.identity().to_vec());
-        self.locked().insert(key, (registration.address, fi_addr));
+        self.locked()
+            .insert(key, (registration.address().into(), fi_addr));
     }
 
     fn unlink(&self, client: u64, identity: &[u8]) {

@@ -66,8 +66,12 @@ use self::writer::{Request, Shared, Writer};
 use crate::address::AddressFormat;
 use crate::endpoint::FabricAv;
 use crate::error::DmaError;
-use crate::sync::{Arc, mpsc, thread};
+use crate::sync::{Arc, mpsc, recv_spinning, thread};
 use crate::sys::fi_addr_t;
+
+/// How long a missing reader polls for the writer's answer before it parks: about what a real
+/// `fi_av_insert` and the round trip cost, so the common miss never sleeps.
+const MISS_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// What a reader needs, whatever the backend.
 struct Core {
@@ -340,7 +344,7 @@ impl Pinned<'_> {
                 reply: Some(reply),
             })
             .map_err(|_| DmaError::Closed)?;
-        let fi_addr = answer.recv().map_err(|_| DmaError::Closed)??;
+        let fi_addr = recv_spinning(&answer, MISS_SPIN).map_err(|_| DmaError::Closed)??;
         Ok(self.peer(fi_addr))
     }
 

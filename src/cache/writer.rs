@@ -37,7 +37,7 @@ use super::stats::{CacheStats, Counters};
 use crate::address::AddressFormat;
 use crate::cache::AvBackend;
 use crate::error::DmaError;
-use crate::sync::{Arc, mpsc};
+use crate::sync::{Arc, mpsc, recv_spinning};
 use crate::sys::fi_addr_t;
 
 /// What the writer is asked to do. Requests are applied in the order they arrive.
@@ -85,6 +85,10 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
 }
 
+/// How long the writer polls for the next request before it parks: long enough to stay awake
+/// through a burst of misses, short enough not to hold a core when idle.
+const IDLE_SPIN: Duration = Duration::from_micros(50);
+
 /// The shortest wait between epoch advances while removals are pending.
 const FIRST_TICK: Duration = Duration::from_micros(50);
 /// The longest, reached by doubling while readers hold the epoch back.
@@ -109,7 +113,8 @@ struct Parked {
 struct Slot {
     live: Option<Live>,
     removing: Option<u64>,
-    parked: Option<Parked>,
+    /// Boxed: rare, and it would double every slot's size inline.
+    parked: Option<Box<Parked>>,
 }
 
 impl Slot {
@@ -187,7 +192,7 @@ impl<B: AvBackend> Writer<B> {
                     Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                 }
             } else {
-                match self.inbox.recv() {
+                match recv_spinning(&self.inbox, IDLE_SPIN) {
                     Ok(request) => Some(request),
                     Err(_) => break,
                 }
@@ -447,9 +452,11 @@ impl<B: AvBackend> Writer<B> {
             return;
         };
         slot.parked
-            .get_or_insert_with(|| Parked {
-                address: address.into(),
-                clients: HashSet::new(),
+            .get_or_insert_with(|| {
+                Box::new(Parked {
+                    address: address.into(),
+                    clients: HashSet::new(),
+                })
             })
             .clients
             .insert(client);
@@ -566,7 +573,7 @@ impl<B: AvBackend> Writer<B> {
     }
 
     /// Insert a parked incarnation now that the old one has left the AV.
-    fn admit(&mut self, identity: &[u8], parked: Parked) {
+    fn admit(&mut self, identity: &[u8], parked: Box<Parked>) {
         match self.backend.insert(&parked.address) {
             Ok(fi_addr) => {
                 self.stats.inserts += 1;
@@ -606,6 +613,20 @@ impl<B: AvBackend> Writer<B> {
     fn publish_stats(&mut self) {
         self.stats.pending_removals = self.pending.len() as u64;
         self.shared.counters.publish(&self.stats);
+        self.shrink();
+    }
+
+    /// Give memory back once the maps have emptied well below their peak, so the writer's memory
+    /// follows the live entries rather than the most it ever held (invariant 4).
+    fn shrink(&mut self) {
+        fn shrink_map<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+            if map.capacity() > 64 && map.capacity() > 4 * map.len() {
+                map.shrink_to(2 * map.len());
+            }
+        }
+        shrink_map(&mut self.slots);
+        shrink_map(&mut self.clients);
+        shrink_map(&mut self.pending);
     }
 
     /// No reader can exist any more (the cache is being dropped, and every `Pinned` borrows it),
