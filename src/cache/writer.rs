@@ -87,7 +87,7 @@ pub(crate) struct Shared {
 
 /// How long the writer polls for the next request before it parks: long enough to stay awake
 /// through a burst of misses, short enough not to hold a core when idle.
-const IDLE_SPIN: Duration = Duration::from_micros(50);
+const IDLE_SPIN: Duration = Duration::from_micros(30);
 
 /// The shortest wait between epoch advances while removals are pending.
 const FIRST_TICK: Duration = Duration::from_micros(50);
