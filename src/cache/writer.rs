@@ -567,13 +567,13 @@ impl<B: AvBackend> Writer<B> {
             slot.parked.take()
         });
         if let Some(parked) = parked {
-            self.admit(&identity, parked);
+            self.admit(&identity, *parked);
         }
         self.tidy(&identity);
     }
 
     /// Insert a parked incarnation now that the old one has left the AV.
-    fn admit(&mut self, identity: &[u8], parked: Box<Parked>) {
+    fn admit(&mut self, identity: &[u8], parked: Parked) {
         match self.backend.insert(&parked.address) {
             Ok(fi_addr) => {
                 self.stats.inserts += 1;
