@@ -210,3 +210,20 @@ fn bad_configuration_is_an_error() {
         Err(DmaError::InvalidArgument(_))
     ));
 }
+
+/// A peer that never accepts the connection costs a bounded wait, not a hang.
+#[test]
+fn a_send_to_a_silent_peer_gives_up_within_its_bound() {
+    let endpoint = tcp();
+    let silent = tcp(); // never polls, so never accepts
+    let peer = insert(&endpoint, &silent.local_address().expect("address"));
+    let mut outcome = Ok(());
+    for _ in 0..100 {
+        outcome = endpoint.send_within(peer, b"anyone?", Duration::from_millis(1));
+        if outcome.is_err() {
+            break;
+        }
+    }
+    assert!(matches!(outcome, Err(DmaError::WouldBlock)), "{outcome:?}");
+    remove(&endpoint, peer);
+}

@@ -321,14 +321,29 @@ impl LibfabricEndpoint {
     }
 
     /// Send `message` to `peer` with `fi_inject`, retrying while the provider asks for progress,
-    /// for at most a second.
+    /// for at most a second. See [`send_within`](Self::send_within) to choose the bound.
+    ///
+    /// # Errors
+    /// As `send_within`.
+    pub fn send(&self, peer: sys::fi_addr_t, message: &[u8]) -> Result<(), DmaError> {
+        self.send_within(peer, message, Duration::from_secs(1))
+    }
+
+    /// Send `message` to `peer` with `fi_inject`, retrying while the provider asks for progress,
+    /// for at most `timeout` (a peer that has gone never accepts the connection, and a posting
+    /// thread should not wait long for it).
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] when the message exceeds the provider's inject size;
-    /// [`DmaError::WouldBlock`] when the provider still asked to retry after a second (a peer
-    /// that never accepts the connection); [`DmaError::Fabric`] for any other failure.
-    pub fn send(&self, peer: sys::fi_addr_t, message: &[u8]) -> Result<(), DmaError> {
-        let deadline = Instant::now() + Duration::from_secs(1);
+    /// [`DmaError::WouldBlock`] when the provider still asked to retry after `timeout`;
+    /// [`DmaError::Fabric`] for any other failure.
+    pub fn send_within(
+        &self,
+        peer: sys::fi_addr_t,
+        message: &[u8],
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        let deadline = Instant::now() + timeout;
         loop {
             match self.try_send(peer, message) {
                 Err(DmaError::WouldBlock) if Instant::now() < deadline => {
