@@ -28,7 +28,10 @@ const INLINE_ADDRESS: usize = 32;
 /// An address's bytes, inline when short enough.
 #[derive(Debug)]
 enum StoredAddress {
-    Inline { len: u8, bytes: [u8; INLINE_ADDRESS] },
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_ADDRESS],
+    },
     Heap(Box<[u8]>),
 }
 
