@@ -178,6 +178,7 @@ impl<B: AvBackend> Writer<B> {
         let mut tick = FIRST_TICK;
         let mut stalled = 0;
         let mut pending_at_last_round = usize::MAX;
+        let mut pending_at_last_tick = usize::MAX;
         loop {
             let request = if !self.quiescing.is_empty() {
                 match self.inbox.try_recv() {
@@ -208,13 +209,16 @@ impl<B: AvBackend> Writer<B> {
                 None => {
                     // Nothing queued: move the epoch on, so deferred removals run without reader
                     // traffic. Their tickets come back through the inbox.
-                    let before = self.pending.len();
-                    self.advance();
-                    if self.pending.is_empty() {
+                    // Freed tickets arrive through the inbox after the advance that ran them, so
+                    // progress shows between one idle round and the next: back off only while a
+                    // pinned reader holds everything up.
+                    if self.pending.len() < pending_at_last_tick {
                         tick = FIRST_TICK;
-                    } else if self.pending.len() >= before {
+                    } else {
                         tick = (tick * 2).min(LAST_TICK);
                     }
+                    pending_at_last_tick = self.pending.len();
+                    self.advance();
                     if !self.quiescing.is_empty() {
                         if self.pending.len() < pending_at_last_round {
                             stalled = 0;
