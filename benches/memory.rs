@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 use common::{Keys, Kind, Reference, tcp_endpoint};
-use dma_libfabric::{AddressCache, AddressFormat, FabricAv};
+use dma_libfabric::{AddressCache, FabricAv};
 
 /// Counts live bytes.
 struct Counting;
@@ -75,7 +75,9 @@ fn main() {
     {
         // SAFETY: `host`'s AV is open, FI_THREAD_SAFE, 16-byte addresses, and outlives the cache
         // (dropped at the end of this block); its own cache is never used.
-        let av = unsafe { FabricAv::from_raw(host.address_vector(), AddressFormat::Opaque, 16, N) };
+        let av = unsafe {
+            FabricAv::from_raw(host.address_vector(), host.describe().addr_format, 16, N)
+        };
         let cache = AddressCache::with_backend(av);
         let empty = live();
         common::warm(&cache, &keys);

@@ -59,7 +59,7 @@ fn reclamation(criterion: &mut Criterion) {
     // open until `cache` is dropped (declared after `host`, so dropped first); nothing else
     // inserts into or removes from it (the host's own cache is never used).
     let inner =
-        unsafe { FabricAv::from_raw(host.address_vector(), AddressFormat::Opaque, 16, 4096) };
+        unsafe { FabricAv::from_raw(host.address_vector(), host.describe().addr_format, 16, 4096) };
     let cache = AddressCache::with_backend(Stamped {
         inner,
         base,

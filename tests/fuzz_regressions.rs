@@ -17,9 +17,9 @@ fn sockaddr(family: u16, port: u16, host: [u8; 4]) -> Vec<u8> {
 /// advertises a sockaddr whose family is `AF_UNSPEC` (or `AF_UNIX`) gets an error, as it should,
 /// but libfabric 1.17's tcp AV then refuses every new address with `-FI_EINVAL`, for every
 /// client, for the life of the endpoint. Entries already cached keep working. The cache hands
-/// the bytes to `fi_av_insert` unchecked; it must refuse a family other than `AF_INET` itself.
+/// the bytes to `fi_av_insert` unchecked; now `FabricAv::insert` refuses a family other than
+/// `AF_INET` itself, with `DmaError::InvalidAddress`.
 #[test]
-#[ignore = "pending fix: the cache must refuse non-AF_INET sockaddrs before fi_av_insert"]
 fn a_bad_address_family_does_not_poison_the_tcp_av() {
     let configuration = Configuration {
         av_capacity: 8,

@@ -46,8 +46,14 @@ fn dropping_the_cache_removes_everything_from_the_real_av() {
     {
         // SAFETY: the endpoint's AV stays open until after this cache drops, at the end of this
         // block, and only this cache inserts into it.
-        let av =
-            unsafe { FabricAv::from_raw(endpoint.address_vector(), AddressFormat::Opaque, 16, 64) };
+        let av = unsafe {
+            FabricAv::from_raw(
+                endpoint.address_vector(),
+                endpoint.describe().addr_format,
+                16,
+                64,
+            )
+        };
         let cache = AddressCache::with_backend(Counted {
             av,
             calls: Arc::clone(&calls),

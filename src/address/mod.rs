@@ -94,6 +94,37 @@ impl AddressFormat {
     }
 }
 
+/// `AF_INET` and `AF_INET6` as Linux numbers them; `sa_family` is in host byte order.
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+/// A `struct sockaddr_in6`.
+const SOCKADDR_IN6_LEN: usize = 28;
+
+/// Check what libfabric's socket-address AVs do not: that a `sockaddr` claims the family its
+/// format and length say. Other formats pass unchanged (their length was checked already).
+///
+/// # Errors
+/// [`DmaError::InvalidAddress`] naming the family found and the one expected.
+pub(crate) fn check_sockaddr(addr_format: u32, address: &[u8]) -> Result<(), DmaError> {
+    let family = match address {
+        [low, high, ..] => u16::from_ne_bytes([*low, *high]),
+        _ => return Ok(()),
+    };
+    let expected = match (addr_format, address.len()) {
+        (sys::FI_SOCKADDR_IN, _) | (sys::FI_SOCKADDR, SOCKADDR_IN_LEN) => AF_INET,
+        (sys::FI_SOCKADDR_IN6, _) | (sys::FI_SOCKADDR, SOCKADDR_IN6_LEN) => AF_INET6,
+        _ => return Ok(()),
+    };
+    if family == expected {
+        Ok(())
+    } else {
+        Err(DmaError::InvalidAddress(format!(
+            "a {}-byte socket address of family {family}, where this provider takes family {expected}",
+            address.len()
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +190,30 @@ mod tests {
         assert_ne!(
             AddressFormat::Opaque.identity(&[1, 2, 3], 3).ok(),
             AddressFormat::Opaque.identity(&[1, 2, 4], 3).ok()
+        );
+    }
+
+    #[test]
+    fn socket_addresses_must_claim_their_family() {
+        let mut address = [0_u8; 16];
+        address[0..2].copy_from_slice(&AF_INET.to_ne_bytes());
+        assert!(check_sockaddr(sys::FI_SOCKADDR_IN, &address).is_ok());
+        assert!(check_sockaddr(sys::FI_SOCKADDR, &address).is_ok());
+        for family in [0_u16, 1, AF_INET6, 0xffff] {
+            address[0..2].copy_from_slice(&family.to_ne_bytes());
+            let checked = check_sockaddr(sys::FI_SOCKADDR_IN, &address);
+            assert!(
+                matches!(checked, Err(DmaError::InvalidAddress(_))),
+                "{family}: {checked:?}"
+            );
+        }
+        let mut six = [0_u8; 28];
+        six[0..2].copy_from_slice(&AF_INET6.to_ne_bytes());
+        assert!(check_sockaddr(sys::FI_SOCKADDR_IN6, &six).is_ok());
+        assert!(check_sockaddr(sys::FI_SOCKADDR, &six).is_ok());
+        assert!(
+            check_sockaddr(sys::FI_ADDR_EFA, &[0; 32]).is_ok(),
+            "not a sockaddr"
         );
     }
 

@@ -10,6 +10,8 @@ use crate::sys;
 #[derive(Debug)]
 pub struct FabricAv {
     av: *mut sys::fid_av,
+    /// `fi_info.addr_format`, for the checks libfabric itself does not make.
+    addr_format: u32,
     format: AddressFormat,
     address_len: usize,
     capacity: usize,
@@ -30,22 +32,23 @@ impl FabricAv {
     /// removes the entries this backend inserts.
     pub unsafe fn from_raw(
         av: *mut sys::fid_av,
-        format: AddressFormat,
+        addr_format: u32,
         address_len: usize,
         capacity: usize,
     ) -> Self {
-        Self::new(av, format, address_len, capacity)
+        Self::new(av, addr_format, address_len, capacity)
     }
 
     pub(super) fn new(
         av: *mut sys::fid_av,
-        format: AddressFormat,
+        addr_format: u32,
         address_len: usize,
         capacity: usize,
     ) -> Self {
         Self {
             av,
-            format,
+            addr_format,
+            format: AddressFormat::from_fi(addr_format),
             address_len,
             capacity,
         }
@@ -69,6 +72,7 @@ impl AvBackend for FabricAv {
         // The cache checked this already; it is repeated here because a short slice would be a
         // read past its end inside libfabric.
         self.format.identity_len(address, self.address_len)?;
+        crate::address::check_sockaddr(self.addr_format, address)?;
         let mut fi_addr = sys::FI_ADDR_NOTAVAIL;
         // SAFETY: the AV is open (see `Send` above); `address` holds exactly the provider's
         // address length, which is all fi_av_insert reads for one address; `fi_addr` has room for

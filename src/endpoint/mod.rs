@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 pub use self::av::FabricAv;
 use self::handles::Handles;
 use self::receive::ReceiveSlots;
-use crate::address::AddressFormat;
 use crate::cache::AddressCache;
 use crate::configuration::{Configuration, Provider};
 use crate::error::DmaError;
@@ -234,7 +233,7 @@ impl LibfabricEndpoint {
         let receives = ReceiveSlots::new(configuration.receive_buffers, configuration.receive_size);
         let backend = FabricAv::new(
             handles.av,
-            AddressFormat::from_fi(description.addr_format),
+            description.addr_format,
             description.address_len,
             configuration.av_capacity,
         );

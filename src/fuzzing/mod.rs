@@ -225,7 +225,7 @@ const AF_INET: u16 = 2;
 /// tcp AV refusing every later new address with `-FI_EINVAL` (see
 /// `tests/fuzz_regressions.rs`), so the `tcp_av` target keeps them away from the one endpoint it
 /// shares between inputs. Set it once the fix has landed.
-pub const TCP_BAD_FAMILY_FIXED: bool = false;
+pub const TCP_BAD_FAMILY_FIXED: bool = true;
 
 /// Addresses `check_tcp_av` does not hand the cache while [`TCP_BAD_FAMILY_FIXED`] is false.
 fn tcp_skip(address: &[u8]) -> bool {
