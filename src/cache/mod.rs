@@ -294,6 +294,8 @@ impl<B: AvBackend> Drop for AddressCache<B> {
 ///
 /// Not `Send`: a pin belongs to the thread that took it.
 pub struct Pinned<'cache> {
+    /// Held for its `Drop`, which unpins: every `Peer` borrows this `Pinned`, so none outlives it.
+    #[allow(dead_code)]
     epoch: epoch::EpochPin,
     index: IndexGuard<'cache>,
     core: &'cache Core,
@@ -395,7 +397,6 @@ impl Pinned<'_> {
     }
 
     fn peer(&self, fi_addr: fi_addr_t) -> Peer<'_> {
-        let _ = &self.epoch;
         Peer {
             fi_addr,
             pin: PhantomData,
