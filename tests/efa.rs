@@ -90,12 +90,35 @@ fn a_new_qkey_evicts_the_old_incarnation_before_inserting_the_new() {
         "a hit: the parked insert was published"
     );
     assert_eq!(Some(new.clone()), av.lookup(peer.fi_addr()));
-    // Clients 1 and 2 were evicted: their next resolve is a miss that goes to the writer.
+    assert_eq!(1, cache.stats().clients, "only client 3 is registered");
+
+    // Clients 1 and 2 were evicted: their next resolve is a miss that goes to the writer. The
+    // queued miss re-advertises the old incarnation, and the last word wins: the writer evicts
+    // client 3 in the background, so the stats are read only once that has settled.
     assert!(matches!(
         pinned.try_resolve(1, &old),
         Err(DmaError::WouldBlock)
     ));
-    assert_eq!(1, cache.stats().clients, "only client 3 is registered");
+    drop(pinned);
+    cache.quiesce();
+    let back = cache
+        .pin()
+        .resolve(1, &old)
+        .expect("client 1 is back")
+        .fi_addr();
+    assert_eq!(Some(old.clone()), av.lookup(back));
+    let stats = cache.stats();
+    assert_eq!(
+        (2, 3, 1, 1),
+        (
+            stats.evictions,
+            stats.evicted_clients,
+            stats.clients,
+            stats.entries
+        ),
+        "client 3 evicted in turn; client 1 alone on the old incarnation"
+    );
+    assert!(av.violations().is_empty(), "{:?}", av.violations());
 }
 
 /// While the new incarnation is parked, the writer keeps serving everyone else.
