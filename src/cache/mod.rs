@@ -56,6 +56,7 @@ mod stats;
 pub(crate) mod writer;
 
 use std::marker::PhantomData;
+use std::time::Duration;
 
 pub use self::backend::AvBackend;
 use self::epoch::Epochs;
@@ -202,7 +203,12 @@ impl<B: AvBackend> AddressCache<B> {
 
     /// Block until the writer has applied every request sent before this call and run every
     /// removal whose readers are gone. Removals held back by a reader that is still pinned stay
-    /// pending (see [`CacheStats::pending_removals`]); `quiesce` does not wait for that reader.
+    /// pending (see [`CacheStats::pending_removals`]): `quiesce` waits for such a reader for
+    /// [`DEFAULT_QUIESCE_PATIENCE`](Self::DEFAULT_QUIESCE_PATIENCE) without progress, then
+    /// returns. [`quiesce_with_patience`](Self::quiesce_with_patience) sets that wait.
+    ///
+    /// With nothing held back it returns as soon as the removals have run, typically within
+    /// tens of microseconds.
     ///
     /// ```
     /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
@@ -219,8 +225,42 @@ impl<B: AvBackend> AddressCache<B> {
     /// # Ok::<(), DmaError>(())
     /// ```
     pub fn quiesce(&self) {
+        self.quiesce_with_patience(Self::DEFAULT_QUIESCE_PATIENCE);
+    }
+
+    /// How long [`quiesce`](Self::quiesce) waits for pending removals that make no progress
+    /// before it concludes that a pinned reader holds them back.
+    ///
+    /// A thread is pinned for a moment in places its caller cannot see (while it exits and
+    /// finalizes its epoch handle, or while it runs a deferred closure), and a loaded machine can
+    /// preempt it there for a time slice; this is several of those.
+    pub const DEFAULT_QUIESCE_PATIENCE: Duration = Duration::from_millis(20);
+
+    /// [`quiesce`](Self::quiesce), waiting up to `patience` without progress for removals held
+    /// back by pinned readers. `Duration::ZERO` returns as soon as a few epoch advances in a row
+    /// free nothing: exact when the caller knows no other thread is pinned on this cache, and the
+    /// fastest way to learn that a reader still holds something.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+    ///
+    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// let reader = cache.pin();
+    /// reader.resolve(1, &[1; 16])?;
+    /// cache.release(1);
+    /// cache.quiesce_with_patience(Duration::ZERO);
+    /// assert_eq!(1, cache.stats().pending_removals, "held back by `reader`");
+    /// # Ok::<(), DmaError>(())
+    /// ```
+    pub fn quiesce_with_patience(&self, patience: Duration) {
         let (reply, done) = mpsc::channel();
-        if self.core.requests.send(Request::Quiesce { reply }).is_ok() {
+        if self
+            .core
+            .requests
+            .send(Request::Quiesce { reply, patience })
+            .is_ok()
+        {
             // An error means the writer stopped, which leaves nothing to wait for.
             let _ = done.recv();
         }

@@ -28,7 +28,7 @@
 //! `SeqCst` fences that order the unlink before that reader's probe.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_epoch::LocalHandle;
 
@@ -51,8 +51,12 @@ pub(crate) enum Request {
     },
     /// Let go of `client`'s registration.
     Release { client: u64 },
-    /// Reply once every removal whose readers are gone has run.
-    Quiesce { reply: mpsc::Sender<()> },
+    /// Reply once every removal whose readers are gone has run, or once the rest have made no
+    /// progress for `patience`.
+    Quiesce {
+        reply: mpsc::Sender<()>,
+        patience: Duration,
+    },
     /// A deferred removal's readers are gone: remove it now.
     Reclaimed { ticket: u64 },
     /// Remove everything and stop.
@@ -93,10 +97,23 @@ const IDLE_SPIN: Duration = Duration::from_micros(30);
 const FIRST_TICK: Duration = Duration::from_micros(50);
 /// The longest, reached by doubling while readers hold the epoch back.
 const LAST_TICK: Duration = Duration::from_millis(10);
-/// Epoch advances in a row that free nothing before `quiesce` concludes that the rest of the
-/// pending removals are held back by pinned readers. With no reader pinned, two advances expire
-/// every bag crossbeam holds, so four without progress cannot be a slow collector.
+/// Epoch advances in a row that free nothing before `quiesce` starts to suspect that the rest of
+/// the pending removals are held back by pinned readers. With no reader pinned, two advances
+/// expire every bag crossbeam holds, so four without progress cannot be a slow collector; they
+/// are taken back to back, so a `quiesce` with nothing held back answers within microseconds.
+///
+/// Rounds alone are not enough: a thread that is briefly pinned (one finalizing its epoch handle
+/// as it exits, or one running a deferred closure) and then preempted stops the epoch for a whole
+/// time slice, which four back-to-back rounds do not outlast on a loaded machine. So after these
+/// rounds the writer keeps advancing, sleeping between rounds, until the caller's patience
+/// ([`crate::AddressCache::quiesce_with_patience`]) has passed without progress.
 const STALLED_ROUNDS: u32 = 4;
+
+/// A caller blocked in `quiesce`.
+struct Quiescer {
+    reply: mpsc::Sender<()>,
+    patience: Duration,
+}
 
 struct Live {
     address: Box<[u8]>,
@@ -144,7 +161,7 @@ pub(crate) struct Writer<B> {
     epoch: LocalHandle,
     inbox: mpsc::Receiver<Request>,
     outbox: mpsc::Sender<Request>,
-    quiescing: Vec<mpsc::Sender<()>>,
+    quiescing: Vec<Quiescer>,
 }
 
 impl<B: AvBackend> Writer<B> {
@@ -179,8 +196,13 @@ impl<B: AvBackend> Writer<B> {
         let mut stalled = 0;
         let mut pending_at_last_round = usize::MAX;
         let mut pending_at_last_tick = usize::MAX;
+        // When the pending removals last shrank, or a quiesce arrived: what patience counts from.
+        let mut last_progress = Instant::now();
         loop {
-            let request = if !self.quiescing.is_empty() {
+            // Quiescing, the first rounds run back to back; once they suspect a pinned reader,
+            // the writer sleeps between rounds so that reader gets the core to finish on.
+            let hurry = self.pending.is_empty() || stalled < STALLED_ROUNDS || cfg!(dma_loom);
+            let request = if !self.quiescing.is_empty() && hurry {
                 match self.inbox.try_recv() {
                     Ok(request) => Some(request),
                     Err(std::sync::mpsc::TryRecvError::Empty) => None,
@@ -200,10 +222,12 @@ impl<B: AvBackend> Writer<B> {
             };
             match request {
                 Some(Request::Shutdown) => break,
-                Some(Request::Quiesce { reply }) => {
-                    self.quiescing.push(reply);
+                Some(Request::Quiesce { reply, patience }) => {
+                    self.quiescing.push(Quiescer { reply, patience });
                     stalled = 0;
                     pending_at_last_round = usize::MAX;
+                    last_progress = Instant::now();
+                    tick = FIRST_TICK;
                 }
                 Some(request) => self.apply(request),
                 None => {
@@ -222,23 +246,44 @@ impl<B: AvBackend> Writer<B> {
                     if !self.quiescing.is_empty() {
                         if self.pending.len() < pending_at_last_round {
                             stalled = 0;
+                            last_progress = Instant::now();
                         } else {
                             stalled += 1;
                         }
                         pending_at_last_round = self.pending.len();
-                        if self.pending.is_empty() || stalled >= STALLED_ROUNDS {
-                            self.publish_stats();
-                            for reply in self.quiescing.drain(..) {
-                                // The caller may have gone; nothing to do about that.
-                                let _ = reply.send(());
-                            }
-                        }
+                        self.answer_quiescers(stalled >= STALLED_ROUNDS, last_progress);
                     }
                 }
             }
             self.publish_stats();
         }
         self.shutdown();
+    }
+
+    /// Answer every quiescer that has nothing left to wait for: no removal pending, or the rest
+    /// stalled for longer than its patience. Under loom time does not pass, so rounds decide.
+    fn answer_quiescers(&mut self, stalled: bool, last_progress: Instant) {
+        let done = self.pending.is_empty();
+        if !done && !stalled {
+            return;
+        }
+        let waited = last_progress.elapsed();
+        let mut answered = false;
+        let mut index = 0;
+        while index < self.quiescing.len() {
+            let patience = self.quiescing[index].patience;
+            if done || cfg!(dma_loom) || waited >= patience {
+                if !answered {
+                    self.publish_stats();
+                    answered = true;
+                }
+                let quiescer = self.quiescing.swap_remove(index);
+                // The caller may have gone; nothing to do about that.
+                let _ = quiescer.reply.send(());
+            } else {
+                index += 1;
+            }
+        }
     }
 
     fn apply(&mut self, request: Request) {
@@ -658,8 +703,8 @@ impl<B: AvBackend> Writer<B> {
             }
         }
         self.clients.clear();
-        for reply in self.quiescing.drain(..) {
-            let _ = reply.send(());
+        for quiescer in self.quiescing.drain(..) {
+            let _ = quiescer.reply.send(());
         }
         self.publish_stats();
         tracing::debug!(

@@ -309,7 +309,8 @@ impl<'c, B: AvBackend, O: Observer> Driver<'c, B, O> {
 
     /// `quiesce()`; with no pin alive every removal has run, and the counters must say so.
     fn quiesce(&mut self) {
-        self.cache.quiesce();
+        // Only this thread pins this cache, so rounds alone are exact and no patience is needed.
+        self.cache.quiesce_with_patience(std::time::Duration::ZERO);
         if !self.pins.is_empty() {
             return;
         }
