@@ -76,6 +76,9 @@ const MISS_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// What a reader needs, whatever the backend.
 struct Core {
+    /// Unique among the caches of this process, so a [`Peer`] can be checked against the cache
+    /// (and so the endpoint) it came from.
+    id: u64,
     shared: Arc<Shared>,
     epochs: Epochs,
     requests: mpsc::Sender<Request>,
@@ -148,6 +151,7 @@ impl<B: AvBackend> AddressCache<B> {
         );
         Self {
             core: Core {
+                id: next_cache_id(),
                 shared,
                 epochs,
                 requests,
@@ -285,6 +289,32 @@ impl<B: AvBackend> AddressCache<B> {
     pub fn indexed(&self) -> usize {
         self.core.shared.index.len()
     }
+
+    /// Whether `peer` was resolved through this cache. The endpoint refuses to post to a peer of
+    /// another cache: its index means nothing in this AV.
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
+    ///
+    /// let one = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// let two = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// let pinned = one.pin();
+    /// let peer = pinned.resolve(1, &[1; 16])?;
+    /// assert!(one.owns(peer));
+    /// assert!(!two.owns(peer));
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    #[inline]
+    pub fn owns(&self, peer: Peer<'_>) -> bool {
+        peer.cache == self.core.id
+    }
+}
+
+/// A fresh cache id. Ids are never reused: a `u64` counter does not wrap in practice.
+fn next_cache_id() -> u64 {
+    // Plain std even under loom: an id, not part of the protocol.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Start the writer thread. Its epoch handle is registered on the thread itself, since a
@@ -439,6 +469,7 @@ impl Pinned<'_> {
     fn peer(&self, fi_addr: fi_addr_t) -> Peer<'_> {
         Peer {
             fi_addr,
+            cache: self.core.id,
             pin: PhantomData,
         }
     }
@@ -459,6 +490,8 @@ impl Pinned<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer<'pin> {
     fi_addr: fi_addr_t,
+    /// The id of the cache that resolved it.
+    cache: u64,
     pin: PhantomData<&'pin ()>,
 }
 
