@@ -39,7 +39,7 @@ pub use libfabric_sys as sys;
 pub use address::AddressFormat;
 #[cfg(any(test, feature = "model"))]
 pub use cache::model::{AvEvent, ModelAv};
-pub use cache::{AddressCache, AvBackend, CacheStats, Peer, Pinned};
+pub use cache::{AddressCache, AvBackend, CacheStats, Lease, Peer, Pinned};
 pub use configuration::{Configuration, Provider};
 pub use endpoint::{Description, FabricAv, LibfabricEndpoint};
 pub use error::DmaError;

@@ -13,6 +13,8 @@
 #[cfg(not(dma_loom))]
 pub(crate) use std::sync::Arc;
 #[cfg(not(dma_loom))]
+pub(crate) use std::sync::atomic;
+#[cfg(not(dma_loom))]
 pub(crate) use std::sync::mpsc;
 #[cfg(not(dma_loom))]
 pub(crate) use std::thread;
@@ -20,13 +22,70 @@ pub(crate) use std::thread;
 #[cfg(dma_loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(dma_loom)]
+pub(crate) use loom::sync::atomic;
+#[cfg(dma_loom)]
 pub(crate) use loom::sync::mpsc;
 #[cfg(dma_loom)]
 pub(crate) use loom::thread;
 
+/// Why a [`Bounded::try_send`] did not send.
+#[derive(Debug)]
+pub(crate) enum TrySendError {
+    /// The channel holds as many messages as it was made for.
+    Full,
+    /// The receiver has gone.
+    Disconnected,
+}
+
+/// The sending half of a bounded channel: `send` blocks while the channel is full.
+///
+/// Loom's channel has no bound, so under loom this is unbounded: the bound is backpressure, not
+/// part of the protocol the models check.
+pub(crate) struct Bounded<T> {
+    #[cfg(not(dma_loom))]
+    inner: std::sync::mpsc::SyncSender<T>,
+    #[cfg(dma_loom)]
+    inner: mpsc::Sender<T>,
+}
+
+/// A channel holding at most `bound` messages.
+pub(crate) fn bounded<T>(bound: usize) -> (Bounded<T>, mpsc::Receiver<T>) {
+    #[cfg(not(dma_loom))]
+    let (inner, receiver) = std::sync::mpsc::sync_channel(bound);
+    #[cfg(dma_loom)]
+    let (inner, receiver) = {
+        let _ = bound;
+        mpsc::channel()
+    };
+    (Bounded { inner }, receiver)
+}
+
+impl<T> Bounded<T> {
+    /// Send, waiting for room; an error means the receiver has gone.
+    pub(crate) fn send(&self, value: T) -> Result<(), mpsc::SendError<T>> {
+        self.inner.send(value)
+    }
+
+    /// Send if there is room now.
+    pub(crate) fn try_send(&self, value: T) -> Result<(), TrySendError> {
+        #[cfg(not(dma_loom))]
+        {
+            self.inner.try_send(value).map_err(|error| match error {
+                std::sync::mpsc::TrySendError::Full(_) => TrySendError::Full,
+                std::sync::mpsc::TrySendError::Disconnected(_) => TrySendError::Disconnected,
+            })
+        }
+        #[cfg(dma_loom)]
+        {
+            self.inner
+                .send(value)
+                .map_err(|_| TrySendError::Disconnected)
+        }
+    }
+}
+
 /// Lock `mutex`, carrying on through poisoning: every critical section here leaves its data
 /// consistent before anything in it can panic.
-#[cfg_attr(not(any(test, feature = "model", dma_loom)), allow(dead_code))]
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
@@ -54,6 +113,26 @@ pub(crate) fn recv_spinning<T>(
             Err(mpsc::TryRecvError::Empty) => return receiver.recv(),
         }
     }
+}
+
+/// Receive from `receiver`, waiting until `deadline` at most.
+#[cfg(not(dma_loom))]
+pub(crate) fn recv_until<T>(
+    receiver: &mpsc::Receiver<T>,
+    deadline: std::time::Instant,
+) -> Result<T, std::sync::mpsc::RecvTimeoutError> {
+    receiver.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+}
+
+/// Receive from `receiver`: under loom time does not pass, so the deadline never comes.
+#[cfg(dma_loom)]
+pub(crate) fn recv_until<T>(
+    receiver: &mpsc::Receiver<T>,
+    _deadline: std::time::Instant,
+) -> Result<T, std::sync::mpsc::RecvTimeoutError> {
+    receiver
+        .recv()
+        .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected)
 }
 
 /// Receive from `receiver`, parking at once: loom has no time to spin for.

@@ -74,6 +74,26 @@ impl Epochs {
         }
     }
 
+    /// Whether the calling thread is pinned on this cache now.
+    #[cfg(not(dma_loom))]
+    pub(crate) fn pinned_here(&self) -> bool {
+        HANDLES
+            .try_with(|handles| {
+                handles.borrow().iter().any(|registered| {
+                    registered.handle.collector() == &self.collector
+                        && registered.handle.is_pinned()
+                })
+            })
+            .unwrap_or(false)
+    }
+
+    /// Whether the calling thread is pinned on this cache now: under loom each pin has a handle
+    /// of its own, which this cannot see, so never.
+    #[cfg(dma_loom)]
+    pub(crate) fn pinned_here(&self) -> bool {
+        false
+    }
+
     #[cfg(not(dma_loom))]
     fn pin_registered(&self) -> Guard {
         let pinned = HANDLES.try_with(|handles| {

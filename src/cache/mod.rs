@@ -49,25 +49,31 @@
 
 mod backend;
 pub(crate) mod epoch;
+mod failures;
 pub(crate) mod index;
+pub mod lease;
 #[cfg(any(test, feature = "model"))]
 pub(crate) mod model;
 mod stats;
 pub(crate) mod writer;
 
 use std::marker::PhantomData;
-use std::time::Duration;
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::{Duration, Instant};
 
 pub use self::backend::AvBackend;
 use self::epoch::Epochs;
+use self::failures::Failures;
 use self::index::{Index, IndexGuard, RegistrationIndex};
+pub use self::lease::Lease;
+use self::lease::LeaseCounts;
 pub use self::stats::CacheStats;
 use self::stats::Counters;
-use self::writer::{Request, Shared, Writer};
+use self::writer::{INBOX_BOUND, Reply, Request, Shared, Writer};
 use crate::address::AddressFormat;
 use crate::endpoint::FabricAv;
 use crate::error::DmaError;
-use crate::sync::{Arc, mpsc, recv_spinning, thread};
+use crate::sync::{Arc, Bounded, TrySendError, bounded, mpsc, recv_spinning, recv_until, thread};
 use crate::sys::fi_addr_t;
 
 /// How long a missing reader polls for the writer's answer before it parks: about what a real
@@ -81,7 +87,8 @@ struct Core {
     id: u64,
     shared: Arc<Shared>,
     epochs: Epochs,
-    requests: mpsc::Sender<Request>,
+    /// The writer's inbox: bounded, so a flood of queued misses waits instead of growing memory.
+    requests: Bounded<Request>,
     format: AddressFormat,
     address_len: usize,
 }
@@ -139,15 +146,16 @@ impl<B: AvBackend> AddressCache<B> {
         let shared = Arc::new(Shared {
             index: Index::with_capacity(backend.capacity()),
             counters: Counters::default(),
+            leases: LeaseCounts::new(backend.capacity()),
+            failures: Failures::default(),
         });
         let epochs = Epochs::new();
-        let (requests, inbox) = mpsc::channel();
+        let (requests, inbox) = bounded(INBOX_BOUND);
         let writer = spawn_writer(
             backend,
             Arc::clone(&shared),
             epochs.collector().clone(),
             inbox,
-            requests.clone(),
         );
         Self {
             core: Core {
@@ -203,6 +211,104 @@ impl<B: AvBackend> AddressCache<B> {
     pub fn release(&self, client: u64) {
         // A stopped writer holds nothing any more.
         let _ = self.core.requests.send(Request::Release { client });
+    }
+
+    /// A [`Lease`] on `client`'s entry for `address`, without a pin: resolve (inserting through
+    /// the writer on a miss) and lease in one call, for a connect path, or for code that kept an
+    /// `fi_addr_t` per client. Blocks until the entry is in the AV: on efa, while a new
+    /// incarnation waits for the old one's removal it waits too, rather than answer
+    /// [`DmaError::WouldBlock`]. See [`lease_within`](Self::lease_within) to bound the wait.
+    ///
+    /// # Errors
+    /// As [`Pinned::resolve`], except `WouldBlock`; and [`DmaError::InvalidArgument`] when the
+    /// calling thread holds a [`Pinned`] of this cache, which a parked incarnation would wait
+    /// for: take the lease from that pin with [`Pinned::lease`] instead.
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+    ///
+    /// let av = ModelAv::new(AddressFormat::Opaque);
+    /// let cache = AddressCache::with_backend(av.clone());
+    /// let lease = cache.lease(1, &[1; 16])?;
+    /// assert_eq!(Some(vec![1; 16]), av.lookup(lease.fi_addr()));
+    /// # Ok::<(), DmaError>(())
+    /// ```
+    pub fn lease(&self, client: u64, address: &[u8]) -> Result<Lease<'_>, DmaError> {
+        self.lease_until(client, address, None)
+    }
+
+    /// [`lease`](Self::lease), waiting at most `timeout` for the entry to enter the AV.
+    ///
+    /// # Errors
+    /// As `lease`, and [`DmaError::WouldBlock`] once `timeout` has passed; the request stays
+    /// queued, so a later call finds the entry.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+    ///
+    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// let lease = cache.lease_within(1, &[1; 16], Duration::from_secs(1))?;
+    /// assert_eq!(1, cache.stats().leases);
+    /// # drop(lease);
+    /// # Ok::<(), DmaError>(())
+    /// ```
+    pub fn lease_within(
+        &self,
+        client: u64,
+        address: &[u8],
+        timeout: Duration,
+    ) -> Result<Lease<'_>, DmaError> {
+        self.lease_until(client, address, Instant::now().checked_add(timeout))
+    }
+
+    fn lease_until(
+        &self,
+        client: u64,
+        address: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<Lease<'_>, DmaError> {
+        if self.core.epochs.pinned_here() {
+            return Err(DmaError::InvalidArgument(
+                "AddressCache::lease called by a thread that holds a Pinned of this cache, which \
+                 a parked incarnation would wait for: use Pinned::lease"
+                    .into(),
+            ));
+        }
+        loop {
+            {
+                let pinned = self.pin();
+                if let Some(peer) = pinned.hit(client, address)? {
+                    return pinned.lease(peer);
+                }
+            }
+            // Unpinned while waiting: a parked incarnation waits for every pin, this one's too.
+            let (reply, answer) = mpsc::channel();
+            self.core
+                .requests
+                .send(Request::Resolve {
+                    client,
+                    address: address.into(),
+                    reply: Reply::Admitted(reply),
+                })
+                .map_err(|_| DmaError::Closed)?;
+            let outcome = match deadline {
+                None => recv_spinning(&answer, MISS_SPIN).map_err(|_| DmaError::Closed)?,
+                Some(deadline) => match recv_until(&answer, deadline) {
+                    Ok(outcome) => outcome,
+                    Err(RecvTimeoutError::Timeout) => return Err(DmaError::WouldBlock),
+                    Err(RecvTimeoutError::Disconnected) => return Err(DmaError::Closed),
+                },
+            };
+            match outcome {
+                // In the AV, or turned away by a newer incarnation: probe again.
+                Ok(_) | Err(DmaError::WouldBlock) => {}
+                Err(error) => return Err(error),
+            }
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                return Err(DmaError::WouldBlock);
+            }
+        }
     }
 
     /// Block until the writer has applied every request sent before this call and run every
@@ -270,9 +376,12 @@ impl<B: AvBackend> AddressCache<B> {
         }
     }
 
-    /// The writer's counters, as of its last applied request.
+    /// The writer's counters, as of its last applied request, with the leases out now.
     pub fn stats(&self) -> CacheStats {
-        self.core.shared.counters.snapshot()
+        CacheStats {
+            leases: self.core.shared.leases.total(),
+            ..self.core.shared.counters.snapshot()
+        }
     }
 
     /// How addresses are laid out for this cache's AV.
@@ -324,9 +433,8 @@ fn spawn_writer<B: AvBackend>(
     shared: Arc<Shared>,
     collector: crossbeam_epoch::Collector,
     inbox: mpsc::Receiver<Request>,
-    outbox: mpsc::Sender<Request>,
 ) -> Option<thread::JoinHandle<()>> {
-    let run = move || Writer::new(backend, shared, collector.register(), inbox, outbox).run();
+    let run = move || Writer::new(backend, shared, collector.register(), inbox).run();
     #[cfg(not(dma_loom))]
     {
         match std::thread::Builder::new()
@@ -377,7 +485,7 @@ impl std::fmt::Debug for Pinned<'_> {
     }
 }
 
-impl Pinned<'_> {
+impl<'cache> Pinned<'cache> {
     /// The entry `client` posts to for `address`, inserting it through the writer on a miss and
     /// waiting for the writer's answer.
     ///
@@ -413,7 +521,7 @@ impl Pinned<'_> {
             .send(Request::Resolve {
                 client,
                 address: address.into(),
-                reply: Some(reply),
+                reply: Reply::Now(reply),
             })
             .map_err(|_| DmaError::Closed)?;
         let fi_addr = recv_spinning(&answer, MISS_SPIN).map_err(|_| DmaError::Closed)??;
@@ -423,8 +531,14 @@ impl Pinned<'_> {
     /// As [`resolve`](Self::resolve), but never blocks: a miss is queued for the writer and
     /// returns [`DmaError::WouldBlock`]; a later resolve under a later pin finds the entry.
     ///
+    /// When the writer's inbox is full ([`AddressCache`] bounds it), nothing is queued and the
+    /// answer is `WouldBlock` too: a later `try_resolve` queues it.
+    ///
     /// # Errors
-    /// As `resolve`, except that a failed insert is only logged by the writer.
+    /// As `resolve`. A queued miss that failed (a full AV, a failed `fi_av_insert`) is logged by
+    /// the writer and recorded: the next `try_resolve` of the same client and address returns
+    /// that error (once; the one after queues a new attempt), so a queued miss never answers
+    /// `WouldBlock` for ever.
     ///
     /// ```
     /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
@@ -439,15 +553,55 @@ impl Pinned<'_> {
         if let Some(peer) = self.hit(client, address)? {
             return Ok(peer);
         }
-        self.core
-            .requests
-            .send(Request::Resolve {
-                client,
-                address: address.into(),
-                reply: None,
-            })
-            .map_err(|_| DmaError::Closed)?;
-        Err(DmaError::WouldBlock)
+        if let Some(error) = self.core.shared.failures.take(client, address) {
+            return Err(error);
+        }
+        match self.core.requests.try_send(Request::Resolve {
+            client,
+            address: address.into(),
+            reply: Reply::Queued,
+        }) {
+            // Full: nothing was queued; a later try_resolve queues it once the writer has caught
+            // up.
+            Ok(()) | Err(TrySendError::Full) => Err(DmaError::WouldBlock),
+            Err(TrySendError::Disconnected) => Err(DmaError::Closed),
+        }
+    }
+
+    /// A [`Lease`] on `peer`'s entry: it keeps the entry in the AV after this pin is dropped,
+    /// until the lease itself is dropped. Take one for each operation that stays in flight after
+    /// its post (an RDMA write or read, a send whose completion is read later), and drop it once
+    /// the completion has been read.
+    ///
+    /// Costs one uncontended atomic add on a counter of the entry's own, and nothing to resolves
+    /// that take no lease.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for a peer resolved through another cache.
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+    ///
+    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// let lease = {
+    ///     let pinned = cache.pin();
+    ///     let peer = pinned.resolve(1, &[1; 16])?;
+    ///     pinned.lease(peer)? // outlives the pin
+    /// };
+    /// assert_eq!(1, cache.stats().leases);
+    /// drop(lease);
+    /// assert_eq!(0, cache.stats().leases);
+    /// # Ok::<(), DmaError>(())
+    /// ```
+    #[inline]
+    pub fn lease(&self, peer: Peer<'_>) -> Result<Lease<'cache>, DmaError> {
+        if peer.cache != self.core.id {
+            return Err(DmaError::InvalidArgument(
+                "the peer was resolved through another cache".into(),
+            ));
+        }
+        let count = self.core.shared.leases.acquire(peer.fi_addr)?;
+        Ok(Lease::new(peer.fi_addr, self.core.id, count))
     }
 
     /// The hot path: one probe, no allocation, no lock, no shared write.
@@ -467,11 +621,7 @@ impl Pinned<'_> {
     }
 
     fn peer(&self, fi_addr: fi_addr_t) -> Peer<'_> {
-        Peer {
-            fi_addr,
-            cache: self.core.id,
-            pin: PhantomData,
-        }
+        Peer::new(fi_addr, self.core.id)
     }
 }
 
@@ -496,6 +646,14 @@ pub struct Peer<'pin> {
 }
 
 impl Peer<'_> {
+    pub(crate) fn new(fi_addr: fi_addr_t, cache: u64) -> Self {
+        Self {
+            fi_addr,
+            cache,
+            pin: PhantomData,
+        }
+    }
+
     /// The `fi_addr_t` to post against.
     #[inline]
     pub fn fi_addr(self) -> fi_addr_t {

@@ -32,6 +32,14 @@ pub struct CacheStats {
     pub pending_removals: u64,
     /// Resolves that missed the index and went to the writer.
     pub misses: u64,
+    /// Leases out now (read live when the snapshot is taken, not as of the writer's last
+    /// request).
+    pub leases: u64,
+    /// Pending removals whose readers have all unpinned but on which a lease is still out.
+    pub removals_awaiting_leases: u64,
+    /// `fi_av_remove` calls that failed. A failed removal keeps its entry counted against the
+    /// capacity, and on efa keeps its identity blocked, and is retried with a backoff.
+    pub failed_removes: u64,
 }
 
 /// The writer's counters. Only the writer stores; each is a plain store of a value the writer
@@ -47,6 +55,8 @@ pub(crate) struct Counters {
     evicted_clients: AtomicU64,
     pending_removals: AtomicU64,
     misses: AtomicU64,
+    removals_awaiting_leases: AtomicU64,
+    failed_removes: AtomicU64,
 }
 
 impl Counters {
@@ -61,6 +71,10 @@ impl Counters {
         self.pending_removals
             .store(stats.pending_removals, Ordering::Relaxed);
         self.misses.store(stats.misses, Ordering::Relaxed);
+        self.removals_awaiting_leases
+            .store(stats.removals_awaiting_leases, Ordering::Relaxed);
+        self.failed_removes
+            .store(stats.failed_removes, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> CacheStats {
@@ -73,6 +87,9 @@ impl Counters {
             evicted_clients: self.evicted_clients.load(Ordering::Relaxed),
             pending_removals: self.pending_removals.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
+            leases: 0,
+            removals_awaiting_leases: self.removals_awaiting_leases.load(Ordering::Relaxed),
+            failed_removes: self.failed_removes.load(Ordering::Relaxed),
         }
     }
 }

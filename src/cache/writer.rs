@@ -27,12 +27,33 @@
 //! the unlink cannot find the registration, because crossbeam's pin and the writer's flush are
 //! `SeqCst` fences that order the unlink before that reader's probe.
 
-use std::collections::{HashMap, HashSet};
+//!
+//! Once the readers are gone, a removal still waits for the entry's leases (see
+//! [`super::lease`]): the writer reads the index's lease counter, and while it is not zero keeps
+//! the ticket on its `held` list and reads again on later rounds. A failed `fi_av_remove` stays
+//! on that list too, retried with a backoff: its entry still counts against the capacity and its
+//! slot stays `removing`, so on efa no second incarnation goes in beside it.
+//!
+//! # Requests, backpressure and quiesce
+//!
+//! Requests arrive on a bounded channel ([`INBOX_BOUND`]): a flood of queued misses cannot grow
+//! memory without bound; `resolve` and `release` wait for room, `try_resolve` does not queue and
+//! answers `WouldBlock`. Reclaimed tickets come back on a channel of their own, so that a deferred
+//! closure, which may run on the writer's own thread, never waits on a full inbox.
+//!
+//! A quiescer records the ticket the next retirement would take: it is answered once no removal
+//! older than that is pending (or those that are have made no progress for its patience), however
+//! busy the inbox is after it. While removals are pending the writer moves the epoch on between
+//! requests as well as when idle, so a busy inbox does not hold removals back.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crossbeam_epoch::LocalHandle;
 
+use super::failures::Failures;
 use super::index::{Index, Registration, RegistrationIndex};
+use super::lease::LeaseCounts;
 use super::stats::{CacheStats, Counters};
 use crate::address::AddressFormat;
 use crate::cache::AvBackend;
@@ -40,25 +61,36 @@ use crate::error::DmaError;
 use crate::sync::{Arc, mpsc, recv_spinning};
 use crate::sys::fi_addr_t;
 
+/// How many requests the inbox holds before senders wait (or `try_resolve` gives up).
+pub(crate) const INBOX_BOUND: usize = 4096;
+
+/// Where the writer's answer to a resolve goes.
+pub(crate) enum Reply {
+    /// Nobody waits (`try_resolve`): a failure is recorded in [`Failures`] instead.
+    Queued,
+    /// Answer at once, `WouldBlock` included (`resolve`).
+    Now(mpsc::Sender<Result<fi_addr_t, DmaError>>),
+    /// Answer once the entry is in the AV: a parked incarnation answers when it is admitted
+    /// (`AddressCache::lease`).
+    Admitted(mpsc::Sender<Result<fi_addr_t, DmaError>>),
+}
+
 /// What the writer is asked to do. Requests are applied in the order they arrive.
 pub(crate) enum Request {
-    /// Register `client` on `address`; reply with its `fi_addr_t`, or not at all for
-    /// `try_resolve`.
+    /// Register `client` on `address`.
     Resolve {
         client: u64,
         address: Box<[u8]>,
-        reply: Option<mpsc::Sender<Result<fi_addr_t, DmaError>>>,
+        reply: Reply,
     },
     /// Let go of `client`'s registration.
     Release { client: u64 },
-    /// Reply once every removal whose readers are gone has run, or once the rest have made no
-    /// progress for `patience`.
+    /// Reply once every removal retired before this request has run, or once those left have
+    /// made no progress for `patience`.
     Quiesce {
         reply: mpsc::Sender<()>,
         patience: Duration,
     },
-    /// A deferred removal's readers are gone: remove it now.
-    Reclaimed { ticket: u64 },
     /// Remove everything and stop.
     Shutdown,
 }
@@ -87,6 +119,8 @@ fn recv_timeout(
 pub(crate) struct Shared {
     pub(crate) index: Index,
     pub(crate) counters: Counters,
+    pub(crate) leases: LeaseCounts,
+    pub(crate) failures: Failures,
 }
 
 /// How long the writer polls for the next request before it parks: long enough to stay awake
@@ -95,10 +129,15 @@ const IDLE_SPIN: Duration = Duration::from_micros(30);
 
 /// The shortest wait between epoch advances while removals are pending.
 const FIRST_TICK: Duration = Duration::from_micros(50);
-/// The longest, reached by doubling while readers hold the epoch back.
+/// The longest, reached by doubling while readers or leases hold everything up.
 const LAST_TICK: Duration = Duration::from_millis(10);
-/// Epoch advances in a row that free nothing before `quiesce` starts to suspect that the rest of
-/// the pending removals are held back by pinned readers. With no reader pinned, two advances
+/// The first wait before a failed `fi_av_remove` is tried again; it doubles up to
+/// [`LAST_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(1);
+/// The longest wait between tries of a failing `fi_av_remove`.
+const LAST_RETRY: Duration = Duration::from_secs(1);
+/// Epoch advances in a row that free nothing of a quiescer's removals before it starts to suspect
+/// that the rest are held back by pinned readers or leases. With no reader pinned, two advances
 /// expire every bag crossbeam holds, so four without progress cannot be a slow collector; they
 /// are taken back to back, so a `quiesce` with nothing held back answers within microseconds.
 ///
@@ -113,6 +152,14 @@ const STALLED_ROUNDS: u32 = 4;
 struct Quiescer {
     reply: mpsc::Sender<()>,
     patience: Duration,
+    /// The first ticket retired after the request: older ones are what it waits for.
+    watermark: u64,
+    /// How many of those were pending at the last round.
+    waiting_on: usize,
+    /// Rounds in a row in which none of them was removed.
+    stalled: u32,
+    /// When one of them was last removed, or the request arrived.
+    progress_at: Instant,
 }
 
 struct Live {
@@ -124,6 +171,23 @@ struct Live {
 struct Parked {
     address: Box<[u8]>,
     clients: HashSet<u64>,
+    /// Callers of `AddressCache::lease` waiting for this incarnation to enter the AV.
+    waiters: Vec<(u64, mpsc::Sender<Result<fi_addr_t, DmaError>>)>,
+}
+
+impl Parked {
+    /// Tell `client`'s waiters (every waiter, for `None`) that this incarnation will not get in
+    /// for them: they resolve again.
+    fn turn_away(&mut self, client: Option<u64>) {
+        self.waiters.retain(|(waiter, reply)| {
+            if client.is_some_and(|client| client != *waiter) {
+                return true;
+            }
+            // A waiter that gave up has nothing to be told.
+            let _ = reply.send(Err(DmaError::WouldBlock));
+            false
+        });
+    }
 }
 
 #[derive(Default)]
@@ -140,10 +204,24 @@ impl Slot {
     }
 }
 
+/// Why a retired entry has not been removed yet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Readers pinned at its unlink may still be pinned: the epoch deferral has not reported.
+    Readers,
+    /// Its readers are gone; it is on the `held` list, removed once its leases are dropped and
+    /// any retry is due.
+    Held {
+        retry_at: Option<Instant>,
+        backoff: Duration,
+    },
+}
+
 struct Pending {
     identity: Box<[u8]>,
     address: Box<[u8]>,
     fi_addr: fi_addr_t,
+    wait: Wait,
 }
 
 /// The writer's whole state. `run` consumes it on the writer thread.
@@ -155,12 +233,16 @@ pub(crate) struct Writer<B> {
     shared: Arc<Shared>,
     slots: HashMap<Box<[u8]>, Slot>,
     clients: HashMap<u64, Box<[u8]>>,
-    pending: HashMap<u64, Pending>,
+    /// Retired entries awaiting `fi_av_remove`, by ticket (tickets grow, so the oldest is first).
+    pending: BTreeMap<u64, Pending>,
+    /// Tickets whose readers are gone but whose removal waits for leases or a retry.
+    held: Vec<u64>,
     next_ticket: u64,
     stats: CacheStats,
     epoch: LocalHandle,
     inbox: mpsc::Receiver<Request>,
-    outbox: mpsc::Sender<Request>,
+    reclaims: mpsc::Receiver<u64>,
+    reclaimed: mpsc::Sender<u64>,
     quiescing: Vec<Quiescer>,
 }
 
@@ -170,8 +252,8 @@ impl<B: AvBackend> Writer<B> {
         shared: Arc<Shared>,
         epoch: LocalHandle,
         inbox: mpsc::Receiver<Request>,
-        outbox: mpsc::Sender<Request>,
     ) -> Self {
+        let (reclaimed, reclaims) = mpsc::channel();
         Self {
             format: backend.format(),
             address_len: backend.address_len(),
@@ -180,12 +262,14 @@ impl<B: AvBackend> Writer<B> {
             shared,
             slots: HashMap::new(),
             clients: HashMap::new(),
-            pending: HashMap::new(),
+            pending: BTreeMap::new(),
+            held: Vec::new(),
             next_ticket: 0,
             stats: CacheStats::default(),
             epoch,
             inbox,
-            outbox,
+            reclaims,
+            reclaimed,
             quiescing: Vec::new(),
         }
     }
@@ -193,22 +277,26 @@ impl<B: AvBackend> Writer<B> {
     /// Serve requests until shutdown, then remove everything.
     pub(crate) fn run(mut self) {
         let mut tick = FIRST_TICK;
-        let mut stalled = 0;
-        let mut pending_at_last_round = usize::MAX;
         let mut pending_at_last_tick = usize::MAX;
-        // When the pending removals last shrank, or a quiesce arrived: what patience counts from.
-        let mut last_progress = Instant::now();
+        let mut last_advance = Instant::now();
         loop {
-            // Quiescing, the first rounds run back to back; once they suspect a pinned reader,
-            // the writer sleeps between rounds so that reader gets the core to finish on.
-            let hurry = self.pending.is_empty() || stalled < STALLED_ROUNDS || cfg!(dma_loom);
-            let request = if !self.quiescing.is_empty() && hurry {
+            self.collect();
+            self.answer_quiescers();
+            // Quiescing, the first rounds run back to back; once they suspect a pinned reader or
+            // a lease, the writer sleeps between rounds so that reader gets the core to finish on.
+            let hurry = self
+                .quiescing
+                .iter()
+                .any(|quiescer| quiescer.stalled < STALLED_ROUNDS)
+                || cfg!(dma_loom) && !self.quiescing.is_empty();
+            let waiting = !self.pending.is_empty() || !self.quiescing.is_empty();
+            let request = if hurry {
                 match self.inbox.try_recv() {
                     Ok(request) => Some(request),
                     Err(std::sync::mpsc::TryRecvError::Empty) => None,
                     Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
                 }
-            } else if !self.pending.is_empty() && cfg!(not(dma_loom)) {
+            } else if waiting && cfg!(not(dma_loom)) {
                 match recv_timeout(&self.inbox, tick) {
                     Ok(request) => Some(request),
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
@@ -220,59 +308,79 @@ impl<B: AvBackend> Writer<B> {
                     Err(_) => break,
                 }
             };
+            let idle = request.is_none();
             match request {
                 Some(Request::Shutdown) => break,
                 Some(Request::Quiesce { reply, patience }) => {
-                    self.quiescing.push(Quiescer { reply, patience });
-                    stalled = 0;
-                    pending_at_last_round = usize::MAX;
-                    last_progress = Instant::now();
+                    self.quiescing.push(Quiescer {
+                        reply,
+                        patience,
+                        watermark: self.next_ticket,
+                        waiting_on: usize::MAX,
+                        stalled: 0,
+                        progress_at: Instant::now(),
+                    });
                     tick = FIRST_TICK;
                 }
                 Some(request) => self.apply(request),
-                None => {
-                    // Nothing queued: move the epoch on, so deferred removals run without reader
-                    // traffic. Their tickets come back through the inbox.
-                    // Freed tickets arrive through the inbox after the advance that ran them, so
-                    // progress shows between one idle round and the next: back off only while a
-                    // pinned reader holds everything up.
-                    if self.pending.len() < pending_at_last_tick {
-                        tick = FIRST_TICK;
-                    } else {
-                        tick = (tick * 2).min(LAST_TICK);
-                    }
-                    pending_at_last_tick = self.pending.len();
-                    self.advance();
-                    if !self.quiescing.is_empty() {
-                        if self.pending.len() < pending_at_last_round {
-                            stalled = 0;
-                            last_progress = Instant::now();
-                        } else {
-                            stalled += 1;
-                        }
-                        pending_at_last_round = self.pending.len();
-                        self.answer_quiescers(stalled >= STALLED_ROUNDS, last_progress);
-                    }
+                None => {}
+            }
+            // Move the epoch on so deferred removals run without reader traffic: when idle, and,
+            // while removals are pending, between requests too, at most once a tick (loom has no
+            // time, so there it advances only when idle).
+            let due = !self.pending.is_empty()
+                && cfg!(not(dma_loom))
+                && last_advance.elapsed() >= FIRST_TICK;
+            if idle || due {
+                // Freed tickets arrive on the reclaims channel after the advance that ran them, so
+                // progress shows between one round and the next: back off only while readers or
+                // leases hold everything up.
+                if self.pending.len() < pending_at_last_tick {
+                    tick = FIRST_TICK;
+                } else if idle {
+                    tick = (tick * 2).min(LAST_TICK);
                 }
+                pending_at_last_tick = self.pending.len();
+                self.advance();
+                last_advance = Instant::now();
+                self.collect();
+                self.round();
             }
             self.publish_stats();
         }
         self.shutdown();
     }
 
-    /// Answer every quiescer that has nothing left to wait for: no removal pending, or the rest
-    /// stalled for longer than its patience. Under loom time does not pass, so rounds decide.
-    fn answer_quiescers(&mut self, stalled: bool, last_progress: Instant) {
-        let done = self.pending.is_empty();
-        if !done && !stalled {
+    /// One round for the quiescers: count what each still waits for, note progress or a stall.
+    fn round(&mut self) {
+        for quiescer in &mut self.quiescing {
+            let waiting_on = self.pending.range(..quiescer.watermark).count();
+            if waiting_on < quiescer.waiting_on {
+                quiescer.stalled = 0;
+                quiescer.progress_at = Instant::now();
+            } else {
+                quiescer.stalled = quiescer.stalled.saturating_add(1);
+            }
+            quiescer.waiting_on = waiting_on;
+        }
+    }
+
+    /// Answer every quiescer that has nothing left to wait for: no removal retired before it
+    /// pending, or those left stalled for longer than its patience. Under loom time does not
+    /// pass, so rounds decide.
+    fn answer_quiescers(&mut self) {
+        if self.quiescing.is_empty() {
             return;
         }
-        let waited = last_progress.elapsed();
+        let oldest = self.pending.keys().next().copied();
         let mut answered = false;
         let mut index = 0;
         while index < self.quiescing.len() {
-            let patience = self.quiescing[index].patience;
-            if done || cfg!(dma_loom) || waited >= patience {
+            let quiescer = &self.quiescing[index];
+            let done = oldest.is_none_or(|oldest| quiescer.watermark <= oldest);
+            let gave_up = quiescer.stalled >= STALLED_ROUNDS
+                && (cfg!(dma_loom) || quiescer.progress_at.elapsed() >= quiescer.patience);
+            if done || gave_up {
                 if !answered {
                     self.publish_stats();
                     answered = true;
@@ -297,14 +405,55 @@ impl<B: AvBackend> Writer<B> {
                 let result = self.resolve(client, &address);
                 // Counters first, so a caller reading them after its reply sees this request.
                 self.publish_stats();
-                if let Some(reply) = reply {
+                match reply {
+                    Reply::Queued => match &result {
+                        Ok(_) | Err(DmaError::WouldBlock) => {}
+                        Err(error) => {
+                            tracing::warn!(op = "queued_miss_failed", client, %error, "a queued miss failed; the next try_resolve of this client and address returns the error");
+                            self.shared.failures.record(client, &address, error.clone());
+                        }
+                    },
                     // A caller that stopped waiting has nothing to be told.
-                    let _ = reply.send(result);
+                    Reply::Now(reply) => {
+                        let _ = reply.send(result);
+                    }
+                    Reply::Admitted(reply) => match result {
+                        Err(DmaError::WouldBlock) => {
+                            self.wait_for_admission(client, &address, reply)
+                        }
+                        result => {
+                            let _ = reply.send(result);
+                        }
+                    },
                 }
             }
-            Request::Release { client } => self.detach(client),
-            Request::Reclaimed { ticket } => self.reclaimed(ticket),
+            Request::Release { client } => {
+                self.shared.failures.clear(client);
+                self.detach(client);
+            }
             Request::Quiesce { .. } | Request::Shutdown => {}
+        }
+    }
+
+    /// `client` is parked on `address`: answer `reply` once that incarnation is in the AV.
+    fn wait_for_admission(
+        &mut self,
+        client: u64,
+        address: &[u8],
+        reply: mpsc::Sender<Result<fi_addr_t, DmaError>>,
+    ) {
+        let parked = self
+            .format
+            .identity_len(address, self.address_len)
+            .ok()
+            .and_then(|identity_len| self.slots.get_mut(&address[..identity_len]))
+            .and_then(|slot| slot.parked.as_mut())
+            .filter(|parked| *parked.address == *address && parked.clients.contains(&client));
+        match parked {
+            Some(parked) => parked.waiters.push((client, reply)),
+            None => {
+                let _ = reply.send(Err(DmaError::WouldBlock));
+            }
         }
     }
 
@@ -314,14 +463,60 @@ impl<B: AvBackend> Writer<B> {
         guard.flush();
     }
 
+    /// Take the tickets whose readers have gone, and remove what no lease holds any more.
+    fn collect(&mut self) {
+        while let Ok(ticket) = self.reclaims.try_recv() {
+            self.readers_gone(ticket);
+        }
+        if self.held.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut index = 0;
+        while index < self.held.len() {
+            let ticket = self.held[index];
+            if self.try_remove(ticket, now) {
+                self.held.swap_remove(index);
+            } else {
+                index += 1;
+            }
+        }
+    }
+
     fn occupied(&self) -> usize {
         let live = usize::try_from(self.stats.entries).unwrap_or(usize::MAX);
         live.saturating_add(self.pending.len())
     }
 
+    /// `fi_av_insert`, refusing an index outside the table the lease counters cover.
+    fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
+        let fi_addr = self.backend.insert(address)?;
+        if self.shared.leases.covers(fi_addr) {
+            self.stats.inserts += 1;
+            return Ok(fi_addr);
+        }
+        // FI_AV_TABLE hands out indices below the count the AV was opened with; one that is not
+        // cannot be leased, so it goes straight back.
+        self.stats.inserts += 1;
+        self.stats.removes += 1;
+        if let Err(error) = self.backend.remove(fi_addr) {
+            self.stats.failed_removes += 1;
+            tracing::error!(op = "remove_failed", fi_addr, %error, "fi_av_remove of an index outside the table failed");
+        }
+        Err(DmaError::Fabric {
+            call: "fi_av_insert",
+            code: 0,
+            message: format!(
+                "the provider returned index {fi_addr}, outside the table of {} entries the address vector was opened with",
+                self.capacity
+            ),
+        })
+    }
+
     fn resolve(&mut self, client: u64, address: &[u8]) -> Result<fi_addr_t, DmaError> {
         let identity_len = self.format.identity_len(address, self.address_len)?;
         let identity = &address[..identity_len];
+        self.shared.failures.clear(client);
 
         // Already registered on exactly this? A reader raced its own earlier miss.
         if self
@@ -352,8 +547,7 @@ impl<B: AvBackend> Writer<B> {
                     capacity: self.capacity,
                 });
             }
-            let fi_addr = self.backend.insert(address)?;
-            self.stats.inserts += 1;
+            let fi_addr = self.insert(address)?;
             tracing::debug!(op = "insert", client, fi_addr, "fi_av_insert");
             Some(fi_addr)
         };
@@ -409,12 +603,16 @@ impl<B: AvBackend> Writer<B> {
             .is_some_and(|pending| *pending.address == *address);
         if revivable {
             // The very incarnation whose removal is pending: its fi_addr_t still maps to these
-            // bytes, so it can be published again and its removal cancelled.
+            // bytes (a removal that failed left it in the AV too), so it can be published again
+            // and its removal cancelled.
             self.evict_parked(client, identity);
             let ticket = self
                 .slots
                 .get_mut(identity)
                 .and_then(|slot| slot.removing.take());
+            if let Some(ticket) = ticket {
+                self.held.retain(|held| *held != ticket);
+            }
             if let Some(pending) = ticket.and_then(|ticket| self.pending.remove(&ticket)) {
                 if let Some(slot) = self.slots.get_mut(identity) {
                     slot.live = Some(Live {
@@ -466,7 +664,7 @@ impl<B: AvBackend> Writer<B> {
 
     /// Drop the clients waiting on `identity`'s parked incarnation: a newer one supersedes it.
     fn evict_parked(&mut self, asking: u64, identity: &[u8]) {
-        let Some(parked) = self
+        let Some(mut parked) = self
             .slots
             .get_mut(identity)
             .and_then(|slot| slot.parked.take())
@@ -476,6 +674,7 @@ impl<B: AvBackend> Writer<B> {
         for waiter in &parked.clients {
             self.clients.remove(waiter);
         }
+        parked.turn_away(None);
         self.stats.evictions += 1;
         self.stats.evicted_clients += parked.clients.len() as u64;
         tracing::warn!(
@@ -505,6 +704,7 @@ impl<B: AvBackend> Writer<B> {
                 Box::new(Parked {
                     address: address.into(),
                     clients: HashSet::new(),
+                    waiters: Vec::new(),
                 })
             })
             .clients
@@ -557,8 +757,11 @@ impl<B: AvBackend> Writer<B> {
                 self.unregister(client, &identity);
             }
         } else if let Some(parked) = &mut slot.parked {
-            if parked.clients.remove(&client) && parked.clients.is_empty() {
-                slot.parked = None;
+            if parked.clients.remove(&client) {
+                parked.turn_away(Some(client));
+                if parked.clients.is_empty() {
+                    slot.parked = None;
+                }
             }
         }
         if let Some(live) = retired {
@@ -578,36 +781,71 @@ impl<B: AvBackend> Writer<B> {
                 identity: identity.into(),
                 address,
                 fi_addr,
+                wait: Wait::Readers,
             },
         );
         if let Some(slot) = self.slots.get_mut(identity) {
             slot.removing = Some(ticket);
         }
-        let outbox = self.outbox.clone();
+        let reclaimed = self.reclaimed.clone();
         let guard = self.epoch.pin();
         guard.defer(move || {
             // The writer may have shut down, having removed everything itself.
-            let _ = outbox.send(Request::Reclaimed { ticket });
+            let _ = reclaimed.send(ticket);
         });
         // A deferred closure waits in this thread's bag until it is flushed; flush now so that
         // readers' pins can collect it too.
         guard.flush();
     }
 
-    /// Every reader that could have seen `ticket`'s entry has unpinned: remove it, and let in the
-    /// incarnation parked behind it.
-    fn reclaimed(&mut self, ticket: u64) {
-        let Some(pending) = self.pending.remove(&ticket) else {
+    /// Every reader that could have seen `ticket`'s entry has unpinned: remove it unless a lease
+    /// still holds it.
+    fn readers_gone(&mut self, ticket: u64) {
+        let Some(pending) = self.pending.get_mut(&ticket) else {
             // Revived before its readers left; nothing to remove.
             return;
         };
-        self.stats.removes += 1;
-        match self.backend.remove(pending.fi_addr) {
-            Ok(()) => tracing::debug!(op = "remove", fi_addr = pending.fi_addr, "fi_av_remove"),
-            Err(error) => {
-                tracing::warn!(op = "remove_failed", fi_addr = pending.fi_addr, %error, "fi_av_remove failed");
-            }
+        if Wait::Readers != pending.wait {
+            return;
         }
+        pending.wait = Wait::Held {
+            retry_at: None,
+            backoff: FIRST_RETRY,
+        };
+        if !self.try_remove(ticket, Instant::now()) {
+            self.held.push(ticket);
+        }
+    }
+
+    /// Remove `ticket`'s entry if no lease holds it and no retry is due later; let in the
+    /// incarnation parked behind it. Whether it is gone from `pending`.
+    fn try_remove(&mut self, ticket: u64, now: Instant) -> bool {
+        let Some(pending) = self.pending.get_mut(&ticket) else {
+            return true;
+        };
+        let Wait::Held { retry_at, backoff } = pending.wait else {
+            return false;
+        };
+        if retry_at.is_some_and(|at| now < at && cfg!(not(dma_loom))) {
+            return false;
+        }
+        if self.shared.leases.held(pending.fi_addr) {
+            return false;
+        }
+        self.stats.removes += 1;
+        if let Err(error) = self.backend.remove(pending.fi_addr) {
+            self.stats.failed_removes += 1;
+            pending.wait = Wait::Held {
+                retry_at: Some(now + backoff),
+                backoff: (backoff * 2).min(LAST_RETRY),
+            };
+            tracing::warn!(op = "remove_failed", fi_addr = pending.fi_addr, %error, retry_in = ?backoff, "fi_av_remove failed; the entry stays counted and its identity blocked until a retry succeeds");
+            return false;
+        }
+        tracing::debug!(op = "remove", fi_addr = pending.fi_addr, "fi_av_remove");
+        let Some(pending) = self.pending.remove(&ticket) else {
+            return true;
+        };
         let identity = pending.identity;
         let parked = self.slots.get_mut(&identity).and_then(|slot| {
             if slot.removing == Some(ticket) {
@@ -619,13 +857,13 @@ impl<B: AvBackend> Writer<B> {
             self.admit(&identity, *parked);
         }
         self.tidy(&identity);
+        true
     }
 
     /// Insert a parked incarnation now that the old one has left the AV.
     fn admit(&mut self, identity: &[u8], parked: Parked) {
-        match self.backend.insert(&parked.address) {
+        match self.insert(&parked.address) {
             Ok(fi_addr) => {
-                self.stats.inserts += 1;
                 self.stats.entries += 1;
                 tracing::debug!(
                     op = "insert",
@@ -643,11 +881,17 @@ impl<B: AvBackend> Writer<B> {
                 for &client in &parked.clients {
                     self.register(client, identity, &parked.address, fi_addr);
                 }
+                for (_, reply) in parked.waiters {
+                    let _ = reply.send(Ok(fi_addr));
+                }
             }
             Err(error) => {
                 tracing::warn!(op = "insert_failed", %error, waiting = parked.clients.len(), "fi_av_insert of a parked incarnation failed; its clients must resolve again");
                 for client in &parked.clients {
                     self.clients.remove(client);
+                }
+                for (_, reply) in parked.waiters {
+                    let _ = reply.send(Err(error.clone()));
                 }
             }
         }
@@ -661,6 +905,14 @@ impl<B: AvBackend> Writer<B> {
 
     fn publish_stats(&mut self) {
         self.stats.pending_removals = self.pending.len() as u64;
+        let leases = &self.shared.leases;
+        let pending = &self.pending;
+        self.stats.removals_awaiting_leases = self
+            .held
+            .iter()
+            .filter_map(|ticket| pending.get(ticket))
+            .filter(|pending| leases.held(pending.fi_addr))
+            .count() as u64;
         self.shared.counters.publish(&self.stats);
         self.shrink();
     }
@@ -675,19 +927,18 @@ impl<B: AvBackend> Writer<B> {
         }
         shrink_map(&mut self.slots);
         shrink_map(&mut self.clients);
-        shrink_map(&mut self.pending);
+        if self.held.capacity() > 64 && self.held.capacity() > 4 * self.held.len() {
+            self.held.shrink_to(2 * self.held.len());
+        }
     }
 
-    /// No reader can exist any more (the cache is being dropped, and every `Pinned` borrows it),
-    /// so everything is removed now, pending removals first.
+    /// No reader and no lease can exist any more (the cache is being dropped, and every `Pinned`
+    /// and every `Lease` borrows it), so everything is removed now, pending removals first.
     fn shutdown(&mut self) {
-        let mut pending: Vec<_> = self.pending.drain().collect();
-        pending.sort_by_key(|(ticket, _)| *ticket);
+        let pending = std::mem::take(&mut self.pending);
+        self.held.clear();
         for (_, pending) in pending {
-            self.stats.removes += 1;
-            if let Err(error) = self.backend.remove(pending.fi_addr) {
-                tracing::warn!(op = "remove_failed", fi_addr = pending.fi_addr, %error, "fi_av_remove failed at shutdown");
-            }
+            self.remove_at_shutdown(pending.fi_addr);
         }
         let slots: Vec<_> = self.slots.drain().collect();
         for (identity, slot) in slots {
@@ -696,10 +947,7 @@ impl<B: AvBackend> Writer<B> {
                     self.unregister(client, &identity);
                 }
                 self.stats.entries -= 1;
-                self.stats.removes += 1;
-                if let Err(error) = self.backend.remove(live.fi_addr) {
-                    tracing::warn!(op = "remove_failed", fi_addr = live.fi_addr, %error, "fi_av_remove failed at shutdown");
-                }
+                self.remove_at_shutdown(live.fi_addr);
             }
         }
         self.clients.clear();
@@ -710,7 +958,22 @@ impl<B: AvBackend> Writer<B> {
         tracing::debug!(
             inserts = self.stats.inserts,
             removes = self.stats.removes,
+            failed_removes = self.stats.failed_removes,
             "address cache writer stopped"
         );
+    }
+
+    /// `fi_av_remove` at shutdown, tried a few times: there is no later to retry in.
+    fn remove_at_shutdown(&mut self, fi_addr: fi_addr_t) {
+        for attempt in 1..=3 {
+            self.stats.removes += 1;
+            match self.backend.remove(fi_addr) {
+                Ok(()) => return,
+                Err(error) => {
+                    self.stats.failed_removes += 1;
+                    tracing::error!(op = "remove_failed", fi_addr, attempt, %error, "fi_av_remove failed at shutdown");
+                }
+            }
+        }
     }
 }

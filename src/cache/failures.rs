@@ -1,0 +1,105 @@
+//! What became of queued misses that failed.
+//!
+//! [`try_resolve`](super::Pinned::try_resolve) queues a miss and returns at once, so nobody waits
+//! for the writer's answer. When that answer is an error (a full AV, a failed `fi_av_insert`), the
+//! writer records it here, under the client, and the next `try_resolve` of the same client and
+//! address takes it and returns it. A queued miss so never answers `WouldBlock` for ever: it
+//! answers `WouldBlock` until the writer has tried, and then the writer's verdict.
+//!
+//! Memory is bounded: at most one record per client, at most [`Failures::BOUND`] in all (the
+//! oldest goes first); a record goes when its client resolves again through the writer, is
+//! released, or reads it. Readers touch the lock only on a miss and only while some record
+//! exists.
+
+use std::collections::{HashMap, VecDeque};
+// Plain std even under loom: bookkeeping beside the protocol, with no loom operation inside the
+// lock (see `crate::sync`).
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::error::DmaError;
+use crate::sync::lock;
+
+struct Failure {
+    address: Box<[u8]>,
+    error: DmaError,
+}
+
+#[derive(Default)]
+struct Records {
+    by_client: HashMap<u64, Failure>,
+    /// Clients in the order their records were made, for dropping the oldest.
+    order: VecDeque<u64>,
+}
+
+/// Failed outcomes of queued misses, by client.
+#[derive(Default)]
+pub(crate) struct Failures {
+    /// How many records exist: readers skip the lock while it is zero.
+    len: AtomicUsize,
+    records: Mutex<Records>,
+}
+
+impl Failures {
+    /// The most records kept at once.
+    pub(crate) const BOUND: usize = 4096;
+
+    /// Writer: the queued miss of `client` for `address` failed with `error`.
+    pub(crate) fn record(&self, client: u64, address: &[u8], error: DmaError) {
+        let mut records = lock(&self.records);
+        let failure = Failure {
+            address: address.into(),
+            error,
+        };
+        if records.by_client.insert(client, failure).is_none() {
+            records.order.push_back(client);
+        }
+        while records.by_client.len() > Self::BOUND {
+            let Some(oldest) = records.order.pop_front() else {
+                break;
+            };
+            records.by_client.remove(&oldest);
+        }
+        self.settle(&mut records);
+    }
+
+    /// Writer: `client` resolved through the writer again, or was released.
+    pub(crate) fn clear(&self, client: u64) {
+        if 0 == self.len.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut records = lock(&self.records);
+        if records.by_client.remove(&client).is_some() {
+            self.settle(&mut records);
+        }
+    }
+
+    /// Reader, on a miss: the failure recorded for `client` on exactly `address`, taken.
+    pub(crate) fn take(&self, client: u64, address: &[u8]) -> Option<DmaError> {
+        // Relaxed is enough: a record missed here is found by the next miss, and the lock orders
+        // the record itself.
+        if 0 == self.len.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut records = lock(&self.records);
+        if records
+            .by_client
+            .get(&client)
+            .is_none_or(|failure| *failure.address != *address)
+        {
+            return None;
+        }
+        let failure = records.by_client.remove(&client)?;
+        self.settle(&mut records);
+        Some(failure.error)
+    }
+
+    /// Keep `order` from outgrowing the records, and publish the count.
+    fn settle(&self, records: &mut Records) {
+        if records.order.len() > 2 * records.by_client.len() + 64 {
+            let Records { by_client, order } = records;
+            order.retain(|client| by_client.contains_key(client));
+        }
+        self.len.store(records.by_client.len(), Ordering::Relaxed);
+    }
+}
