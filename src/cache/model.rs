@@ -62,6 +62,7 @@ struct Table {
     violations: Vec<String>,
     fail_next_insert: Option<DmaError>,
     fail_next_remove: Option<DmaError>,
+    fail_removes: Option<DmaError>,
     panic_on_next_call: bool,
 }
 
@@ -103,6 +104,7 @@ impl ModelAv {
                 violations: Vec::new(),
                 fail_next_insert: None,
                 fail_next_remove: None,
+                fail_removes: None,
                 panic_on_next_call: false,
             })),
         }
@@ -157,6 +159,12 @@ impl ModelAv {
     /// Make the next remove fail with `error` and leave its entry in place.
     pub fn fail_next_remove(&self, error: DmaError) {
         lock(&self.table).fail_next_remove = Some(error);
+    }
+
+    /// Make every remove fail with `error`, leaving its entry in place, until called with
+    /// `None`: a provider whose `fi_av_remove` keeps failing.
+    pub fn fail_removes(&self, error: Option<DmaError>) {
+        lock(&self.table).fail_removes = error;
     }
 
     /// Make the next insert or remove panic, to stand for a writer thread that dies.
@@ -270,6 +278,9 @@ impl AvBackend for ModelAv {
         table.check_panic();
         if let Some(error) = table.fail_next_remove.take() {
             return Err(error);
+        }
+        if let Some(error) = &table.fail_removes {
+            return Err(error.clone());
         }
         let format = table.format;
         let slot = usize::try_from(fi_addr)
