@@ -106,3 +106,36 @@ fn a_hit_on_efa_addresses_allocates_nothing() {
         after - before
     );
 }
+
+#[test]
+fn a_pin_resolve_lease_drop_round_allocates_nothing() {
+    let endpoint = tcp();
+    let cache = endpoint.peers();
+    let addresses: Vec<Vec<u8>> = (0..100).map(sockaddr).collect();
+    {
+        let pinned = cache.pin();
+        for (client, address) in addresses.iter().enumerate() {
+            pinned.resolve(client as u64, address).expect("warm up");
+        }
+    }
+    let before = allocations();
+    for round in 0..1_000 {
+        let pinned = cache.pin();
+        let client = round % addresses.len();
+        let peer = pinned
+            .resolve(client as u64, &addresses[client])
+            .expect("a hit");
+        let lease = pinned.lease(peer).expect("a lease");
+        drop(pinned);
+        std::hint::black_box(lease.fi_addr());
+        drop(lease);
+    }
+    let after = allocations();
+    assert_eq!(
+        before,
+        after,
+        "1,000 lease rounds allocated {} times",
+        after - before
+    );
+    assert_eq!(0, cache.stats().leases);
+}

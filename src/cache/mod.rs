@@ -346,6 +346,13 @@ impl<B: AvBackend> AddressCache<B> {
     /// preempt it there for a time slice; this is several of those.
     pub const DEFAULT_QUIESCE_PATIENCE: Duration = Duration::from_millis(20);
 
+    /// How many requests (misses, releases, quiesces) the writer's inbox holds. A sender that
+    /// finds it full waits for room ([`Pinned::resolve`], [`release`](Self::release),
+    /// [`quiesce`](Self::quiesce), [`lease`](Self::lease)), or queues nothing and answers
+    /// [`DmaError::WouldBlock`] ([`Pinned::try_resolve`]). So a flood of queued misses costs at
+    /// most this many requests of memory, however fast it comes.
+    pub const INBOX_BOUND: usize = INBOX_BOUND;
+
     /// [`quiesce`](Self::quiesce), waiting up to `patience` without progress for removals held
     /// back by pinned readers. `Duration::ZERO` returns as soon as a few epoch advances in a row
     /// free nothing: exact when the caller knows no other thread is pinned on this cache, and the
