@@ -22,13 +22,13 @@
 //! a lease increments the index's counter; dropping it decrements it. The writer removes a retired
 //! entry only after both of these, whichever comes later:
 //!
-//! 1. every reader pinned at its unlink has unpinned (the epoch deferral, see [`super::writer`]);
+//! 1. every reader pinned at its unlink has unpinned (the epoch deferral, argued in the `cache` module and its writer);
 //! 2. its index's counter reads zero.
 //!
 //! # Ordering
 //!
 //! - **No lease is missed.** A lease is taken only under a live pin that could see the entry:
-//!   [`Pinned::lease`](super::Pinned::lease) takes a [`Peer`](super::Peer), which borrows a pin of
+//!   [`Pinned::lease`](super::Pinned::lease) takes a [`Peer`], which borrows a pin of
 //!   this thread (a `Pinned` is not `Send`), so that pin is unpinned after the increment in
 //!   program order. The writer reads the counter only after the deferred closure of the unlink has
 //!   run, which crossbeam-epoch runs only after every participant pinned at the unlink has

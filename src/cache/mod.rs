@@ -7,7 +7,12 @@
 //!   `(client, address)` pairs. A hit is one probe of a papaya map keyed by the borrowed
 //!   `(client, identity)` pair plus a comparison of the full address: it allocates nothing,
 //!   takes no lock and writes no shared memory. Each [`Peer`] borrows the [`Pinned`] it came
-//!   from, so the borrow checker forbids posting to it after the pin is dropped.
+//!   from, so the borrow checker forbids using it after the pin is dropped; and it knows its
+//!   cache ([`AddressCache::owns`]), so an endpoint refuses another cache's peer.
+//! - **Leases** ([`Lease`], taken with [`Pinned::lease`] or [`AddressCache::lease`]) hold an
+//!   entry for the operations in flight after a post: its removal waits for every lease on it to
+//!   be dropped, which the completion path does once it has read the completion. A resolve that
+//!   takes no lease pays nothing for them (see [`lease`]).
 //! - **One writer thread** per cache applies every change in arrival order: it alone calls
 //!   `fi_av_insert` and `fi_av_remove`, counts which clients hold which entry, evicts stale efa
 //!   incarnations, and publishes and unlinks index entries. A miss sends it a request; `resolve`
@@ -15,16 +20,18 @@
 //! - **Removal is deferred**: an entry whose last client has gone is unlinked from the index and
 //!   its removal deferred on the cache's private `crossbeam_epoch::Collector`. The deferred
 //!   closure only hands the index back to the writer, which removes it once every reader that was
-//!   pinned at the unlink has unpinned. So no reader ever holds a `fi_addr_t` that libfabric has
-//!   removed or handed to another peer (the ABA hazard of `FI_AV_TABLE`, which reuses the lowest
-//!   free index at once).
+//!   pinned at the unlink has unpinned and every lease on it has been dropped. So no reader and
+//!   no operation in flight ever holds a `fi_addr_t` that libfabric has removed or handed to
+//!   another peer (the ABA hazard of `FI_AV_TABLE`, which reuses the lowest free index at once).
 //!
 //! # Guarantees
 //!
 //! 1. A `Peer` maps, in the AV, to exactly the address it was resolved for, for as long as its
-//!    pin lives.
+//!    pin lives, and a `Lease` for as long as it lives.
 //! 2. Every `fi_av_insert` is matched by exactly one `fi_av_remove`, after the last client
-//!    released the entry and every reader that could have seen it unpinned.
+//!    released the entry, every reader that could have seen it unpinned, and every lease on it
+//!    was dropped. A failed `fi_av_remove` is retried with a backoff; until it succeeds the entry
+//!    counts against the capacity and (efa) blocks its identity ([`CacheStats::failed_removes`]).
 //! 3. The AV never holds two entries for one identity: on efa, a new QKEY on a known GID and QPN
 //!    evicts the old incarnation (and every client on it), whose removal runs *before* the new
 //!    incarnation's insert. The new one waits, parked, without stalling other requests.
@@ -32,20 +39,26 @@
 //! 5. Bad input (an address of the wrong length, empty) is a [`DmaError`] before any AV call,
 //!    and changes nothing. So is a full AV: the cache never holds more than
 //!    [`AvBackend::capacity`] entries, counting those awaiting removal.
+//! 6. Nothing grows without bound: the writer's inbox holds at most
+//!    [`AddressCache::INBOX_BOUND`] requests, and `quiesce` answers once the requests before it
+//!    are applied and their removals have run, however busy the inbox is after it. A queued miss
+//!    that failed reports its error to the next `try_resolve` (never `WouldBlock` for ever).
 //!
 //! # Why a resolve under a pin can be told to wait
 //!
 //! A recycled efa slot cannot take its new incarnation until the old one is removed, and the old
 //! one cannot be removed while the caller's own pin (taken before the eviction) lives. So when a
 //! resolve has to park a new incarnation, it returns [`DmaError::WouldBlock`] rather than wait
-//! for itself: the writer inserts the new incarnation once every reader has unpinned, and a
-//! resolve under a later pin finds it.
+//! for itself: the writer inserts the new incarnation once every reader has unpinned and every
+//! lease on the old one has been dropped, and a resolve under a later pin finds it.
+//! [`AddressCache::lease`], which holds no pin while it waits, waits for that instead.
 //!
 //! # Drop
 //!
 //! Dropping the cache stops the writer, which removes every pending and live entry before the
 //! thread ends; the endpoint closes its AV only after that. No `Drop` and no deferred closure
-//! calls libfabric.
+//! calls libfabric. Every `Pinned` and every `Lease` borrows the cache, so none is left when it
+//! drops.
 
 mod backend;
 pub(crate) mod epoch;
