@@ -87,6 +87,21 @@ fn the_writer_reports_inserts_evictions_removals_and_failures_and_hits_report_no
     });
     cache.release(3);
     cache.quiesce();
+    // A queued miss that fails is logged, and kept for the next try_resolve.
+    av.fail_next_insert(DmaError::Fabric {
+        call: "fi_av_insert",
+        code: -12,
+        message: "injected".into(),
+    });
+    let queued = || {
+        cache
+            .pin()
+            .try_resolve(9, &efa(4, 4, 4))
+            .map(|peer| peer.fi_addr())
+    };
+    assert_eq!(Err(DmaError::WouldBlock), queued());
+    cache.quiesce();
+    assert!(matches!(queued(), Err(DmaError::Fabric { code: -12, .. })));
     drop(cache);
 
     let events = events.lock().expect("capture").clone();
@@ -107,5 +122,9 @@ fn the_writer_reports_inserts_evictions_removals_and_failures_and_hits_report_no
     assert!(
         writer("op=\"remove_failed\"", Level::WARN),
         "failed removal: {events:#?}"
+    );
+    assert!(
+        writer("op=\"queued_miss_failed\" client=9", Level::WARN),
+        "failed queued miss: {events:#?}"
     );
 }
