@@ -1,9 +1,16 @@
 //! dma-libfabric: a lock-free address-vector cache and a safe endpoint for data-transfer servers
 //! on libfabric (RDMA NICs, AWS EFA, or the tcp provider on any host).
 //!
-//! - [`endpoint`]: [`LibfabricEndpoint`], a reliable-datagram endpoint with its AV and queues.
-//! - [`address`]: [`AddressFormat`], which bytes of an address name a peer.
-//! - [`cache`]: [`AddressCache`], wait-free hits, one writer, epoch-deferred `fi_av_remove`.
+//! The modules, bottom up; each uses only those above it (`tests/layout.rs` checks it):
+//!
+//! - [`sys`]: the raw libfabric bindings (the `libfabric-sys` crate).
+//! - [`error`], [`address`], [`configuration`]: the error type, which bytes of an address name a
+//!   peer ([`AddressFormat`]), and how an endpoint is opened.
+//! - [`av`]: the address-vector layer: [`AvBackend`], the real [`FabricAv`], the model AV.
+//! - [`cache`]: [`AddressCache`], wait-free hits, one writer, epoch-deferred `fi_av_remove`,
+//!   [`Lease`]s for operations in flight.
+//! - [`endpoint`]: [`LibfabricEndpoint`], a reliable-datagram endpoint that owns its AV, its
+//!   queues and a cache over that AV.
 //!
 //! ```
 //! use std::time::Duration;
@@ -25,6 +32,7 @@
 //! ```
 
 pub mod address;
+pub mod av;
 pub mod cache;
 pub mod configuration;
 pub mod endpoint;
@@ -38,8 +46,9 @@ pub use libfabric_sys as sys;
 
 pub use address::AddressFormat;
 #[cfg(any(test, feature = "model"))]
-pub use cache::model::{AvEvent, ModelAv};
-pub use cache::{AddressCache, AvBackend, CacheStats, Lease, Peer, Pinned};
+pub use av::model::{AvEvent, ModelAv};
+pub use av::{AvBackend, FabricAv};
+pub use cache::{AddressCache, CacheStats, Lease, Peer, Pinned};
 pub use configuration::{Configuration, Provider};
-pub use endpoint::{Description, FabricAv, LibfabricEndpoint};
+pub use endpoint::{Description, LibfabricEndpoint};
 pub use error::DmaError;

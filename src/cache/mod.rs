@@ -60,13 +60,10 @@
 //! calls libfabric. Every `Pinned` and every `Lease` borrows the cache, so none is left when it
 //! drops.
 
-mod backend;
 pub(crate) mod epoch;
 mod failures;
 pub(crate) mod index;
 pub mod lease;
-#[cfg(any(test, feature = "model"))]
-pub(crate) mod model;
 mod stats;
 pub(crate) mod writer;
 
@@ -74,7 +71,6 @@ use std::marker::PhantomData;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
-pub use self::backend::AvBackend;
 use self::epoch::Epochs;
 use self::failures::Failures;
 use self::index::{Index, IndexGuard, RegistrationIndex};
@@ -84,7 +80,9 @@ pub use self::stats::CacheStats;
 use self::stats::Counters;
 use self::writer::{INBOX_BOUND, Reply, Request, Shared, Writer};
 use crate::address::AddressFormat;
-use crate::endpoint::FabricAv;
+/// The AV trait lives in [`crate::av`]; re-exported here, where the cache is generic over it.
+pub use crate::av::AvBackend;
+use crate::av::FabricAv;
 use crate::error::DmaError;
 use crate::sync::{Arc, Bounded, TrySendError, bounded, mpsc, recv_spinning, recv_until, thread};
 use crate::sys::fi_addr_t;

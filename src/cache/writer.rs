@@ -56,7 +56,7 @@ use super::index::{Index, Registration, RegistrationIndex};
 use super::lease::LeaseCounts;
 use super::stats::{CacheStats, Counters};
 use crate::address::AddressFormat;
-use crate::cache::AvBackend;
+use crate::av::AvBackend;
 use crate::error::DmaError;
 use crate::sync::{Arc, mpsc, recv_spinning};
 use crate::sys::fi_addr_t;

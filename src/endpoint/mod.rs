@@ -14,7 +14,6 @@
 //! - Receive buffers are owned by the endpoint and outlive its libfabric objects.
 //! - A failure part-way through `open` closes what was opened and reports which call failed.
 
-mod av;
 mod handles;
 mod receive;
 
@@ -23,9 +22,10 @@ use std::mem::ManuallyDrop;
 use std::ptr;
 use std::time::{Duration, Instant};
 
-pub use self::av::FabricAv;
 use self::handles::Handles;
 use self::receive::ReceiveSlots;
+/// The endpoint's AV backend lives in [`crate::av`]; re-exported here, where it always was.
+pub use crate::av::FabricAv;
 use crate::cache::AddressCache;
 use crate::configuration::{Configuration, Provider};
 use crate::error::DmaError;

@@ -17,8 +17,8 @@
 //!
 //! [`AddressCache::with_backend`]: crate::AddressCache::with_backend
 
+use super::AvBackend;
 use crate::address::AddressFormat;
-use crate::cache::AvBackend;
 use crate::error::DmaError;
 use std::sync::{Arc, Mutex};
 

@@ -1,4 +1,18 @@
-//! What the cache's writer needs from an address vector.
+//! The address-vector layer: what the cache's writer needs from an AV, and the AVs that ship.
+//!
+//! This layer sits between the bindings and the cache, and depends on neither the cache nor the
+//! endpoint: `libfabric-sys` → `av` → `cache` → `endpoint`.
+//!
+//! - [`AvBackend`]: the trait the writer drives (`fi_av_insert`, `fi_av_remove`, the layout).
+//! - [`FabricAv`]: a real libfabric `FI_AV_TABLE`, as an endpoint opens it.
+//! - [`ModelAv`](crate::ModelAv) (feature `model`): libfabric's table semantics and efa's address
+//!   rules without a device, for tests, loom and fuzzing.
+
+mod fabric;
+#[cfg(any(test, feature = "model"))]
+pub(crate) mod model;
+
+pub use self::fabric::FabricAv;
 
 use crate::address::AddressFormat;
 use crate::error::DmaError;
@@ -7,7 +21,7 @@ use crate::sys::fi_addr_t;
 /// An address vector the cache's writer thread drives. It is the only caller of `insert` and
 /// `remove`, so an implementation needs no synchronisation of its own.
 ///
-/// Two implementations ship: [`FabricAv`](crate::FabricAv), the endpoint's real libfabric AV,
+/// Two implementations ship: [`FabricAv`], the endpoint's real libfabric AV,
 /// and, with the `model` feature, [`ModelAv`](crate::ModelAv), which has efa's address rules
 /// without an efa device.
 pub trait AvBackend: Send + 'static {

@@ -1,7 +1,7 @@
-//! The endpoint's real address vector as a cache backend.
+//! A real libfabric address vector as a cache backend.
 
+use super::AvBackend;
 use crate::address::AddressFormat;
-use crate::cache::AvBackend;
 use crate::error::DmaError;
 use crate::sys;
 
@@ -39,7 +39,7 @@ impl FabricAv {
         Self::new(av, addr_format, address_len, capacity)
     }
 
-    pub(super) fn new(
+    pub(crate) fn new(
         av: *mut sys::fid_av,
         addr_format: u32,
         address_len: usize,

@@ -1,0 +1,143 @@
+//! The library's modules depend on each other one way, bottom up:
+//! `error`/`sync` → `address`/`configuration` → `av` → `cache` → `endpoint`.
+//!
+//! Read from the source: every `crate::…` path in code (doc comments aside, which may link
+//! anywhere) must name a module at or below the one it is written in. Names re-exported at the
+//! crate root count as the module they come from. (`super::` never leaves a top-level module
+//! here: each is a directory whose files reach their siblings through it.)
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+
+use std::path::{Path, PathBuf};
+
+/// Each top-level module's layer; a module may use its own layer and those below.
+const LAYERS: &[(&str, u32)] = &[
+    ("sys", 0),
+    ("error", 1),
+    ("sync", 1),
+    ("address", 2),
+    ("configuration", 2),
+    ("av", 3),
+    ("cache", 4),
+    ("endpoint", 5),
+    ("fuzzing", 6),
+];
+
+/// Root re-exports, by the module that defines them.
+const ROOT_NAMES: &[(&str, &str)] = &[
+    ("DmaError", "error"),
+    ("AddressFormat", "address"),
+    ("Configuration", "configuration"),
+    ("Provider", "configuration"),
+    ("AvBackend", "av"),
+    ("FabricAv", "av"),
+    ("ModelAv", "av"),
+    ("AvEvent", "av"),
+    ("AddressCache", "cache"),
+    ("CacheStats", "cache"),
+    ("Lease", "cache"),
+    ("Peer", "cache"),
+    ("Pinned", "cache"),
+    ("LibfabricEndpoint", "endpoint"),
+    ("Description", "endpoint"),
+];
+
+fn layer(module: &str) -> Option<u32> {
+    LAYERS
+        .iter()
+        .find(|(name, _)| *name == module)
+        .map(|(_, layer)| *layer)
+}
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("src") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The modules a line of code names through `crate::`.
+fn named(line: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = line;
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let module = ROOT_NAMES
+            .iter()
+            .find(|(root, _)| *root == name)
+            .map_or(name.clone(), |(_, module)| (*module).to_string());
+        found.push(module);
+        // `use crate::{a, b}` names several.
+        if name.is_empty() && rest.starts_with('{') {
+            let inner = rest[1..].split('}').next().unwrap_or("");
+            for part in inner.split(',') {
+                let part = part.trim().split("::").next().unwrap_or("").trim();
+                found.push(part.to_string());
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn modules_depend_on_lower_layers_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    assert!(files.len() > 10, "found the sources: {files:?}");
+    let mut violations = Vec::new();
+    for file in &files {
+        let relative = file.strip_prefix(&root).expect("under src");
+        let top = relative
+            .components()
+            .next()
+            .and_then(|c| c.as_os_str().to_str())
+            .unwrap_or("")
+            .trim_end_matches(".rs")
+            .to_string();
+        let Some(own) = layer(&top) else {
+            continue; // lib.rs: the crate root re-exports every layer
+        };
+        let text = std::fs::read_to_string(file).expect("read");
+        for (number, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            for module in named(code) {
+                match layer(&module) {
+                    Some(theirs) if theirs > own => violations.push(format!(
+                        "{}:{}: `{top}` (layer {own}) uses `{module}` (layer {theirs}): {}",
+                        relative.display(),
+                        number + 1,
+                        code
+                    )),
+                    _ => {}
+                }
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+#[test]
+fn the_check_sees_a_dependency_pointing_up() {
+    assert_eq!(
+        vec!["endpoint".to_string()],
+        named("use crate::endpoint::FabricAv;")
+    );
+    assert_eq!(
+        vec!["endpoint".to_string()],
+        named("let _ = crate::LibfabricEndpoint::open;")
+    );
+    assert!(named("use crate::{cache::Pinned, error::DmaError};").contains(&"cache".to_string()));
+    assert_eq!(Some(5), layer("endpoint"));
+    assert!(layer("endpoint") > layer("cache") && layer("cache") > layer("av"));
+}
