@@ -5,13 +5,7 @@
 use dma_libfabric::{Configuration, LibfabricEndpoint};
 
 /// A `sockaddr_in` of `family`, `port` and `host`, with nothing in `sin_zero`.
-fn sockaddr(family: u16, port: u16, host: [u8; 4]) -> Vec<u8> {
-    let mut address = vec![0_u8; 16];
-    address[0..2].copy_from_slice(&family.to_ne_bytes());
-    address[2..4].copy_from_slice(&port.to_be_bytes());
-    address[4..8].copy_from_slice(&host);
-    address
-}
+use testkit::sockaddr_parts as sockaddr;
 
 /// Found by `tcp_av` (`fuzz/corpus/tcp_av/regression-bad-family-poisons-av`): a client that
 /// advertises a sockaddr whose family is `AF_UNSPEC` (or `AF_UNIX`) gets an error, as it should,

@@ -79,42 +79,11 @@ impl Kind {
     }
 }
 
-/// A well-formed `sockaddr_in` for 127.0.0.x and a port derived from `n`. `fi_av_insert` never
-/// contacts the peer, so nothing needs to listen there.
-pub fn sockaddr(n: u32) -> Vec<u8> {
-    let port = 1 + (n % 65_000) as u16;
-    let host = 1 + (n / 65_000) as u8;
-    let mut address = vec![0_u8; 16];
-    address[0..2].copy_from_slice(&2_u16.to_ne_bytes()); // AF_INET
-    address[2..4].copy_from_slice(&port.to_be_bytes());
-    address[4..8].copy_from_slice(&[127, 0, 0, host]);
-    address
-}
+pub use testkit::{Random, sockaddr};
 
-/// An efa address: a GID and QPN from `n`, a QKEY that looks random.
+/// efa address number `n`.
 pub fn efa(n: u32) -> Vec<u8> {
-    let mut address = vec![0_u8; 32];
-    address[0..2].copy_from_slice(&[0xfe, 0x80]);
-    address[8..12].copy_from_slice(&(n >> 16).to_be_bytes());
-    address[16..18].copy_from_slice(&(n as u16).to_ne_bytes());
-    address[20..24].copy_from_slice(&(n.wrapping_mul(0x9e37_79b9) | 1).to_ne_bytes());
-    address
-}
-
-/// A small deterministic generator (xorshift64*).
-pub struct Random(pub u64);
-
-impl Random {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    pub fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound.max(1)
-    }
+    testkit::efa_numbered(n)
 }
 
 /// `n` live entries: client `i` advertises address `i`.
@@ -129,7 +98,7 @@ impl Keys {
     pub fn new(kind: Kind, n: usize) -> Self {
         let addresses = (0..n as u32).map(|i| kind.address(i)).collect();
         let mut order: Vec<u32> = (0..n as u32).collect();
-        let mut random = Random(0x5eed_1234_abcd_0001);
+        let mut random = Random::new(0x5eed_1234_abcd_0001);
         for i in (1..order.len()).rev() {
             order.swap(i, random.below(i as u64 + 1) as usize);
         }

@@ -1,0 +1,110 @@
+//! What dma-libfabric's tests, benches, loom models and fuzz targets share, written once:
+//!
+//! - address builders for each format: [`efa`] and [`efa_numbered`], [`sockaddr`] and
+//!   [`sockaddr_parts`], [`opaque`];
+//! - real tcp endpoints on 127.0.0.1: [`tcp`], [`tcp_with_capacity`];
+//! - [`Random`], a small deterministic generator, so stress tests and benches replay.
+//!
+//! Not part of the library: nothing here ships to users.
+#![allow(clippy::expect_used)] // a test helper that cannot set up fails the test at once
+
+use dma_libfabric::{Configuration, LibfabricEndpoint};
+
+/// A 32-byte efa address: GID of `gid`s, QPN `qpn`, QKEY `qkey` (the pad and the trailing
+/// pointer bytes zero).
+///
+/// ```
+/// let address = testkit::efa(1, 7, 2);
+/// assert_eq!(32, address.len());
+/// assert_eq!(testkit::efa(1, 7, 3)[..18], address[..18], "the QKEY is not part of the identity");
+/// ```
+pub fn efa(gid: u8, qpn: u16, qkey: u32) -> Vec<u8> {
+    let mut address = vec![0_u8; 32];
+    address[..16].fill(gid);
+    address[16..18].copy_from_slice(&qpn.to_ne_bytes());
+    address[20..24].copy_from_slice(&qkey.to_ne_bytes());
+    address
+}
+
+/// efa address number `n`: a link-local GID and a QPN from `n` (distinct for every `n`), and a
+/// QKEY that looks random.
+pub fn efa_numbered(n: u32) -> Vec<u8> {
+    let mut address = vec![0_u8; 32];
+    address[0..2].copy_from_slice(&[0xfe, 0x80]);
+    address[8..12].copy_from_slice(&(n >> 16).to_be_bytes());
+    address[16..18].copy_from_slice(&(n as u16).to_ne_bytes());
+    address[20..24].copy_from_slice(&(n.wrapping_mul(0x9e37_79b9) | 1).to_ne_bytes());
+    address
+}
+
+/// A well-formed `sockaddr_in` for 127.0.0.x and a port derived from `n`, with `n`'s high bits
+/// in the host byte: up to 16 million distinct addresses. `fi_av_insert` never contacts a peer,
+/// so nothing needs to listen there.
+///
+/// ```
+/// assert_ne!(testkit::sockaddr(1), testkit::sockaddr(65_001));
+/// ```
+pub fn sockaddr(n: u32) -> Vec<u8> {
+    let port = 1 + (n % 65_000) as u16;
+    let host = 1 + (n / 65_000) as u8;
+    sockaddr_parts(2, port, [127, 0, 0, host])
+}
+
+/// A 16-byte `sockaddr_in` of any `family` (AF_INET is 2), in the machine's byte order for the
+/// family and network order for the port.
+pub fn sockaddr_parts(family: u16, port: u16, host: [u8; 4]) -> Vec<u8> {
+    let mut address = vec![0_u8; 16];
+    address[0..2].copy_from_slice(&family.to_ne_bytes());
+    address[2..4].copy_from_slice(&port.to_be_bytes());
+    address[4..8].copy_from_slice(&host);
+    address
+}
+
+/// A 16-byte opaque address numbered `n`.
+pub fn opaque(n: u8) -> Vec<u8> {
+    vec![n; 16]
+}
+
+/// A real tcp endpoint on loopback, with the default configuration.
+pub fn tcp() -> LibfabricEndpoint {
+    tcp_with_capacity(Configuration::default().av_capacity)
+}
+
+/// A real tcp endpoint on loopback whose AV was opened for `capacity` entries.
+pub fn tcp_with_capacity(capacity: usize) -> LibfabricEndpoint {
+    let configuration = Configuration {
+        av_capacity: capacity,
+        ..Configuration::default()
+    };
+    LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint on 127.0.0.1")
+}
+
+/// A small deterministic generator (xorshift64*).
+///
+/// ```
+/// let mut random = testkit::Random::new(7);
+/// assert!(random.below(10) < 10);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Random(pub u64);
+
+impl Random {
+    /// A generator from `seed` (made odd, so never the stuck zero state).
+    pub fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+
+    /// The next 64 bits.
+    #[allow(clippy::should_implement_trait)] // not an iterator: it never ends
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number below `bound` (0 for a bound of 0).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound.max(1)
+    }
+}
