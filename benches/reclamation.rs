@@ -14,39 +14,21 @@ use std::time::{Duration, Instant};
 use common::{sockaddr, tcp_endpoint};
 use criterion::Criterion;
 use dma_libfabric::sys::fi_addr_t;
-use dma_libfabric::{AddressCache, AddressFormat, AvBackend, DmaError, FabricAv};
+use dma_libfabric::{AddressCache, DmaError, FabricAv};
+use testkit::{Observed, Observer};
 
-/// The real AV, with every removal stamped.
+/// Stamps every removal on the real AV.
 struct Stamped {
-    inner: FabricAv,
     base: Instant,
     removes: Arc<AtomicU64>,
     removed_at: Arc<AtomicU64>,
 }
 
-impl AvBackend for Stamped {
-    fn format(&self) -> AddressFormat {
-        self.inner.format()
-    }
-
-    fn address_len(&self) -> usize {
-        self.inner.address_len()
-    }
-
-    fn capacity(&self) -> usize {
-        self.inner.capacity()
-    }
-
-    fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
-        self.inner.insert(address)
-    }
-
-    fn remove(&mut self, fi_addr: fi_addr_t) -> Result<(), DmaError> {
-        let result = self.inner.remove(fi_addr);
+impl Observer for Stamped {
+    fn after_remove(&mut self, _: fi_addr_t, _: &Result<(), DmaError>) {
         self.removed_at
             .store(self.base.elapsed().as_nanos() as u64, Ordering::Release);
         self.removes.fetch_add(1, Ordering::Release);
-        result
     }
 }
 
@@ -60,11 +42,13 @@ fn reclamation(criterion: &mut Criterion) {
     // inserts into or removes from it (the host's own cache is never used).
     let inner =
         unsafe { FabricAv::from_raw(host.address_vector(), host.describe().addr_format, 16, 4096) };
-    let cache = AddressCache::with_backend(Stamped {
-        inner,
-        base,
-        removes: Arc::clone(&removes),
-        removed_at: Arc::clone(&removed_at),
+    let cache = AddressCache::with_backend(Observed {
+        av: inner,
+        observer: Stamped {
+            base,
+            removes: Arc::clone(&removes),
+            removed_at: Arc::clone(&removed_at),
+        },
     });
     let reader_address = sockaddr(1);
     cache.pin().resolve(1, &reader_address).unwrap();

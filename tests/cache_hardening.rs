@@ -5,39 +5,26 @@
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::mpsc;
 use std::time::Duration;
 
 use common::{efa, sockaddr, tcp_with_capacity};
-use dma_libfabric::{AddressCache, AddressFormat, AvBackend, DmaError, ModelAv};
+use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+use testkit::{Observed, Observer};
 
-/// A model AV whose inserts wait for a go-ahead while `closed` holds one: it holds the writer
-/// still, so a test can fill its inbox.
-struct GatedAv {
-    av: ModelAv,
-    gate: Arc<Mutex<Option<mpsc::Receiver<()>>>>,
+/// Holds the writer inside its first insert until the test says go, so the test can fill its
+/// inbox.
+struct Gate {
+    go: Option<mpsc::Receiver<()>>,
     entered: mpsc::SyncSender<()>,
 }
 
-impl AvBackend for GatedAv {
-    fn format(&self) -> AddressFormat {
-        self.av.format()
-    }
-    fn address_len(&self) -> usize {
-        self.av.address_len()
-    }
-    fn capacity(&self) -> usize {
-        self.av.capacity()
-    }
-    fn insert(&mut self, address: &[u8]) -> Result<u64, DmaError> {
-        if let Some(gate) = self.gate.lock().unwrap().take() {
+impl Observer for Gate {
+    fn before_insert(&mut self, _: &[u8]) {
+        if let Some(go) = self.go.take() {
             let _ = self.entered.send(());
-            gate.recv().expect("the go-ahead");
+            go.recv().expect("the go-ahead");
         }
-        self.av.insert(address)
-    }
-    fn remove(&mut self, fi_addr: u64) -> Result<(), DmaError> {
-        self.av.remove(fi_addr)
     }
 }
 
@@ -46,10 +33,12 @@ fn a_flood_of_queued_misses_is_bounded_by_the_inbox() {
     let (open, gate) = mpsc::channel();
     let (entered, inside) = mpsc::sync_channel(1);
     let av = ModelAv::with_layout(AddressFormat::Opaque, 16, 100_000);
-    let cache = AddressCache::with_backend(GatedAv {
-        av: av.clone(),
-        gate: Arc::new(Mutex::new(Some(gate))),
-        entered,
+    let cache = AddressCache::with_backend(Observed {
+        av,
+        observer: Gate {
+            go: Some(gate),
+            entered,
+        },
     });
     std::thread::scope(|scope| {
         let first = scope.spawn(|| cache.pin().resolve(0, &[0; 16]).map(|peer| peer.fi_addr()));

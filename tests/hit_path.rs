@@ -7,7 +7,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use common::{efa, sockaddr, tcp};
-use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
+use dma_libfabric::{AddressCache, AddressFormat, AvBackend, ModelAv};
 
 /// Counts allocations made by the current thread only, so the writer thread's work (and the test
 /// harness's) does not blur the count.
@@ -44,17 +44,20 @@ fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
+/// Register client `i` on `addresses[i]`, so every later resolve of the pair is a hit.
+fn warmed<B: AvBackend>(cache: &AddressCache<B>, addresses: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    let pinned = cache.pin();
+    for (client, address) in addresses.iter().enumerate() {
+        pinned.resolve(client as u64, address).expect("warm up");
+    }
+    addresses
+}
+
 #[test]
 fn a_hit_on_the_real_av_allocates_nothing() {
     let endpoint = tcp();
     let cache = endpoint.peers();
-    let addresses: Vec<Vec<u8>> = (0..100).map(sockaddr).collect();
-    {
-        let pinned = cache.pin();
-        for (client, address) in addresses.iter().enumerate() {
-            pinned.resolve(client as u64, address).expect("warm up");
-        }
-    }
+    let addresses = warmed(cache, (0..100).map(sockaddr).collect());
     let pinned = cache.pin();
     let misses = cache.stats().misses;
     let before = allocations();
@@ -80,13 +83,7 @@ fn a_hit_on_the_real_av_allocates_nothing() {
 #[test]
 fn a_hit_on_efa_addresses_allocates_nothing() {
     let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Efa));
-    let addresses: Vec<Vec<u8>> = (0..100_u16).map(|qpn| efa(3, qpn, 7)).collect();
-    {
-        let pinned = cache.pin();
-        for (client, address) in addresses.iter().enumerate() {
-            pinned.resolve(client as u64, address).expect("warm up");
-        }
-    }
+    let addresses = warmed(&cache, (0..100_u16).map(|qpn| efa(3, qpn, 7)).collect());
     let before = allocations();
     for round in 0..1_000 {
         // Single-shot: pin, resolve, unpin. The thread's epoch handle is registered already.
@@ -111,13 +108,7 @@ fn a_hit_on_efa_addresses_allocates_nothing() {
 fn a_pin_resolve_lease_drop_round_allocates_nothing() {
     let endpoint = tcp();
     let cache = endpoint.peers();
-    let addresses: Vec<Vec<u8>> = (0..100).map(sockaddr).collect();
-    {
-        let pinned = cache.pin();
-        for (client, address) in addresses.iter().enumerate() {
-            pinned.resolve(client as u64, address).expect("warm up");
-        }
-    }
+    let addresses = warmed(cache, (0..100).map(sockaddr).collect());
     let before = allocations();
     for round in 0..1_000 {
         let pinned = cache.pin();

@@ -104,6 +104,19 @@ struct Core {
     address_len: usize,
 }
 
+impl Core {
+    /// Send the writer a miss, waiting for room in its inbox.
+    fn ask(&self, client: u64, address: &[u8], reply: Reply) -> Result<(), DmaError> {
+        self.requests
+            .send(Request::Resolve {
+                client,
+                address: address.into(),
+                reply,
+            })
+            .map_err(|_| DmaError::Closed)
+    }
+}
+
 /// A cache of address-vector entries shared by many posting threads. See the module docs.
 ///
 /// ```
@@ -295,14 +308,7 @@ impl<B: AvBackend> AddressCache<B> {
             }
             // Unpinned while waiting: a parked incarnation waits for every pin, this one's too.
             let (reply, answer) = mpsc::channel();
-            self.core
-                .requests
-                .send(Request::Resolve {
-                    client,
-                    address: address.into(),
-                    reply: Reply::Admitted(reply),
-                })
-                .map_err(|_| DmaError::Closed)?;
+            self.core.ask(client, address, Reply::Admitted(reply))?;
             let outcome = match deadline {
                 None => recv_spinning(&answer, MISS_SPIN).map_err(|_| DmaError::Closed)?,
                 Some(deadline) => match recv_until(&answer, deadline) {
@@ -534,14 +540,7 @@ impl<'cache> Pinned<'cache> {
             return Ok(peer);
         }
         let (reply, answer) = mpsc::channel();
-        self.core
-            .requests
-            .send(Request::Resolve {
-                client,
-                address: address.into(),
-                reply: Reply::Now(reply),
-            })
-            .map_err(|_| DmaError::Closed)?;
+        self.core.ask(client, address, Reply::Now(reply))?;
         let fi_addr = recv_spinning(&answer, MISS_SPIN).map_err(|_| DmaError::Closed)??;
         Ok(self.peer(fi_addr))
     }

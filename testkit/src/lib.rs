@@ -3,12 +3,14 @@
 //! - address builders for each format: [`efa`] and [`efa_numbered`], [`sockaddr`] and
 //!   [`sockaddr_parts`], [`opaque`];
 //! - real tcp endpoints on 127.0.0.1: [`tcp`], [`tcp_with_capacity`];
+//! - [`Observed`], any AV backend with an [`Observer`] around its calls;
 //! - [`Random`], a small deterministic generator, so stress tests and benches replay.
 //!
 //! Not part of the library: nothing here ships to users.
 #![allow(clippy::expect_used)] // a test helper that cannot set up fails the test at once
 
-use dma_libfabric::{Configuration, LibfabricEndpoint};
+use dma_libfabric::sys::fi_addr_t;
+use dma_libfabric::{AddressFormat, AvBackend, Configuration, DmaError, LibfabricEndpoint};
 
 /// A 32-byte efa address: GID of `gid`s, QPN `qpn`, QKEY `qkey` (the pad and the trailing
 /// pointer bytes zero).
@@ -106,5 +108,68 @@ impl Random {
     /// A number below `bound` (0 for a bound of 0).
     pub fn below(&mut self, bound: u64) -> u64 {
         self.next() % bound.max(1)
+    }
+}
+
+/// What an [`Observed`] backend does around each call its writer makes. Every method does
+/// nothing unless overridden.
+pub trait Observer: Send + 'static {
+    /// Before `fi_av_insert` of `address`: may block, to hold the writer still.
+    fn before_insert(&mut self, _address: &[u8]) {}
+    /// After `fi_av_insert`, with its result.
+    fn after_insert(&mut self, _result: &Result<fi_addr_t, DmaError>) {}
+    /// After `fi_av_remove` of `fi_addr`, with its result.
+    fn after_remove(&mut self, _fi_addr: fi_addr_t, _result: &Result<(), DmaError>) {}
+}
+
+/// Any AV backend with an [`Observer`] around its calls: counts, timestamps or gates, without
+/// writing the delegation out again for each.
+///
+/// ```
+/// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+/// use testkit::{Observed, Observer};
+///
+/// struct Inserts(std::sync::Arc<std::sync::atomic::AtomicU64>);
+/// impl Observer for Inserts {
+///     fn after_insert(&mut self, _: &Result<u64, DmaError>) {
+///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+///     }
+/// }
+/// let count = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+/// let cache = AddressCache::with_backend(Observed {
+///     av: ModelAv::new(AddressFormat::Opaque),
+///     observer: Inserts(count.clone()),
+/// });
+/// cache.pin().resolve(1, &[1; 16])?;
+/// assert_eq!(1, count.load(std::sync::atomic::Ordering::Relaxed));
+/// # Ok::<(), DmaError>(())
+/// ```
+pub struct Observed<B, O> {
+    /// The backend the calls go to.
+    pub av: B,
+    /// What runs around them.
+    pub observer: O,
+}
+
+impl<B: AvBackend, O: Observer> AvBackend for Observed<B, O> {
+    fn format(&self) -> AddressFormat {
+        self.av.format()
+    }
+    fn address_len(&self) -> usize {
+        self.av.address_len()
+    }
+    fn capacity(&self) -> usize {
+        self.av.capacity()
+    }
+    fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
+        self.observer.before_insert(address);
+        let result = self.av.insert(address);
+        self.observer.after_insert(&result);
+        result
+    }
+    fn remove(&mut self, fi_addr: fi_addr_t) -> Result<(), DmaError> {
+        let result = self.av.remove(fi_addr);
+        self.observer.after_remove(fi_addr, &result);
+        result
     }
 }
