@@ -11,7 +11,29 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
 use common::{Keys, Kind, Reference, Subject};
-use criterion::{Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput};
+use dma_libfabric::sys::fi_addr_t;
+
+/// A baseline's bench: one probe an iteration through `probe`, in the same loop shape as ours
+/// and every other baseline, continuing the shared walk through the keys at `step`.
+fn probes<F>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    keys: &Keys,
+    step: &mut usize,
+    name: &str,
+    probe: F,
+) where
+    F: Fn(u64, &[u8]) -> fi_addr_t,
+{
+    group.bench_function(name, |b| {
+        b.iter(|| {
+            *step += 1;
+            let (client, address) = keys.probe(*step);
+            black_box(probe(client, address))
+        })
+    });
+}
 
 fn hit(criterion: &mut Criterion) {
     for kind in [Kind::Efa, Kind::Tcp] {
@@ -53,36 +75,38 @@ fn hit(criterion: &mut Criterion) {
                 Subject::Tcp(endpoint) => ours!(endpoint.peers()),
                 Subject::Efa(cache) => ours!(cache),
             }
-            group.bench_function("hashmap", |b| {
-                b.iter(|| {
-                    step += 1;
-                    let (client, address) = keys.probe(step);
-                    black_box(common::probe(&plain, identity_len, client, address).unwrap())
-                })
-            });
-            group.bench_function("mutex_reference", |b| {
-                b.iter(|| {
-                    step += 1;
-                    let (client, address) = keys.probe(step);
-                    black_box(common::probe_reference(&reference, client, address))
-                })
-            });
-            group.bench_function("rwlock_hashmap", |b| {
-                b.iter(|| {
-                    step += 1;
-                    let (client, address) = keys.probe(step);
-                    black_box(common::probe_rwlock(&rwlock, identity_len, client, address).unwrap())
-                })
-            });
-            group.bench_function("dashmap", |b| {
-                b.iter(|| {
-                    step += 1;
-                    let (client, address) = keys.probe(step);
-                    black_box(
-                        common::probe_dashmap(&dashmap, identity_len, client, address).unwrap(),
-                    )
-                })
-            });
+            probes(
+                &mut group,
+                &keys,
+                &mut step,
+                "hashmap",
+                |client, address| common::probe(&plain, identity_len, client, address).unwrap(),
+            );
+            probes(
+                &mut group,
+                &keys,
+                &mut step,
+                "mutex_reference",
+                |client, address| common::probe_reference(&reference, client, address),
+            );
+            probes(
+                &mut group,
+                &keys,
+                &mut step,
+                "rwlock_hashmap",
+                |client, address| {
+                    common::probe_rwlock(&rwlock, identity_len, client, address).unwrap()
+                },
+            );
+            probes(
+                &mut group,
+                &keys,
+                &mut step,
+                "dashmap",
+                |client, address| {
+                    common::probe_dashmap(&dashmap, identity_len, client, address).unwrap()
+                },
+            );
             group.finish();
             let misses = match &subject {
                 Subject::Tcp(endpoint) => endpoint.peers().stats().misses,

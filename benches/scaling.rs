@@ -9,13 +9,40 @@ use std::hint::black_box;
 use std::sync::Mutex;
 
 use common::{Keys, Kind, Reference, parallel, tcp_endpoint};
-use criterion::{Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput};
+use dma_libfabric::sys::fi_addr_t;
 
 /// Resolves per pin in batch mode.
 const BATCH: u64 = 256;
 
 fn offset(thread: usize) -> usize {
     thread * 7_919
+}
+
+/// A baseline's bench: `threads` threads, each probing from its own offset through `probe`, in
+/// the same loop shape for every baseline.
+fn probes<F>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    threads: usize,
+    keys: &Keys,
+    name: &str,
+    probe: F,
+) where
+    F: Fn(u64, &[u8]) -> fi_addr_t + Sync,
+{
+    group.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            parallel(threads, iters, &|thread, iters| {
+                let mut step = offset(thread);
+                for _ in 0..iters {
+                    step += 1;
+                    let (client, address) = keys.probe(step);
+                    black_box(probe(client, address));
+                }
+            })
+        })
+    });
 }
 
 fn scaling(criterion: &mut Criterion) {
@@ -50,61 +77,27 @@ fn scaling(criterion: &mut Criterion) {
                     })
                 })
             });
-            group.bench_function("hashmap", |b| {
-                b.iter_custom(|iters| {
-                    parallel(threads, iters, &|thread, iters| {
-                        let mut step = offset(thread);
-                        for _ in 0..iters {
-                            step += 1;
-                            let (client, address) = keys.probe(step);
-                            black_box(
-                                common::probe(&plain, identity_len, client, address).unwrap(),
-                            );
-                        }
-                    })
-                })
+            probes(&mut group, threads, &keys, "hashmap", |client, address| {
+                common::probe(&plain, identity_len, client, address).unwrap()
             });
-            group.bench_function("mutex_reference", |b| {
-                b.iter_custom(|iters| {
-                    parallel(threads, iters, &|thread, iters| {
-                        let mut step = offset(thread);
-                        for _ in 0..iters {
-                            step += 1;
-                            let (client, address) = keys.probe(step);
-                            black_box(common::probe_reference(&reference, client, address));
-                        }
-                    })
-                })
-            });
-            group.bench_function("rwlock_hashmap", |b| {
-                b.iter_custom(|iters| {
-                    parallel(threads, iters, &|thread, iters| {
-                        let mut step = offset(thread);
-                        for _ in 0..iters {
-                            step += 1;
-                            let (client, address) = keys.probe(step);
-                            black_box(
-                                common::probe_rwlock(&rwlock, identity_len, client, address)
-                                    .unwrap(),
-                            );
-                        }
-                    })
-                })
-            });
-            group.bench_function("dashmap", |b| {
-                b.iter_custom(|iters| {
-                    parallel(threads, iters, &|thread, iters| {
-                        let mut step = offset(thread);
-                        for _ in 0..iters {
-                            step += 1;
-                            let (client, address) = keys.probe(step);
-                            black_box(
-                                common::probe_dashmap(&dashmap, identity_len, client, address)
-                                    .unwrap(),
-                            );
-                        }
-                    })
-                })
+            probes(
+                &mut group,
+                threads,
+                &keys,
+                "mutex_reference",
+                |client, address| common::probe_reference(&reference, client, address),
+            );
+            probes(
+                &mut group,
+                threads,
+                &keys,
+                "rwlock_hashmap",
+                |client, address| {
+                    common::probe_rwlock(&rwlock, identity_len, client, address).unwrap()
+                },
+            );
+            probes(&mut group, threads, &keys, "dashmap", |client, address| {
+                common::probe_dashmap(&dashmap, identity_len, client, address).unwrap()
             });
             group.finish();
         }
