@@ -5,6 +5,13 @@
 //! - [`address`]: [`AddressFormat`], which bytes of an address name a peer.
 //! - [`cache`]: [`AddressCache`], wait-free hits, one writer, epoch-deferred `fi_av_remove`.
 //!
+//! What the types enforce: safe code posts only to a [`Peer`], which a [`Pinned`] resolve makes
+//! and which cannot outlive that pin, so it cannot post to an index the cache has removed or
+//! handed to another peer; a peer of another endpoint's cache is refused with
+//! [`DmaError::InvalidArgument`]. Posting to a raw `fi_addr_t` is `unsafe`
+//! ([`LibfabricEndpoint::send_raw`]). [`LibfabricEndpoint::lookup`] reads only indices the AV has
+//! handed out, and every wait on libfabric is bounded. See the [`endpoint`] module docs.
+//!
 //! ```
 //! use std::time::Duration;
 //! use dma_libfabric::{Configuration, LibfabricEndpoint};
@@ -17,7 +24,7 @@
 //!     let received = scope.spawn(|| client.receive(Duration::from_secs(10)));
 //!     let pinned = server.peers().pin();
 //!     let peer = pinned.resolve(1, &address)?;
-//!     server.send(peer.fi_addr(), b"ping")?;
+//!     server.send(peer, b"ping")?; // a `Peer`, valid while `pinned` lives
 //!     assert_eq!(Some(b"ping".to_vec()), received.join().expect("receiver")?);
 //!     Ok::<(), dma_libfabric::DmaError>(())
 //! })?;
