@@ -55,3 +55,46 @@ impl Random {
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % bound
     }
 }
+
+/// The variable that tells a re-run test binary which test is its child's to run.
+const CHILD_TEST: &str = "DMA_LIBFABRIC_CHILD_TEST";
+
+/// Run the rest of test `name` in a child process, since a crash there must fail the test rather
+/// than end the test binary: in the parent, re-run this binary with `--exact name`, assert that
+/// the child ran that one test and exited successfully (a signal, such as SIGSEGV, fails with
+/// its number), and return `false`; in that child, return `true`, so the test does its
+/// dangerous calls and assertions.
+///
+/// ```ignore
+/// #[test]
+/// fn dangerous() {
+///     if !common::in_child_process("dangerous") {
+///         return;
+///     }
+///     // the calls that used to crash
+/// }
+/// ```
+pub fn in_child_process(name: &str) -> bool {
+    if std::env::var(CHILD_TEST).as_deref() == Ok(name) {
+        return true;
+    }
+    let output = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_TEST, name)
+        .output()
+        .expect("re-run this test binary");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let signal = std::os::unix::process::ExitStatusExt::signal(&output.status);
+    assert!(
+        output.status.success(),
+        "the child running {name} failed: {:?} (signal {signal:?}; 11 is SIGSEGV)\n\
+         stdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "the child ran {name}:\n{stdout}"
+    );
+    false
+}
