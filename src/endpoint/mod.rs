@@ -95,6 +95,13 @@ const ERR_DATA_LEN: usize = 256;
 
 /// A reliable-datagram endpoint with its address vector, completion queues and address cache.
 ///
+/// `Send` and `Sync`: many threads post, receive and drive progress on one endpoint at once,
+/// while its cache's writer thread inserts into and removes from the address vector. That is
+/// sound only because `open` accepts nothing but an `FI_THREAD_SAFE` domain, in which libfabric
+/// serialises those calls itself. An `FI_THREAD_DOMAIN` domain (efa-direct's) leaves every call
+/// on the domain, its endpoints, queues and AV, to be serialised by the application; the endpoint
+/// has no such lock yet, so it refuses that provider rather than be `Sync` over it.
+///
 /// ```
 /// use dma_libfabric::{Configuration, LibfabricEndpoint};
 ///

@@ -61,8 +61,8 @@ const CHILD_TEST: &str = "DMA_LIBFABRIC_CHILD_TEST";
 
 /// Run the rest of test `name` in a child process, since a crash there must fail the test rather
 /// than end the test binary: in the parent, re-run this binary with `--exact name`, assert that
-/// the child ran that one test and exited successfully (a signal, such as SIGSEGV, fails with
-/// its number), and return `false`; in that child, return `true`, so the test does its
+/// the child ran that one test and exited successfully (a crash fails, whether the signal ends
+/// the child or libfabric's handler turns it into an exit status), and return `false`; in that child, return `true`, so the test does its
 /// dangerous calls and assertions.
 ///
 /// ```ignore
@@ -88,7 +88,8 @@ pub fn in_child_process(name: &str) -> bool {
     let signal = std::os::unix::process::ExitStatusExt::signal(&output.status);
     assert!(
         output.status.success(),
-        "the child running {name} failed: {:?} (signal {signal:?}; 11 is SIGSEGV)\n\
+        "the child running {name} failed: {:?} (signal {signal:?}; libfabric's own handler \
+         turns a SIGSEGV into exit status 1 and prints \"terminated with signal 11\")\n\
          stdout:\n{stdout}\nstderr:\n{stderr}",
         output.status
     );
