@@ -16,9 +16,11 @@
 //!   post to an index the cache has since removed or handed to another peer (the `compile_fail`
 //!   example on `send` shows it). A peer resolved by another endpoint's cache is refused with
 //!   [`DmaError::InvalidArgument`] before libfabric sees it: its index means nothing in this AV.
-//!   Posting to a raw `fi_addr_t` is `unsafe`
+//!   So is a peer of a second cache built with `FabricAv::from_raw` on this endpoint's AV: the
+//!   check is by cache, not by AV. Posting to a raw `fi_addr_t` is `unsafe`
 //!   ([`send_raw`](LibfabricEndpoint::send_raw) and friends), with the caller's promises
-//!   written down.
+//!   written down. Sends are `fi_inject`s, which copy the message before returning, so no
+//!   operation is left in flight against the index once the pin drops.
 //! - **`lookup` reads only indices this AV has handed out.** [`lookup`](LibfabricEndpoint::lookup)
 //!   answers `None`, without calling libfabric, for an index at or past the AV's capacity or
 //!   past the highest index a [`FabricAv`] on this AV has been given by `fi_av_insert` (the
@@ -26,7 +28,8 @@
 //!   on the others.
 //! - **Nothing waits for ever.** `open` refuses more receive buffers than the provider's
 //!   receive queue holds (`rx_attr.size`), posting them at `open` gives up after
-//!   [`POST_PATIENCE`] of `-FI_EAGAIN`, and a send gives up after its timeout. A receive buffer
+//!   [`POST_PATIENCE`] of `-FI_EAGAIN`, a send gives up after its timeout, and `receive`
+//!   returns `None` after its own. A receive buffer
 //!   whose re-post fails is kept and posted again by a later
 //!   [`try_receive`](LibfabricEndpoint::try_receive) or [`progress`](LibfabricEndpoint::progress);
 //!   the message it held is returned all the same.
@@ -120,9 +123,12 @@ pub struct LibfabricEndpoint {
     /// The indices `FabricAv` backends on this AV have been handed, and the AV's capacity: what
     /// `lookup` may read.
     handed_out: Arc<HandedOut>,
-    /// Test-only fault injection: how many of the next receive posts fail with `-FI_EIO`.
+    /// Test-only fault injection: how many of the next receive posts fail without reaching
+    /// `fi_recv`, with `-FI_EIO`, or with `-FI_EAGAIN` while `posts_ask_to_retry` is set.
     #[cfg(test)]
     failing_posts: std::sync::atomic::AtomicUsize,
+    #[cfg(test)]
+    posts_ask_to_retry: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: `open` refuses any domain whose threading is not FI_THREAD_SAFE (see `refusal`), so
@@ -338,6 +344,8 @@ impl LibfabricEndpoint {
             handed_out,
             #[cfg(test)]
             failing_posts: std::sync::atomic::AtomicUsize::new(0),
+            #[cfg(test)]
+            posts_ask_to_retry: std::sync::atomic::AtomicBool::new(false),
         };
         for index in 0..endpoint.receives.len() {
             endpoint.post_patiently(index)?;
@@ -768,6 +776,9 @@ impl LibfabricEndpoint {
                 .failing_posts
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
             if fail.is_ok() {
+                if self.posts_ask_to_retry.load(Ordering::Relaxed) {
+                    return Err(DmaError::WouldBlock);
+                }
                 return Err(DmaError::fabric("fi_recv", -i64::from(sys::FI_EIO)));
             }
         }
@@ -1154,6 +1165,29 @@ mod tests {
             receiver.progress();
             assert_eq!(0, receiver.unposted_receives(), "posted again");
         });
+    }
+
+    /// A provider that answers `-FI_EAGAIN` for ever costs `open` a bounded wait and a clear
+    /// error, not a spin at 100% CPU. (Injected: tcp accepts every post up to `rx_attr.size`,
+    /// which `open` checks first.)
+    #[test]
+    fn posting_gives_up_on_a_provider_that_always_asks_to_retry() {
+        let endpoint = tcp(1, 64);
+        endpoint.posts_ask_to_retry.store(true, Ordering::Relaxed);
+        endpoint.failing_posts.store(usize::MAX, Ordering::Relaxed);
+        match endpoint.post_patiently(0) {
+            Err(DmaError::Fabric {
+                call,
+                code,
+                message,
+            }) => {
+                assert_eq!("fi_recv", call);
+                assert_eq!(-i64::from(sys::FI_EAGAIN), code);
+                assert!(message.contains("still asked to retry"), "{message}");
+            }
+            other => panic!("expected a fabric error, got {other:?}"),
+        }
+        endpoint.failing_posts.store(0, Ordering::Relaxed);
     }
 
     /// What efa-direct demands (libfabric 2.6.0 `prov/efa/src/efa_prov_info.c`), which no device
