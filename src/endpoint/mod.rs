@@ -374,31 +374,19 @@ impl LibfabricEndpoint {
     /// [`DmaError::Fabric`] if `fi_getname` fails, or still finds its buffer too small the second
     /// time.
     pub fn local_address(&self) -> Result<Vec<u8>, DmaError> {
-        let mut address = vec![0_u8; self.description.address_len.max(1)];
-        for _ in 0..2 {
-            let mut len = address.len();
-            // SAFETY: the endpoint is open; `address` has room for `len` bytes and fi_getname
-            // writes at most that many, updating `len` to the real length (also when it answers
-            // -FI_ETOOSMALL, having written nothing).
-            let code = unsafe {
+        sized_name(self.description.address_len, |buffer, len| {
+            // SAFETY: the endpoint is open; `buffer` has room for `*len` bytes (`sized_name`
+            // hands a slice of exactly that length) and fi_getname writes at most that many,
+            // updating `*len` to the real length (also when it answers -FI_ETOOSMALL, having
+            // written nothing).
+            unsafe {
                 sys::fi_getname(
                     &raw mut (*self.handles.ep).fid,
-                    address.as_mut_ptr().cast(),
-                    &raw mut len,
+                    buffer.as_mut_ptr().cast(),
+                    len,
                 )
-            };
-            if -(sys::FI_ETOOSMALL as i32) == code && len > address.len() {
-                address.resize(len, 0);
-                continue;
             }
-            check("fi_getname", code)?;
-            address.truncate(len);
-            return Ok(address);
-        }
-        Err(DmaError::fabric(
-            "fi_getname",
-            -i64::from(sys::FI_ETOOSMALL),
-        ))
+        })
     }
 
     /// The address the real address vector holds at `fi_addr`, through `fi_av_lookup`, or `None`
@@ -870,6 +858,31 @@ impl Drop for LibfabricEndpoint {
     }
 }
 
+/// Call `getname` (`fi_getname`'s contract: fill the buffer, set the length) with a buffer of
+/// `first_guess` bytes; when it answers `-FI_ETOOSMALL` with the length it needs, once more with
+/// that many.
+fn sized_name(
+    first_guess: usize,
+    mut getname: impl FnMut(&mut [u8], &mut usize) -> i32,
+) -> Result<Vec<u8>, DmaError> {
+    let mut address = vec![0_u8; first_guess.max(1)];
+    for _ in 0..2 {
+        let mut len = address.len();
+        let code = getname(&mut address, &mut len);
+        if -(sys::FI_ETOOSMALL as i32) == code && len > address.len() {
+            address.resize(len, 0);
+            continue;
+        }
+        check("fi_getname", code)?;
+        address.truncate(len);
+        return Ok(address);
+    }
+    Err(DmaError::fabric(
+        "fi_getname",
+        -i64::from(sys::FI_ETOOSMALL),
+    ))
+}
+
 /// What the hints offer a provider: the modes, threading and memory-registration modes the
 /// endpoint asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1188,6 +1201,43 @@ mod tests {
             other => panic!("expected a fabric error, got {other:?}"),
         }
         endpoint.failing_posts.store(0, Ordering::Relaxed);
+    }
+
+    /// A name longer than `src_addrlen` (shm's was, and `local_address` failed with -257) is
+    /// read in full with the length `fi_getname` asked for; a provider that keeps asking for more
+    /// is an error, not a loop.
+    #[test]
+    fn a_name_longer_than_the_first_guess_is_read_with_the_length_asked_for() {
+        let name = b"fi_shm://4242_000000001\0";
+        let mut calls = 0;
+        let read = sized_name(15, |buffer, len| {
+            calls += 1;
+            if buffer.len() < name.len() {
+                *len = name.len();
+                return -(sys::FI_ETOOSMALL as i32);
+            }
+            buffer[..name.len()].copy_from_slice(name);
+            *len = name.len();
+            0
+        });
+        assert_eq!(Ok(name.to_vec()), read);
+        assert_eq!(2, calls);
+
+        let greedy = sized_name(16, |buffer, len| {
+            *len = buffer.len() + 1;
+            -(sys::FI_ETOOSMALL as i32)
+        });
+        assert!(
+            matches!(
+                greedy,
+                Err(DmaError::Fabric {
+                    call: "fi_getname",
+                    code: -257,
+                    ..
+                })
+            ),
+            "{greedy:?}"
+        );
     }
 
     /// What efa-direct demands (libfabric 2.6.0 `prov/efa/src/efa_prov_info.c`), which no device
