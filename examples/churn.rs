@@ -313,7 +313,7 @@ fn post(world: &World, seed: u64, stats: &PostStats) -> Samples {
         let message = encode(id, advert.incarnation, sequence);
         let deadline = Instant::now() + SEND_PATIENCE;
         let sent = loop {
-            match world.server.try_send(peer.fi_addr(), &message) {
+            match world.server.try_send(peer, &message) {
                 Ok(()) => break true,
                 Err(DmaError::WouldBlock) if Instant::now() < deadline => {
                     world.server.progress();

@@ -50,6 +50,11 @@ pub enum DmaError {
         /// `Configuration::av_capacity`.
         capacity: usize,
     },
+    /// The provider asks for something the endpoint cannot honour yet (a threading model other
+    /// than `FI_THREAD_SAFE`, `FI_MR_LOCAL`, `FI_ADDR_STR` addresses), so `open` turns it down
+    /// and says why; [`DmaError::NoProvider`] lists it among the providers tried.
+    #[error("the provider asks for what this endpoint cannot honour yet: {0}")]
+    Unsupported(String),
     /// An argument the call cannot take, with what was wrong with it.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -12,6 +12,13 @@
 //! - [`endpoint`]: [`LibfabricEndpoint`], a reliable-datagram endpoint that owns its AV, its
 //!   queues and a cache over that AV.
 //!
+//! What the types enforce: safe code posts only to a [`Peer`], which a [`Pinned`] resolve makes
+//! and which cannot outlive that pin, so it cannot post to an index the cache has removed or
+//! handed to another peer; a peer of another endpoint's cache is refused with
+//! [`DmaError::InvalidArgument`]. Posting to a raw `fi_addr_t` is `unsafe`
+//! ([`LibfabricEndpoint::send_raw`]). [`LibfabricEndpoint::lookup`] reads only indices the AV has
+//! handed out, and every wait on libfabric is bounded. See the [`endpoint`] module docs.
+//!
 //! ```
 //! use std::time::Duration;
 //! use dma_libfabric::{Configuration, LibfabricEndpoint};
@@ -24,7 +31,7 @@
 //!     let received = scope.spawn(|| client.receive(Duration::from_secs(10)));
 //!     let pinned = server.peers().pin();
 //!     let peer = pinned.resolve(1, &address)?;
-//!     server.send(peer.fi_addr(), b"ping")?;
+//!     server.send(peer, b"ping")?; // a `Peer`, valid while `pinned` lives
 //!     assert_eq!(Some(b"ping".to_vec()), received.join().expect("receiver")?);
 //!     Ok::<(), dma_libfabric::DmaError>(())
 //! })?;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dma_libfabric::sys;
-use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, Provider};
+use dma_libfabric::{AvBackend, Configuration, DmaError, FabricAv, LibfabricEndpoint, Provider};
 
 fn tcp() -> LibfabricEndpoint {
     LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))
@@ -12,29 +12,29 @@ fn tcp() -> LibfabricEndpoint {
 }
 
 /// Insert `address` straight into `endpoint`'s AV, bypassing the cache, as these tests are about
-/// libfabric's own behaviour.
+/// libfabric's own behaviour. Through a `FabricAv` on the endpoint's AV, which is `fi_av_insert`
+/// and nothing more, except that it records the index so `lookup` may read it.
 fn insert(endpoint: &LibfabricEndpoint, address: &[u8]) -> sys::fi_addr_t {
-    let mut fi_addr = sys::FI_ADDR_NOTAVAIL;
-    // SAFETY: the AV is open for as long as `endpoint` lives, and `address` is a full tcp address.
-    let inserted = unsafe {
-        sys::fi_av_insert(
-            endpoint.address_vector(),
-            address.as_ptr().cast(),
-            1,
-            &raw mut fi_addr,
-            0,
-            std::ptr::null_mut(),
-        )
-    };
-    assert_eq!(1, inserted, "fi_av_insert");
-    fi_addr
+    raw_av(endpoint).insert(address).expect("fi_av_insert")
 }
 
 fn remove(endpoint: &LibfabricEndpoint, fi_addr: sys::fi_addr_t) {
-    let mut fi_addr = fi_addr;
-    // SAFETY: as in `insert`; `fi_addr` was inserted by this test and not yet removed.
-    let code = unsafe { sys::fi_av_remove(endpoint.address_vector(), &raw mut fi_addr, 1, 0) };
-    assert_eq!(0, code, "fi_av_remove");
+    raw_av(endpoint).remove(fi_addr).expect("fi_av_remove");
+}
+
+/// A backend on `endpoint`'s AV, used for one call.
+fn raw_av(endpoint: &LibfabricEndpoint) -> FabricAv {
+    let description = endpoint.describe();
+    // SAFETY: the AV is open for as long as `endpoint` lives, which outlasts the one call made
+    // through this backend; each test removes exactly what it inserted.
+    unsafe {
+        FabricAv::from_raw(
+            endpoint.address_vector(),
+            description.addr_format,
+            description.address_len,
+            Configuration::default().av_capacity,
+        )
+    }
 }
 
 #[test]
@@ -81,12 +81,15 @@ fn two_endpoints_exchange_messages_both_ways() {
                     None => break,
                 }
             }
-            other.send(to_one, b"and back").expect("send other -> one");
+            // SAFETY: `to_one` was inserted into `other`'s AV above and is removed only at the end.
+            unsafe { other.send_raw(to_one, b"and back") }.expect("send other -> one");
             received
         });
-        one.send(to_other, b"from one").expect("send one -> other");
+        // SAFETY: `to_other` was inserted into `one`'s AV above and is removed only at the end.
+        unsafe { one.send_raw(to_other, b"from one") }.expect("send one -> other");
         for sequence in 0..MESSAGES {
-            one.send(to_other, &sequence.to_le_bytes()).expect("send");
+            // SAFETY: as above.
+            unsafe { one.send_raw(to_other, &sequence.to_le_bytes()) }.expect("send");
         }
         assert_eq!(
             Some(b"and back".to_vec()),
@@ -114,7 +117,8 @@ fn an_oversized_message_is_refused_before_libfabric_sees_it() {
     let peer = insert(&endpoint, &endpoint.local_address().expect("address"));
     let too_big = vec![0; endpoint.describe().inject_size + 1];
     assert!(matches!(
-        endpoint.send(peer, &too_big),
+        // SAFETY: `peer` was inserted into `endpoint`'s AV above and is removed only at the end.
+        unsafe { endpoint.send_raw(peer, &too_big) },
         Err(DmaError::InvalidArgument(_))
     ));
     remove(&endpoint, peer);
@@ -219,7 +223,8 @@ fn a_send_to_a_silent_peer_gives_up_within_its_bound() {
     let peer = insert(&endpoint, &silent.local_address().expect("address"));
     let mut outcome = Ok(());
     for _ in 0..100 {
-        outcome = endpoint.send_within(peer, b"anyone?", Duration::from_millis(1));
+        // SAFETY: `peer` was inserted into `endpoint`'s AV above and is removed only at the end.
+        outcome = unsafe { endpoint.send_raw_within(peer, b"anyone?", Duration::from_millis(1)) };
         if outcome.is_err() {
             break;
         }

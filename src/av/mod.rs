@@ -8,7 +8,7 @@
 //! - [`ModelAv`](crate::ModelAv) (feature `model`): libfabric's table semantics and efa's address
 //!   rules without a device, for tests, loom and fuzzing.
 
-mod fabric;
+pub(crate) mod fabric;
 #[cfg(any(test, feature = "model"))]
 pub(crate) mod model;
 

@@ -6,8 +6,13 @@
 //! touch a buffer it has completed and nobody else is handed its context. The slab lives as long
 //! as the endpoint's libfabric objects (it is declared after them and so dropped after the
 //! endpoint is closed), so the provider never writes into freed memory.
+//!
+//! A slot whose re-post failed is not lost: its index waits in the slab's list of unposted
+//! slots, owned by nobody else, until a later `try_receive` or `progress` posts it again.
 
 use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use crate::sys;
 
@@ -24,6 +29,15 @@ pub(super) struct ReceiveSlot {
 /// The slab of receive slots.
 pub(super) struct ReceiveSlots {
     slots: Box<[ReceiveSlot]>,
+    /// Boxed: touched only when a re-post fails, and an endpoint is moved around by value.
+    unposted: Box<Unposted>,
+}
+
+/// Slots whose completion was read but whose re-post failed: not posted, owned by this list.
+struct Unposted {
+    slots: Mutex<Vec<usize>>,
+    /// `slots.len()`, readable without the lock, so the common path never takes it.
+    count: AtomicUsize,
 }
 
 impl ReceiveSlots {
@@ -34,7 +48,44 @@ impl ReceiveSlots {
                 buffer: UnsafeCell::new(vec![0; size].into_boxed_slice()),
             })
             .collect();
-        Self { slots }
+        Self {
+            slots,
+            unposted: Box::new(Unposted {
+                slots: Mutex::new(Vec::new()),
+                count: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// Keep slot `index`, whose re-post failed, for a later attempt. The caller owned it (it read
+    /// its completion, or took it from this list) and hands it over.
+    pub(super) fn defer_post(&self, index: usize) {
+        let mut unposted = self
+            .unposted
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        unposted.push(index);
+        self.unposted.count.store(unposted.len(), Ordering::Release);
+    }
+
+    /// Take every slot waiting for a re-post; the caller owns them until it posts or defers each.
+    pub(super) fn take_unposted(&self) -> Vec<usize> {
+        if 0 == self.unposted.count.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut unposted = self
+            .unposted
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.unposted.count.store(0, Ordering::Release);
+        std::mem::take(&mut *unposted)
+    }
+
+    /// How many slots wait for a re-post now.
+    pub(super) fn unposted(&self) -> usize {
+        self.unposted.count.load(Ordering::Acquire)
     }
 
     pub(super) fn len(&self) -> usize {

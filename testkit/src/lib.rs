@@ -7,7 +7,7 @@
 //! - [`Random`], a small deterministic generator, so stress tests and benches replay.
 //!
 //! Not part of the library: nothing here ships to users.
-#![allow(clippy::expect_used)] // a test helper that cannot set up fails the test at once
+#![allow(clippy::expect_used, clippy::panic)] // a test helper that cannot set up fails the test at once
 
 use dma_libfabric::sys::fi_addr_t;
 use dma_libfabric::{AddressFormat, AvBackend, Configuration, DmaError, LibfabricEndpoint};
@@ -172,4 +172,48 @@ impl<B: AvBackend, O: Observer> AvBackend for Observed<B, O> {
         self.observer.after_remove(fi_addr, &result);
         result
     }
+}
+
+/// The variable that tells a re-run test binary which test is its child's to run.
+const CHILD_TEST: &str = "DMA_LIBFABRIC_CHILD_TEST";
+
+/// Run the rest of test `name` in a child process, since a crash there must fail the test rather
+/// than end the test binary: in the parent, re-run this binary with `--exact name`, assert that
+/// the child ran that one test and exited successfully (a crash fails, whether the signal ends
+/// the child or libfabric's handler turns it into an exit status), and return `false`; in that child, return `true`, so the test does its
+/// dangerous calls and assertions.
+///
+/// ```ignore
+/// #[test]
+/// fn dangerous() {
+///     if !testkit::in_child_process("dangerous") {
+///         return;
+///     }
+///     // the calls that used to crash
+/// }
+/// ```
+pub fn in_child_process(name: &str) -> bool {
+    if std::env::var(CHILD_TEST).as_deref() == Ok(name) {
+        return true;
+    }
+    let output = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_TEST, name)
+        .output()
+        .expect("re-run this test binary");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let signal = std::os::unix::process::ExitStatusExt::signal(&output.status);
+    assert!(
+        output.status.success(),
+        "the child running {name} failed: {:?} (signal {signal:?}; libfabric's own handler \
+         turns a SIGSEGV into exit status 1 and prints \"terminated with signal 11\")\n\
+         stdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "the child ran {name}:\n{stdout}"
+    );
+    false
 }
