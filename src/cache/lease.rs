@@ -148,6 +148,17 @@ impl LeaseCounts {
 /// assert!(av.is_empty());
 /// # Ok::<(), DmaError>(())
 /// ```
+///
+/// The cache cannot be dropped while a lease on it is out:
+///
+/// ```compile_fail
+/// use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
+///
+/// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+/// let lease = cache.lease(1, &[1; 16]).unwrap();
+/// drop(cache); // error: `cache` is borrowed by `lease`
+/// let _ = lease.fi_addr();
+/// ```
 pub struct Lease<'cache> {
     fi_addr: fi_addr_t,
     cache: u64,
