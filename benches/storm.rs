@@ -1,0 +1,140 @@
+//! A connect storm: a burst of new clients, every resolve a miss that reaches the real tcp
+//! `fi_av_insert`, from 2 threads. Ours blocking (`resolve`), ours queued (`try_resolve`, then
+//! one `quiesce` for the round, timed), and the seed's design under one lock
+//! (`Mutex<reference model>`) doing the insert inline, each on an AV of its own endpoint.
+//! Clean-up between rounds (releases and removals) is untimed for all three.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::hint::black_box;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{Kind, RefAv, Reference, parallel, sockaddr, tcp_endpoint};
+use criterion::{Criterion, Throughput};
+use dma_libfabric::DmaError;
+
+/// New clients per round, split between the threads (below every AV's capacity).
+const ROUND: u32 = 2_000;
+/// Posting threads.
+const THREADS: usize = 2;
+
+/// Time `iters` misses in rounds: `storm(first, count)` runs on each of the threads with its
+/// own clients (timed, with `finish()` after them, timed too), then `clean(first, total)`
+/// (untimed).
+fn rounds(
+    iters: u64,
+    next: &mut u32,
+    storm: &(dyn Fn(u32, u32) + Sync),
+    finish: &dyn Fn(),
+    clean: &dyn Fn(u32, u32),
+) -> Duration {
+    let mut timed = Duration::ZERO;
+    let mut done = 0;
+    while done < iters {
+        let per_thread = (ROUND as u64).min(iters - done).div_ceil(THREADS as u64) as u32;
+        let base = *next;
+        let started = Instant::now();
+        parallel(THREADS, u64::from(per_thread), &|thread, _| {
+            storm(base + thread as u32 * per_thread, per_thread)
+        });
+        finish();
+        timed += started.elapsed();
+        let total = per_thread * THREADS as u32;
+        clean(base, total);
+        *next = (next.wrapping_add(total)) % 8_000_000;
+        done += u64::from(total);
+    }
+    timed
+}
+
+fn storm(criterion: &mut Criterion) {
+    let capacity = 4 * ROUND as usize;
+    let ours = tcp_endpoint(capacity);
+    let queued = tcp_endpoint(capacity);
+    let reference_endpoint = tcp_endpoint(capacity);
+    let reference = Mutex::new(Reference::new(
+        Kind::Tcp,
+        RefAv::Raw(reference_endpoint.address_vector()),
+        capacity,
+    ));
+    let mut group = criterion.benchmark_group("storm_tcp_t2");
+    group.throughput(Throughput::Elements(1));
+    let mut next = 0_u32;
+
+    let release = |cache: &dma_libfabric::AddressCache, first: u32, total: u32| {
+        for n in first..first + total {
+            cache.release(u64::from(n));
+        }
+        cache.quiesce();
+        assert_eq!(0, cache.stats().entries);
+    };
+
+    group.bench_function("ours_blocking", |b| {
+        let cache = ours.peers();
+        b.iter_custom(|iters| {
+            rounds(
+                iters,
+                &mut next,
+                &|first, count| {
+                    for n in first..first + count {
+                        let pinned = cache.pin();
+                        black_box(pinned.resolve(u64::from(n), &sockaddr(n)).unwrap());
+                    }
+                },
+                &|| {},
+                &|first, total| release(cache, first, total),
+            )
+        })
+    });
+    group.bench_function("ours_queued", |b| {
+        let cache = queued.peers();
+        b.iter_custom(|iters| {
+            rounds(
+                iters,
+                &mut next,
+                &|first, count| {
+                    for n in first..first + count {
+                        let pinned = cache.pin();
+                        let queued = pinned.try_resolve(u64::from(n), &sockaddr(n));
+                        assert!(matches!(queued, Err(DmaError::WouldBlock)));
+                    }
+                },
+                // The round ends when every queued miss is in the AV.
+                &|| cache.quiesce(),
+                &|first, total| {
+                    assert_eq!(u64::from(total), cache.stats().clients);
+                    release(cache, first, total);
+                },
+            )
+        })
+    });
+    group.bench_function("mutex_reference", |b| {
+        b.iter_custom(|iters| {
+            rounds(
+                iters,
+                &mut next,
+                &|first, count| {
+                    for n in first..first + count {
+                        let entry = reference
+                            .lock()
+                            .unwrap()
+                            .handle(u64::from(n), &sockaddr(n))
+                            .unwrap();
+                        black_box(entry.fi_addr());
+                    }
+                },
+                &|| {},
+                &|_, _| reference.lock().unwrap().clear(),
+            )
+        })
+    });
+    group.finish();
+}
+
+fn main() {
+    let mut criterion = common::criterion();
+    storm(&mut criterion);
+    criterion.final_summary();
+}
