@@ -174,7 +174,7 @@ write("cache_ops", "harness-insert-check-during-removal", cache_ops(False, LARGE
     resolve(1, raw(bytes([0] * 13 + [9, 0])), 0), resolve(0, small(254, 0, 1), 0),
     resolve(0, small(1, 0, 1), 0), resolve(0, small(1, 0, 1), 0), resolve(0, small(86, 85, 85), 255),
     resolve(255, raw(b"\xff" * 11), 0), try_resolve(2, raw(b""), 0), QUIESCE]), prefix="regression-")
-write("cache_ops", "model-detach-old-identity", cache_ops(True, 2, [
+write("cache_ops", "model-detach-old-identity", cache_ops(True, 1, [
     resolve(0, small(171, 170, 170), 170), resolve(0, small(1, 0, 1), 0), QUIESCE, QUIESCE, QUIESCE,
     resolve(0, small(17, 17, 64), 23), resolve(23, small(23, 23, 23), 23),
     resolve(23, small(23, 23, 23), 23), resolve(23, small(23, 0, 0), 17),

@@ -307,7 +307,12 @@ impl World {
         }
         let mut outcomes = Vec::new();
         for mut world in worlds {
-            // Any resolve that reaches the writer drops the client's failure record.
+            if let Some(fi_addr) = world.hit(client, &identity, address) {
+                // An index hit: the writer hears nothing of it.
+                outcomes.push((Outcome::Ok(fi_addr), world));
+                continue;
+            }
+            // A resolve that reaches the writer drops the client's failure record.
             world.failed.remove(&client);
             world.resolve_now(rules, now, client, &identity, address, &mut outcomes);
         }
