@@ -694,11 +694,6 @@ impl World {
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty() && self.clients.is_empty()
     }
-
-    /// Whether `client` has a failed queued miss on record.
-    pub fn has_failure(&self, client: u64) -> bool {
-        self.failed.contains_key(&client)
-    }
 }
 
 /// The set of worlds the cache may be in. See the module docs.
