@@ -637,7 +637,9 @@ impl<'cache> Pinned<'cache> {
             .map(|fi_addr| self.peer(fi_addr)))
     }
 
-    fn peer(&self, fi_addr: fi_addr_t) -> Peer<'_> {
+    /// The peer at `fi_addr` as this pin sees it (the fuzz driver rebuilds the peers it resolved
+    /// under a pin it holds, to lease them later).
+    pub(crate) fn peer(&self, fi_addr: fi_addr_t) -> Peer<'_> {
         Peer::new(fi_addr, self.core.id)
     }
 }

@@ -9,17 +9,21 @@
 //!   wrong lengths are [`DmaError::InvalidAddress`] before any AV call, and the identity is the
 //!   prefix of the format's length (efa: 18 of 32).
 //! - [`check_cache_ops`]: a sequence of resolves, queued resolves, releases, pins held over later
-//!   steps, unpins and quiesces against an [`AddressCache`] over [`ModelAv`], with efa or opaque
-//!   addresses from a small space. After every step the answer is checked against the
-//!   [reference](mod@reference) model and the five invariants of DESIGN.md.
+//!   steps, unpins, quiesces, leases (taken under a held pin or with `lease_within`, cloned, held
+//!   over later steps and dropped) and spells of failing `fi_av_remove` against an
+//!   [`AddressCache`] over [`ModelAv`], with efa or opaque addresses from a small space. After
+//!   every step the answer is checked against the [reference](mod@reference) model and the five
+//!   invariants of DESIGN.md: every peer held under a live pin and every lease maps, in the AV,
+//!   to its address; the lease count is the harness's.
 //! - [`check_tcp_av`]: the same sequences against a real tcp endpoint's AV, with sockaddrs from
 //!   a small space that mixes in bad families, zero ports and garbage, and arbitrary 16-byte
 //!   inputs. Nothing crashes, `LibfabricEndpoint::lookup` agrees with the cache, invalid input
 //!   is an error that changes nothing, and each input leaves the cache empty.
 //!
-//! Driving is single-threaded, and every queued request (`release`, `try_resolve`) is followed
-//! by a `quiesce`, so the only thing left to timing is when a removal whose readers have gone
-//! runs; the reference model accounts for it (see its docs).
+//! Driving is single-threaded, and every queued request (`release`, `try_resolve`, a
+//! `lease_within` that timed out) is followed by a `quiesce`, so the only thing left to timing is
+//! when a removal whose readers have gone (and whose leases were dropped) runs, and when a failed
+//! one is retried; the reference model accounts for both (see its docs).
 
 pub mod ops;
 pub mod reference;
@@ -256,6 +260,10 @@ impl Observer for TcpObserver<'_> {
     }
 
     fn after_step(&mut self, _held: &[(u64, usize)], _log: &str) {}
+
+    fn fail_removes(&mut self, _on: bool) -> bool {
+        false
+    }
 
     fn at_end(&mut self, _stats: &CacheStats, _log: &str) {}
 }

@@ -6,6 +6,8 @@ use arbitrary::Arbitrary;
 pub const MAX_OPS: usize = 64;
 /// How many pins the harness holds at once at most; a `Pin` beyond it is ignored.
 pub const MAX_PINS: usize = 4;
+/// How many leases the harness holds at once at most; a lease beyond it is not taken.
+pub const MAX_LEASES: usize = 4;
 /// Clients are drawn from this many ids, so they collide and move between addresses often.
 pub const CLIENTS: u64 = 6;
 
@@ -79,6 +81,35 @@ pub enum Op {
     },
     /// `quiesce()`.
     Quiesce,
+    /// `pinned.lease(peer)` on a peer the harness holds under a live pin, kept over later steps
+    /// (at most [`MAX_LEASES`]): its entry must stay in the AV, mapping to its address, until
+    /// the lease is dropped, whatever is released or unpinned meanwhile.
+    Lease {
+        /// Which held peer (modulo how many are held).
+        peer: u8,
+    },
+    /// `lease.clone()` of a held lease: a second operation in flight on the same entry.
+    CloneLease {
+        /// Which held lease.
+        lease: u8,
+    },
+    /// Drop a held lease: its entry's removal, if retired, may run.
+    DropLease {
+        /// Which held lease.
+        lease: u8,
+    },
+    /// `cache.lease_within(client, address, ..)` with a short timeout, without a pin: it waits
+    /// for a parked efa incarnation. Refused with `InvalidArgument` while the harness holds a
+    /// pin. Followed by a `quiesce` when it times out, so the writer has applied it.
+    LeaseDirect {
+        /// The client id (modulo [`CLIENTS`]).
+        client: u8,
+        /// What it advertises.
+        address: Address,
+    },
+    /// Make every `fi_av_remove` of the model AV fail (true) or succeed again (false): a failed
+    /// removal keeps its entry in the AV, counted, and is retried. A no-op on a real AV.
+    FailRemoves(bool),
 }
 
 /// The input of the `cache_ops` target.

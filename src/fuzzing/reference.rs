@@ -8,10 +8,19 @@
 //! readers have all gone actually runs (crossbeam-epoch frees it once the global epoch has moved
 //! on twice, which a pin taken in between may or may not prevent). So a removal is
 //!
-//! - *held* while some pin that was alive when it was retired is still alive: it certainly has
-//!   not run;
+//! - *held* while some pin that was alive when it was retired is still alive, while the harness
+//!   holds a lease on its entry, or while the AV fails every removal: it certainly has not run;
 //! - *maybe* otherwise: it may have run or not, until a `quiesce` with no pin alive, after which
-//!   it certainly has.
+//!   it certainly has, unless it is *tainted*: it may have failed once, and then its retry waits
+//!   out a backoff that a `quiesce` does not, so it stays *maybe* until the final, patient
+//!   `quiesce` of the input.
+//!
+//! What holds removals back besides the world itself (the pins, the leases and whether removals
+//! fail) is the harness's, passed in as [`Now`].
+//!
+//! A queued miss (`try_resolve`) that fails is recorded under its client, and the next
+//! `try_resolve` of that client and address answers the failure instead of queuing again; the
+//! world keeps that record too.
 //!
 //! The oracle therefore keeps a set of worlds ([`Worlds`]). Each step maps every world to the
 //! outcomes it allows (branching on whether the maybe-removal of the identity the step touches
@@ -24,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::address::AddressFormat;
 
 /// What a resolve may answer, as far as the model can tell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Outcome {
     /// `Ok` with this `fi_addr_t`, or with one the model does not know yet (a fresh insert).
     Ok(Option<u64>),
@@ -99,6 +108,35 @@ struct Removal {
     fi_addr: Option<u64>,
     /// The pins alive when it was retired: while one of them lives, it has not run.
     holders: BTreeSet<u64>,
+    /// It may have failed: its retry waits out a backoff that no `quiesce` of the harness does.
+    tainted: bool,
+}
+
+impl Removal {
+    /// Whether a lease of the harness holds it.
+    fn leased(&self, now: &Now) -> bool {
+        self.fi_addr.is_some_and(|fi_addr| {
+            now.leased
+                .iter()
+                .any(|(leased, address)| *leased == fi_addr && *address == self.address)
+        })
+    }
+
+    /// Whether it may have run by now (or may run at any moment).
+    fn may_run(&self, now: &Now) -> bool {
+        !now.failing && self.holders.is_disjoint(&now.pins) && !self.leased(now)
+    }
+}
+
+/// What holds removals back at a step besides the world itself: the harness's state.
+#[derive(Debug, Clone, Default)]
+pub struct Now {
+    /// The ids of the pins alive.
+    pub pins: BTreeSet<u64>,
+    /// The entries the harness holds leases on, as `(fi_addr, address)`.
+    pub leased: BTreeSet<(u64, Vec<u8>)>,
+    /// Whether every `fi_av_remove` fails now.
+    pub failing: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -126,6 +164,8 @@ pub struct World {
     slots: BTreeMap<Vec<u8>, Slot>,
     /// Which identity each client holds or waits on.
     clients: BTreeMap<u64, Vec<u8>>,
+    /// The failed queued miss recorded for each client: its address and the error.
+    failed: BTreeMap<u64, (Vec<u8>, Outcome)>,
 }
 
 /// What the counters must read once every removal has run.
@@ -139,17 +179,17 @@ pub struct Settled {
 
 impl World {
     /// Whether the removal awaiting `identity` may already have run.
-    fn maybe_removed(&self, identity: &[u8], alive: &BTreeSet<u64>) -> bool {
+    fn maybe_removed(&self, identity: &[u8], now: &Now) -> bool {
         self.slots
             .get(identity)
             .and_then(|slot| slot.removing.as_ref())
-            .is_some_and(|removal| removal.holders.is_disjoint(alive))
+            .is_some_and(|removal| removal.may_run(now))
     }
 
     /// This world, and, if the removal awaiting `identity` may have run, the world where it has.
-    fn branch_on(&self, identity: &[u8], alive: &BTreeSet<u64>) -> Vec<World> {
+    fn branch_on(&self, identity: &[u8], now: &Now) -> Vec<World> {
         let mut worlds = vec![self.clone()];
-        if self.maybe_removed(identity, alive) {
+        if self.maybe_removed(identity, now) {
             let mut removed = self.clone();
             removed.removal_ran(identity);
             worlds.push(removed);
@@ -183,7 +223,7 @@ impl World {
 
     /// Live entries and entries awaiting removal: the real count lies between these bounds,
     /// because a maybe-removal without a parked successor may already have freed its place.
-    fn occupied(&self, alive: &BTreeSet<u64>) -> (usize, usize) {
+    fn occupied(&self, now: &Now) -> (usize, usize) {
         let live = self
             .slots
             .values()
@@ -202,7 +242,7 @@ impl World {
                     && slot
                         .removing
                         .as_ref()
-                        .is_some_and(|removal| removal.holders.is_disjoint(alive))
+                        .is_some_and(|removal| removal.may_run(now))
             })
             .count();
         (live + pending - may_be_gone, live + pending)
@@ -231,14 +271,14 @@ impl World {
     pub fn probe(
         &self,
         rules: &Rules,
-        alive: &BTreeSet<u64>,
+        now: &Now,
         client: u64,
         address: &[u8],
     ) -> Vec<(Option<Option<u64>>, World)> {
         let Some(identity) = rules.identity(address) else {
             return vec![(None, self.clone())];
         };
-        self.branch_on(&identity, alive)
+        self.branch_on(&identity, now)
             .into_iter()
             .map(|world| (world.hit(client, &identity, address), world))
             .collect()
@@ -249,7 +289,7 @@ impl World {
     pub fn resolve(
         &self,
         rules: &Rules,
-        alive: &BTreeSet<u64>,
+        now: &Now,
         client: u64,
         address: &[u8],
     ) -> Vec<(Outcome, World)> {
@@ -258,24 +298,59 @@ impl World {
         };
         // The client's old registration goes too, so the removal pending on its old identity
         // matters as well: if it has run, the client may hold a parked incarnation let in since.
-        let mut worlds = self.branch_on(&identity, alive);
+        let mut worlds = self.branch_on(&identity, now);
         if let Some(old) = self.clients.get(&client).filter(|old| **old != identity) {
             worlds = worlds
                 .iter()
-                .flat_map(|world| world.branch_on(old, alive))
+                .flat_map(|world| world.branch_on(old, now))
                 .collect();
         }
         let mut outcomes = Vec::new();
-        for world in worlds {
-            world.resolve_now(rules, alive, client, &identity, address, &mut outcomes);
+        for mut world in worlds {
+            if let Some(fi_addr) = world.hit(client, &identity, address) {
+                // An index hit: the writer hears nothing of it.
+                outcomes.push((Outcome::Ok(fi_addr), world));
+                continue;
+            }
+            // A resolve that reaches the writer drops the client's failure record.
+            world.failed.remove(&client);
+            world.resolve_now(rules, now, client, &identity, address, &mut outcomes);
         }
         outcomes
+    }
+
+    /// A queued miss (`try_resolve`) of `client` on a checked `address`, which the index did not
+    /// hit: the recorded failure of an earlier one, taken, or else the writer's resolve, whose
+    /// failure is recorded. Each world the timing allows, with the answer `try_resolve` gives.
+    pub fn queued_miss(
+        &self,
+        rules: &Rules,
+        now: &Now,
+        client: u64,
+        address: &[u8],
+    ) -> Vec<(Outcome, World)> {
+        if let Some((recorded, error)) = self.failed.get(&client) {
+            if recorded.as_slice() == address {
+                let mut world = self.clone();
+                world.failed.remove(&client);
+                return vec![(*error, world)];
+            }
+        }
+        self.resolve(rules, now, client, address)
+            .into_iter()
+            .map(|(outcome, mut world)| {
+                if let Outcome::Capacity | Outcome::Fabric = outcome {
+                    world.failed.insert(client, (address.to_vec(), outcome));
+                }
+                (Outcome::WouldBlock, world)
+            })
+            .collect()
     }
 
     fn resolve_now(
         &self,
         rules: &Rules,
-        alive: &BTreeSet<u64>,
+        now: &Now,
         client: u64,
         identity: &[u8],
         address: &[u8],
@@ -292,7 +367,7 @@ impl World {
         if !self.slots.contains_key(identity) {
             // A brand-new identity: capacity first, then the insert, then the client's old
             // registration goes.
-            let (least, most) = self.occupied(alive);
+            let (least, most) = self.occupied(now);
             if most >= rules.capacity {
                 outcomes.push((Outcome::Capacity, self.clone()));
             }
@@ -307,7 +382,7 @@ impl World {
                 return;
             }
             let mut world = self.clone();
-            world.detach(client, alive);
+            world.detach(client, now);
             let mut clients = BTreeSet::new();
             clients.insert(client);
             world.slots.insert(
@@ -326,19 +401,13 @@ impl World {
             return;
         }
         let mut world = self.clone();
-        world.detach(client, alive);
-        let outcome = world.join(alive, client, identity, address);
+        world.detach(client, now);
+        let outcome = world.join(now, client, identity, address);
         outcomes.push((outcome, world));
     }
 
     /// Register `client` on an identity that has a slot.
-    fn join(
-        &mut self,
-        alive: &BTreeSet<u64>,
-        client: u64,
-        identity: &[u8],
-        address: &[u8],
-    ) -> Outcome {
+    fn join(&mut self, now: &Now, client: u64, identity: &[u8], address: &[u8]) -> Outcome {
         let Some(slot) = self.slots.get_mut(identity) else {
             // Detaching never drops a slot with a live entry or a removal.
             return Outcome::WouldBlock;
@@ -355,7 +424,7 @@ impl World {
                 for holder in &live.clients {
                     self.clients.remove(holder);
                 }
-                self.retire(identity, live.address, live.fi_addr, alive);
+                self.retire(identity, live.address, live.fi_addr, now);
             }
             self.park(client, identity, address);
             return Outcome::WouldBlock;
@@ -416,24 +485,19 @@ impl World {
         }
     }
 
-    fn retire(
-        &mut self,
-        identity: &[u8],
-        address: Vec<u8>,
-        fi_addr: Option<u64>,
-        alive: &BTreeSet<u64>,
-    ) {
+    fn retire(&mut self, identity: &[u8], address: Vec<u8>, fi_addr: Option<u64>, now: &Now) {
         if let Some(slot) = self.slots.get_mut(identity) {
             slot.removing = Some(Removal {
                 address,
                 fi_addr,
-                holders: alive.clone(),
+                holders: now.pins.clone(),
+                tainted: now.failing,
             });
         }
     }
 
     /// Let go of whatever `client` holds or waits on.
-    fn detach(&mut self, client: u64, alive: &BTreeSet<u64>) {
+    fn detach(&mut self, client: u64, now: &Now) {
         let Some(identity) = self.clients.remove(&client) else {
             return;
         };
@@ -451,48 +515,135 @@ impl World {
             }
         }
         if let Some(live) = retired {
-            self.retire(&identity, live.address, live.fi_addr, alive);
+            self.retire(&identity, live.address, live.fi_addr, now);
         }
         self.tidy(&identity);
     }
 
     /// `release(client)`, in each world the timing allows.
-    pub fn release(&self, alive: &BTreeSet<u64>, client: u64) -> Vec<World> {
-        let Some(identity) = self.clients.get(&client).cloned() else {
-            return vec![self.clone()];
+    pub fn release(&self, now: &Now, client: u64) -> Vec<World> {
+        let mut world = self.clone();
+        world.failed.remove(&client);
+        let Some(identity) = world.clients.get(&client).cloned() else {
+            return vec![world];
         };
-        self.branch_on(&identity, alive)
+        world
+            .branch_on(&identity, now)
             .into_iter()
             .map(|mut world| {
-                world.detach(client, alive);
+                world.detach(client, now);
                 world
             })
             .collect()
     }
 
-    /// `quiesce()` with no pin alive: every removal has run.
-    pub fn settle(&mut self) {
-        let identities: Vec<_> = self.slots.keys().cloned().collect();
-        for identity in identities {
-            self.removal_ran(&identity);
+    /// `quiesce()` with no pin alive: every removal that may run has run, except that a tainted
+    /// one may still wait for its retry (each world it allows), unless `patient`: the caller
+    /// waited out every retry.
+    pub fn settle(&self, now: &Now, patient: bool) -> Vec<World> {
+        let mut worlds = vec![self.clone()];
+        for (identity, slot) in &self.slots {
+            let Some(removal) = slot
+                .removing
+                .as_ref()
+                .filter(|removal| removal.may_run(now))
+            else {
+                continue;
+            };
+            let waits = removal.tainted && !patient;
+            worlds = worlds
+                .into_iter()
+                .flat_map(|world| {
+                    let mut ran = world.clone();
+                    ran.removal_ran(identity);
+                    if waits { vec![world, ran] } else { vec![ran] }
+                })
+                .collect();
         }
+        worlds
+    }
+
+    /// Every removal starts failing: each one that may have run may have done so before, and
+    /// every one left may fail from now on.
+    pub fn fail_removes(&self, now: &Now) -> Vec<World> {
+        let mut worlds = vec![self.clone()];
+        for (identity, slot) in &self.slots {
+            if slot
+                .removing
+                .as_ref()
+                .is_some_and(|removal| removal.may_run(now))
+            {
+                worlds = worlds
+                    .into_iter()
+                    .flat_map(|world| {
+                        let mut ran = world.clone();
+                        ran.removal_ran(identity);
+                        [world, ran]
+                    })
+                    .collect();
+            }
+        }
+        for world in &mut worlds {
+            for slot in world.slots.values_mut() {
+                if let Some(removal) = &mut slot.removing {
+                    removal.tainted = true;
+                }
+            }
+        }
+        worlds
+    }
+
+    /// `client`, parked on `address`, was let in (`AddressCache::lease` waited for it): the
+    /// removal it waited for ran. False when that cannot be.
+    pub fn admit_parked(
+        &mut self,
+        identity: &[u8],
+        address: &[u8],
+        now: &Now,
+        client: u64,
+    ) -> bool {
+        if !self.waits(client, identity, address) || !self.maybe_removed(identity, now) {
+            return false;
+        }
+        self.removal_ran(identity);
+        true
+    }
+
+    /// Whether a removal may still run at any moment (a tainted one's retry): the cache's
+    /// counters may change under the harness.
+    pub fn unsettled(&self, now: &Now) -> bool {
+        self.slots
+            .values()
+            .filter_map(|slot| slot.removing.as_ref())
+            .any(|removal| removal.may_run(now))
+    }
+
+    /// Removals pending.
+    pub fn pending(&self) -> u64 {
+        self.slots
+            .values()
+            .filter(|slot| slot.removing.is_some())
+            .count() as u64
+    }
+
+    /// Removals pending that a lease of the harness holds.
+    pub fn awaiting_leases(&self, now: &Now) -> u64 {
+        self.slots
+            .values()
+            .filter_map(|slot| slot.removing.as_ref())
+            .filter(|removal| removal.leased(now))
+            .count() as u64
     }
 
     /// Learn the `fi_addr_t` the real cache answered for `client` on `address`. False when it
     /// cannot be right in this world: another entry still in the AV (live, or awaiting a removal
     /// that certainly has not run) already has it.
-    pub fn learn(
-        &mut self,
-        alive: &BTreeSet<u64>,
-        identity: &[u8],
-        address: &[u8],
-        fi_addr: u64,
-    ) -> bool {
+    pub fn learn(&mut self, now: &Now, identity: &[u8], address: &[u8], fi_addr: u64) -> bool {
         let taken = self.slots.iter().any(|(other, slot)| {
             other.as_slice() != identity
                 && (slot.live.as_ref().and_then(|live| live.fi_addr) == Some(fi_addr)
                     || slot.removing.as_ref().is_some_and(|removal| {
-                        removal.fi_addr == Some(fi_addr) && !removal.holders.is_disjoint(alive)
+                        removal.fi_addr == Some(fi_addr) && !removal.may_run(now)
                     }))
         });
         if taken {
@@ -515,7 +666,8 @@ impl World {
         }
     }
 
-    /// The counters once every removal has run (call after [`settle`](Self::settle)).
+    /// The counters once every removal that may run has run (call after
+    /// [`settle`](Self::settle)).
     pub fn settled(&self) -> Settled {
         let live = self.slots.values().filter_map(|slot| slot.live.as_ref());
         Settled {
