@@ -44,8 +44,6 @@ pub mod cache;
 pub mod configuration;
 pub mod endpoint;
 pub mod error;
-#[cfg(feature = "fuzzing")]
-pub mod fuzzing;
 pub(crate) mod sync;
 
 /// The raw bindings, for code that calls libfabric itself.

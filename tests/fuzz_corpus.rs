@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dma_libfabric::fuzzing;
+use testkit::fuzzing;
 
 /// Every file of `fuzz/corpus/<target>/`, sorted, so failures name the same file every run.
 fn corpus(target: &str) -> Vec<PathBuf> {

@@ -19,7 +19,6 @@ const LAYERS: &[(&str, u32)] = &[
     ("av", 3),
     ("cache", 4),
     ("endpoint", 5),
-    ("fuzzing", 6),
 ];
 
 /// Root re-exports, by the module that defines them.

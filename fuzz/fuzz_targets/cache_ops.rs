@@ -1,7 +1,7 @@
-//! The `cache_ops` target: the checks live in `dma_libfabric::fuzzing::check_cache_ops`, so that
+//! The `cache_ops` target: the checks live in `testkit::fuzzing::check_cache_ops`, so that
 //! `cargo test` replays this target's corpus on stable.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    dma_libfabric::fuzzing::check_cache_ops(data);
+    testkit::fuzzing::check_cache_ops(data);
 });

@@ -4,10 +4,14 @@
 //!   [`sockaddr_parts`], [`opaque`];
 //! - real tcp endpoints on 127.0.0.1: [`tcp`], [`tcp_with_capacity`];
 //! - [`Observed`], any AV backend with an [`Observer`] around its calls;
-//! - [`Random`], a small deterministic generator, so stress tests and benches replay.
+//! - [`Random`], a small deterministic generator, so stress tests and benches replay;
+//! - `fuzzing` (feature `fuzzing`): the fuzz targets' checks and reference model.
 //!
 //! Not part of the library: nothing here ships to users.
 #![allow(clippy::expect_used, clippy::panic)] // a test helper that cannot set up fails the test at once
+
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 
 use dma_libfabric::sys::fi_addr_t;
 use dma_libfabric::{AddressFormat, AvBackend, Configuration, DmaError, LibfabricEndpoint};

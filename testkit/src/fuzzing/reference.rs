@@ -30,7 +30,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::address::AddressFormat;
+use dma_libfabric::address::AddressFormat;
 
 /// What a resolve may answer, as far as the model can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -1,5 +1,9 @@
-//! The fuzz targets' checking functions, in the library so that `cargo test` replays every corpus
-//! file through them on stable (`tests/fuzz_corpus.rs`) and the fuzz crate stays a thin shell.
+//! The fuzz targets' checking functions, in the workspace's test-support crate so that
+//! `cargo test` replays every corpus file through them on stable (`tests/fuzz_corpus.rs`), the
+//! fuzz crate stays a thin shell, and the library ships no oracle.
+//!
+//! It uses one item of the library that is not part of its API: the hidden, `unsafe`
+//! `Pinned::peer_unchecked`, to rebuild a peer resolved under a pin the driver still holds.
 //!
 //! Each `check_*` function takes the raw bytes libFuzzer hands a target, decodes them with
 //! `arbitrary` into the structured input of [`ops`], runs it, and panics, with the steps that led
@@ -35,12 +39,12 @@ use arbitrary::{Arbitrary, Unstructured};
 use self::driver::{Driver, ModelObserver, Observer};
 use self::ops::{Address, AddressInput, CacheOps, TcpOps};
 use self::reference::{Acceptance, Rules};
-use crate::address::{AddressFormat, EFA_ADDRESS_LEN, EFA_IDENTITY_LEN, SOCKADDR_IN_LEN};
-use crate::cache::AddressCache;
-use crate::configuration::Configuration;
-use crate::endpoint::LibfabricEndpoint;
-use crate::error::DmaError;
-use crate::{CacheStats, ModelAv, sys};
+use dma_libfabric::address::{AddressFormat, EFA_ADDRESS_LEN, EFA_IDENTITY_LEN, SOCKADDR_IN_LEN};
+use dma_libfabric::cache::AddressCache;
+use dma_libfabric::configuration::Configuration;
+use dma_libfabric::endpoint::LibfabricEndpoint;
+use dma_libfabric::error::DmaError;
+use dma_libfabric::{CacheStats, ModelAv, sys};
 
 /// An oracle failure: the fuzz target found a bug.
 #[allow(clippy::panic)] // a failed check must abort the fuzz run, with what went wrong

@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::fail;
 use super::ops::{CLIENTS, MAX_LEASES, MAX_OPS, MAX_PINS, Op};
 use super::reference::{Acceptance, MAX_WORLDS, Now, Outcome, Rules, World, Worlds};
-use crate::cache::{AddressCache, AvBackend, Lease, Pinned};
-use crate::error::DmaError;
+use dma_libfabric::cache::{AddressCache, AvBackend, Lease, Pinned};
+use dma_libfabric::error::DmaError;
 
 /// How long `LeaseDirect` waits for its entry: a parked efa incarnation whose old one no lease
 /// holds gets in within a few of the writer's epoch ticks (10 ms at most each); one that a lease
@@ -40,7 +40,7 @@ pub(crate) trait Observer {
     /// Make every `fi_av_remove` fail (or stop failing); false when the backend cannot.
     fn fail_removes(&mut self, on: bool) -> bool;
     /// Checks once everything has been released and quiesced; `stats` are the cache's counters.
-    fn at_end(&mut self, stats: &crate::CacheStats, log: &str);
+    fn at_end(&mut self, stats: &dma_libfabric::CacheStats, log: &str);
 }
 
 /// One resolved peer the harness still holds: the pin it came from, what it was resolved for.
@@ -90,7 +90,7 @@ pub(crate) struct Driver<'c, B: AvBackend, O: Observer> {
     /// Whether it ever did in this input: removals may then wait for a retry.
     ever_failed: bool,
     log: String,
-    start: crate::CacheStats,
+    start: dma_libfabric::CacheStats,
 }
 
 impl<'c, B: AvBackend, O: Observer> Driver<'c, B, O> {
@@ -232,7 +232,9 @@ impl<'c, B: AvBackend, O: Observer> Driver<'c, B, O> {
         let Some((_, pinned)) = self.pins.iter().find(|(id, _)| *id == held.pin) else {
             self.fail("a held peer whose pin is gone");
         };
-        let lease = match pinned.lease(pinned.peer(held.fi_addr)) {
+        // SAFETY: `held.fi_addr` was resolved under `pinned`, which is still held.
+        let peer = unsafe { pinned.peer_unchecked(held.fi_addr) };
+        let lease = match pinned.lease(peer) {
             Ok(lease) => lease,
             Err(error) => self.fail(&format!("a lease on {} refused: {error}", held.fi_addr)),
         };
@@ -496,7 +498,7 @@ impl<'c, B: AvBackend, O: Observer> Driver<'c, B, O> {
         bytes: &[u8],
         identity: Option<&Vec<u8>>,
         actual: Outcome,
-        before: &crate::CacheStats,
+        before: &dma_libfabric::CacheStats,
         calls_before: Option<usize>,
     ) -> Outcome {
         let rejected = Acceptance::Reject == (self.rules.acceptance)(bytes);
@@ -572,7 +574,7 @@ impl<'c, B: AvBackend, O: Observer> Driver<'c, B, O> {
             .iter()
             .flat_map(|world| world.settle(&now, patient))
             .collect();
-        let agrees = |world: &World, stats: &crate::CacheStats| {
+        let agrees = |world: &World, stats: &dma_libfabric::CacheStats| {
             let counted = world.settled();
             // A world in which a retry may be under way has no exact counters to compare.
             let counts_agree = world.unsettled(&now)
@@ -708,16 +710,16 @@ impl<'c, B: AvBackend, O: Observer> Driver<'c, B, O> {
 
 /// The model AV seen through its events: checks invariants 1 to 3 call by call.
 pub(crate) struct ModelObserver {
-    pub(crate) av: crate::ModelAv,
-    pub(crate) format: crate::AddressFormat,
+    pub(crate) av: dma_libfabric::ModelAv,
+    pub(crate) format: dma_libfabric::AddressFormat,
     pub(crate) address_len: usize,
     cursor: usize,
     table: BTreeMap<u64, Vec<u8>>,
 }
 
 impl ModelObserver {
-    pub(crate) fn new(av: crate::ModelAv, address_len: usize) -> Self {
-        let format = crate::AvBackend::format(&av);
+    pub(crate) fn new(av: dma_libfabric::ModelAv, address_len: usize) -> Self {
+        let format = dma_libfabric::AvBackend::format(&av);
         Self {
             av,
             format,
@@ -745,7 +747,7 @@ impl Observer for ModelObserver {
 
     fn inserted_since(&self, mark: usize, address: &[u8]) -> Option<bool> {
         Some(self.av.events().iter().skip(mark).any(|event| {
-            matches!(event, crate::AvEvent::Inserted { address: inserted, .. } if inserted == address)
+            matches!(event, dma_libfabric::AvEvent::Inserted { address: inserted, .. } if inserted == address)
         }))
     }
 
@@ -769,7 +771,7 @@ impl Observer for ModelObserver {
         let events = self.av.events();
         for (at, event) in events.iter().enumerate().skip(self.cursor) {
             match event {
-                crate::AvEvent::Inserted { fi_addr, address } => {
+                dma_libfabric::AvEvent::Inserted { fi_addr, address } => {
                     // Invariant 3 (and 2): each identity is in the AV once, inserted once.
                     let identity = self.identity(address);
                     if self
@@ -783,7 +785,7 @@ impl Observer for ModelObserver {
                     }
                     self.table.insert(*fi_addr, address.clone());
                 }
-                crate::AvEvent::Removed { fi_addr, address } => {
+                dma_libfabric::AvEvent::Removed { fi_addr, address } => {
                     if self.table.remove(fi_addr).as_ref() != Some(address) {
                         fail(&format!(
                             "call {at}: removed {fi_addr}, which the cache had not inserted\nsteps:\n{log}"
@@ -805,7 +807,7 @@ impl Observer for ModelObserver {
         self.cursor = events.len();
     }
 
-    fn at_end(&mut self, stats: &crate::CacheStats, log: &str) {
+    fn at_end(&mut self, stats: &dma_libfabric::CacheStats, log: &str) {
         self.after_step(&[], log);
         if !self.av.is_empty()
             || !self.table.is_empty()
