@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write the hand-made seeds of fuzz/corpus/<target>/seed-*: each an input in `arbitrary` 1.x's
-encoding of `dma_libfabric::fuzzing::ops` (bool and u8: one byte; u32: four, little-endian; an
+encoding of `testkit::fuzzing::ops` (bool and u8: one byte; u32: four, little-endian; an
 enum: a u32 whose variant is (x * variants) >> 32; a Vec: a byte with its low bit set before each
 element, then one with it clear). Run it from anywhere: `python3 fuzz/seeds.py`."""
 import os
