@@ -236,15 +236,20 @@ impl Value {
 /// The unsynchronised map every baseline builds on.
 pub type Plain = HashMap<Key, Value, Hasher>;
 
-pub fn plain(keys: &Keys) -> Plain {
-    let mut map = Plain::with_capacity_and_hasher(keys.len(), Hasher::default());
-    for (client, address) in keys.addresses.iter().enumerate() {
+/// Every key's entry, as each map-based baseline holds it: client `i` on address `i`, at index `i`.
+pub fn entries(keys: &Keys) -> impl Iterator<Item = (Key, Value)> + '_ {
+    keys.addresses.iter().enumerate().map(|(client, address)| {
         let identity = &address[..keys.kind.identity_len()];
-        map.insert(
+        (
             Key::new(client as u64, identity),
             Value::new(address, client as u64),
-        );
-    }
+        )
+    })
+}
+
+pub fn plain(keys: &Keys) -> Plain {
+    let mut map = Plain::with_capacity_and_hasher(keys.len(), Hasher::default());
+    map.extend(entries(keys));
     map
 }
 
@@ -256,12 +261,8 @@ pub fn probe(map: &Plain, identity_len: usize, client: u64, address: &[u8]) -> O
 
 pub fn dashmap(keys: &Keys) -> dashmap::DashMap<Key, Value, Hasher> {
     let map = dashmap::DashMap::with_capacity_and_hasher(keys.len(), Hasher::default());
-    for (client, address) in keys.addresses.iter().enumerate() {
-        let identity = &address[..keys.kind.identity_len()];
-        map.insert(
-            Key::new(client as u64, identity),
-            Value::new(address, client as u64),
-        );
+    for (key, value) in entries(keys) {
+        map.insert(key, value);
     }
     map
 }
