@@ -40,6 +40,6 @@ pub use address::AddressFormat;
 #[cfg(any(test, feature = "model"))]
 pub use cache::model::{AvEvent, ModelAv};
 pub use cache::{AddressCache, AvBackend, CacheStats, Peer, Pinned};
-pub use configuration::{Configuration, Provider};
+pub use configuration::{Configuration, Provider, RxmSizing};
 pub use endpoint::{Description, FabricAv, LibfabricEndpoint};
 pub use error::DmaError;

@@ -106,6 +106,15 @@ impl LibfabricEndpoint {
                 "av_capacity and receive_buffers must be at least 1".into(),
             ));
         }
+        if configuration.cq_size < configuration.receive_buffers
+            || configuration
+                .rx_size
+                .is_some_and(|size| size < configuration.receive_buffers)
+        {
+            return Err(DmaError::InvalidArgument(
+                "cq_size and rx_size must be at least receive_buffers".into(),
+            ));
+        }
         let node = node.or(configuration.bind.as_deref());
         let node = node
             .map(CString::new)
@@ -133,12 +142,13 @@ impl LibfabricEndpoint {
         node: Option<&CStr>,
     ) -> Result<Self, DmaError> {
         let mut handles = Handles::new();
-        let info = getinfo(provider, node)?;
+        let info = getinfo(configuration, provider, node)?;
         handles.info = info;
 
         // SAFETY: `info` is the non-null list head fi_getinfo returned; its attribute pointers
         // are filled in by the provider for every entry.
         let description = unsafe { describe(info) };
+        crate::configuration::check_chosen(provider, &description.provider)?;
 
         // SAFETY: every call below receives objects opened just above and still open (owned by
         // `handles`, which closes them on any early return), out-pointers to fields of
@@ -181,7 +191,7 @@ impl LibfabricEndpoint {
             let mut cq_attr = sys::fi_cq_attr {
                 format: sys::FI_CQ_FORMAT_DATA,
                 wait_obj: sys::FI_WAIT_NONE,
-                size: configuration.receive_buffers.max(64) * 2,
+                size: configuration.cq_size,
                 ..Default::default()
             };
             check(
@@ -522,8 +532,13 @@ impl Drop for LibfabricEndpoint {
     }
 }
 
-/// `fi_getinfo` for a reliable-datagram, thread-safe, table-AV endpoint of `provider`.
-fn getinfo(provider: Provider, node: Option<&CStr>) -> Result<*mut sys::fi_info, DmaError> {
+/// `fi_getinfo` for a reliable-datagram, thread-safe, table-AV endpoint of `provider`, with the
+/// configuration's queue sizes as hints.
+fn getinfo(
+    configuration: &Configuration,
+    provider: Provider,
+    node: Option<&CStr>,
+) -> Result<*mut sys::fi_info, DmaError> {
     // SAFETY: fi_allocinfo returns a zeroed info with its attribute structs allocated, or null.
     let hints = unsafe { sys::fi_allocinfo() };
     if hints.is_null() {
@@ -548,6 +563,8 @@ fn getinfo(provider: Provider, node: Option<&CStr>) -> Result<*mut sys::fi_info,
         (*(*hints).domain_attr).av_type = sys::FI_AV_TABLE;
         (*(*hints).domain_attr).mr_mode =
             (sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY) as i32;
+        (*(*hints).tx_attr).size = configuration.tx_size.unwrap_or(0);
+        (*(*hints).rx_attr).size = configuration.rx_size.unwrap_or(0);
         let mut code = sys::dmafab_set_provider_name(hints, name.as_ptr());
         if 0 == code {
             if let Some(fabric) = &fabric {
@@ -555,6 +572,7 @@ fn getinfo(provider: Provider, node: Option<&CStr>) -> Result<*mut sys::fi_info,
             }
         }
         if 0 == code {
+            crate::configuration::note_libfabric_initialised();
             let flags = if node.is_some() { sys::FI_SOURCE } else { 0 };
             code = sys::fi_getinfo(
                 sys::dmafab_version(),
@@ -568,6 +586,9 @@ fn getinfo(provider: Provider, node: Option<&CStr>) -> Result<*mut sys::fi_info,
         sys::fi_freeinfo(hints);
         code
     };
+    if code == -(sys::FI_ENODATA as i32) {
+        return Err(crate::configuration::no_data(provider));
+    }
     check("fi_getinfo", code)?;
     if info.is_null() {
         return Err(DmaError::fabric("fi_getinfo", -(sys::FI_ENODATA as i64)));
