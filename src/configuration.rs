@@ -420,3 +420,68 @@ pub(crate) fn no_data(provider: Provider) -> DmaError {
         message: format!("{}: {why}", crate::error::strerror(code)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+
+    use super::*;
+    use crate::LibfabricEndpoint;
+
+    #[test]
+    fn the_environment_lists_only_what_is_chosen() {
+        let configuration = Configuration::default();
+        assert_eq!(
+            vec![
+                ("FI_OFI_RXM_BUFFER_SIZE", "4096".to_string()),
+                ("FI_OFI_RXM_MSG_RX_SIZE", "512".to_string()),
+            ],
+            configuration.rxm_environment()
+        );
+        let mut provider = configuration.clone();
+        provider.rxm = RxmSizing::provider_defaults();
+        assert!(provider.rxm_environment().is_empty());
+        provider.rxm.use_srx = Some(false);
+        assert_eq!(
+            vec![("FI_OFI_RXM_USE_SRX", "0".to_string())],
+            provider.rxm_environment()
+        );
+    }
+
+    #[test]
+    fn applying_after_libfabric_initialised_is_refused() {
+        compiled_providers().expect("fi_getinfo");
+        // SAFETY: the call refuses before touching the environment, since libfabric has been
+        // initialised just above; nothing is set while other test threads run.
+        let applied = unsafe { Configuration::default().apply_rxm_environment() };
+        assert!(
+            matches!(applied, Err(DmaError::InvalidArgument(_))),
+            "{applied:?}"
+        );
+    }
+
+    #[test]
+    fn queues_smaller_than_the_receive_buffers_are_refused() {
+        for configuration in [
+            Configuration {
+                cq_size: 8,
+                ..Configuration::default()
+            },
+            Configuration {
+                rx_size: Some(8),
+                ..Configuration::default()
+            },
+        ] {
+            assert!(matches!(
+                LibfabricEndpoint::open(&configuration, Some("127.0.0.1")),
+                Err(DmaError::InvalidArgument(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn the_runtime_version_is_at_least_the_oldest_supported() {
+        let (major, minor) = runtime_version();
+        assert!((major, minor) >= (1, 17), "{major}.{minor}");
+    }
+}

@@ -95,8 +95,8 @@ impl LibfabricEndpoint {
     /// # Errors
     /// [`DmaError::NoProvider`], naming each provider tried and why it was turned down, when none
     /// works; [`DmaError::Fabric`] when a later libfabric call fails;
-    /// [`DmaError::InvalidArgument`] for an empty provider list, a zero capacity or a node with a
-    /// NUL byte.
+    /// [`DmaError::InvalidArgument`] for an empty provider list, a zero capacity, a `cq_size` or
+    /// `rx_size` below `receive_buffers`, or a node with a NUL byte.
     pub fn open(configuration: &Configuration, node: Option<&str>) -> Result<Self, DmaError> {
         if configuration.providers.is_empty() {
             return Err(DmaError::InvalidArgument("no providers configured".into()));
