@@ -47,7 +47,8 @@ struct Flags {
     /// How long the traffic runs, in seconds.
     #[arg(long, default_value_t = 20.0)]
     seconds: f64,
-    /// The provider: tcp, verbs, shm, sockets, udp, efa or efa-direct.
+    /// The provider: tcp, tcp-native (libfabric 2.x), verbs, shm, sockets, udp, efa or
+    /// efa-direct.
     #[arg(long, default_value = "tcp")]
     provider: String,
     /// No progress bar (for scripts and the test suite).
@@ -70,6 +71,7 @@ const MESSAGE_LEN: usize = 24;
 fn provider(name: &str) -> Result<Provider> {
     Ok(match name {
         "tcp" => Provider::Tcp,
+        "tcp-native" => Provider::TcpNative,
         "verbs" => Provider::Verbs,
         "shm" => Provider::Shm,
         "sockets" => Provider::Sockets,
@@ -129,7 +131,11 @@ struct Nodes {
 impl Nodes {
     fn next(&self) -> Option<String> {
         match self.provider {
-            Provider::Tcp | Provider::Sockets | Provider::Verbs | Provider::Udp => {
+            Provider::Tcp
+            | Provider::TcpNative
+            | Provider::Sockets
+            | Provider::Verbs
+            | Provider::Udp => {
                 let n = self.next.fetch_add(1, Ordering::Relaxed);
                 // 127.B.X.Y with B in 1..=254, X in 0..=255, Y in 1..=254.
                 let y = 1 + n % 254;
@@ -402,22 +408,14 @@ fn totals(stats: &[Arc<PostStats>]) -> (u64, u64, u64, u64, u64) {
     })
 }
 
-/// rxm's defaults pre-allocate 2,048 receive and 2,048 transmit bounce buffers of 16 KiB per
-/// endpoint (about 100 ms of page faults and tens of MB each); the demo opens hundreds of
-/// endpoints for 24-byte messages, so unless the caller chose otherwise it asks for fewer.
-const RXM_DEFAULTS: [(&str, &str); 3] = [
-    ("FI_OFI_RXM_RX_SIZE", "128"),
-    ("FI_OFI_RXM_TX_SIZE", "128"),
-    ("FI_OFI_RXM_BUFFER_SIZE", "4096"),
-];
-
 fn main() -> ExitCode {
-    for (name, value) in RXM_DEFAULTS {
-        if std::env::var_os(name).is_none() {
-            // SAFETY: nothing else runs yet (no thread has been spawned and libfabric has not
-            // been initialised), so no one reads the environment concurrently.
-            unsafe { std::env::set_var(name, value) };
-        }
+    // rxm reads its buffer sizes from the environment once, when libfabric initialises: the
+    // configuration's sizing (4 KiB bounce buffers instead of 16 KiB) goes in first.
+    // SAFETY: nothing else runs yet (no thread has been spawned and libfabric has not been
+    // initialised), so no one reads the environment concurrently.
+    if let Err(error) = unsafe { Configuration::default().apply_rxm_environment() } {
+        eprintln!("churn: {error}");
+        return ExitCode::FAILURE;
     }
     match run() {
         Ok(true) => ExitCode::SUCCESS,

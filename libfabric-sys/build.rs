@@ -1,5 +1,14 @@
 //! Finds the installed libfabric with pkg-config, generates bindings over its headers, and
 //! compiles `shim.c`, which gives the static-inline calls a symbol to link against.
+//!
+//! Building against another libfabric: point `PKG_CONFIG_PATH` at its `lib/pkgconfig` (this
+//! script reruns when it changes). Its library directory is published to dependents' build
+//! scripts as `DEP_FABRIC_LIBDIR`, which dma-libfabric's own build script turns into an rpath,
+//! so its tests and examples load that libfabric without `LD_LIBRARY_PATH`.
+//!
+//! AddressSanitizer: the shim is compiled with `-fsanitize=address` when the Rust build is
+//! sanitized (`-Zsanitizer=address` sets `CARGO_CFG_SANITIZE`) or when
+//! `DMA_LIBFABRIC_SANITIZE=address` is set. libfabric itself stays uninstrumented.
 
 use std::env;
 use std::path::PathBuf;
@@ -13,6 +22,9 @@ fn main() {
     println!("cargo:rerun-if-changed=shim.h");
     println!("cargo:rerun-if-changed=shim.c");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
+    println!("cargo:rerun-if-env-changed=PKG_CONFIG_LIBDIR");
+    println!("cargo:rerun-if-env-changed=PKG_CONFIG_SYSROOT_DIR");
+    println!("cargo:rerun-if-env-changed=DMA_LIBFABRIC_SANITIZE");
 
     let library = match pkg_config::Config::new()
         .atleast_version(MINIMUM_VERSION)
@@ -32,10 +44,22 @@ fn main() {
         }
     };
 
+    // The libfabric this build links, for dependents' build scripts (DEP_FABRIC_LIBDIR,
+    // DEP_FABRIC_VERSION): an install outside the linker's default path needs an rpath.
+    if let Some(libdir) = library.link_paths.first() {
+        println!("cargo:libdir={}", libdir.display());
+    }
+    println!("cargo:version={}", library.version);
+
     let mut shim = cc::Build::new();
     shim.file("shim.c").warnings(true);
     for include in &library.include_paths {
         shim.include(include);
+    }
+    if sanitize_address() {
+        // The Rust side links the ASan runtime; the shim's instrumentation calls into it.
+        shim.flag("-fsanitize=address")
+            .flag("-fno-omit-frame-pointer");
     }
     shim.compile("dma_libfabric_shim");
 
@@ -74,6 +98,16 @@ fn main() {
         eprintln!("could not write the bindings: {error}");
         exit(1);
     }
+}
+
+/// Whether this build is sanitized with AddressSanitizer, so the shim must be instrumented too.
+fn sanitize_address() -> bool {
+    let requested = |name: &str| {
+        env::var(name)
+            .map(|value| value.split(',').any(|kind| kind.trim() == "address"))
+            .unwrap_or(false)
+    };
+    requested("CARGO_CFG_SANITIZE") || requested("DMA_LIBFABRIC_SANITIZE")
 }
 
 /// The first non-blank line of pkg-config's multi-line error.

@@ -54,6 +54,6 @@ pub use address::AddressFormat;
 pub use av::model::{AvEvent, ModelAv};
 pub use av::{AvBackend, FabricAv};
 pub use cache::{AddressCache, CacheStats, Lease, Peer, Pinned};
-pub use configuration::{Configuration, Provider};
+pub use configuration::{Configuration, Provider, RxmSizing};
 pub use endpoint::{Description, LibfabricEndpoint};
 pub use error::DmaError;

@@ -115,8 +115,11 @@ fn lookup_reads_what_any_fabric_av_on_the_endpoint_handed_out() {
 /// many as it holds opens.
 #[test]
 fn more_receive_buffers_than_the_receive_queue_holds_is_refused_at_open() {
+    // The queues asked for are deep enough; the provider's receive queue is what does not fit.
     let too_many = Configuration {
         receive_buffers: 4096,
+        rx_size: None,
+        cq_size: 4096,
         ..Configuration::default()
     };
     match LibfabricEndpoint::open(&too_many, Some("127.0.0.1")) {
@@ -130,6 +133,8 @@ fn more_receive_buffers_than_the_receive_queue_holds_is_refused_at_open() {
     let just_enough = Configuration {
         receive_buffers: 2048,
         receive_size: 64,
+        rx_size: None,
+        cq_size: 2048,
         ..Configuration::default()
     };
     let endpoint = LibfabricEndpoint::open(&just_enough, Some("127.0.0.1")).expect("2048 fit");
@@ -142,6 +147,8 @@ fn the_receive_buffer_misfit_is_reported_after_a_missing_provider() {
     let too_many = Configuration {
         providers: vec![Provider::EfaDirect, Provider::Tcp],
         receive_buffers: 100_000,
+        rx_size: None,
+        cq_size: 100_000,
         ..Configuration::default()
     };
     assert!(matches!(
@@ -227,4 +234,24 @@ fn an_error_completion_is_reported_with_its_text() {
         receiver.unposted_receives(),
         "its buffer is posted again"
     );
+}
+
+/// Queues asked for shallower than the posted receives are refused before any libfabric call.
+#[test]
+fn queues_smaller_than_the_receive_buffers_are_refused() {
+    for configuration in [
+        Configuration {
+            cq_size: 8,
+            ..Configuration::default()
+        },
+        Configuration {
+            rx_size: Some(8),
+            ..Configuration::default()
+        },
+    ] {
+        assert!(matches!(
+            LibfabricEndpoint::open(&configuration, Some("127.0.0.1")),
+            Err(DmaError::InvalidArgument(_))
+        ));
+    }
 }

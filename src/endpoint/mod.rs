@@ -160,7 +160,8 @@ impl LibfabricEndpoint {
     /// (see the module docs: efa-direct and shm are refused); [`DmaError::Fabric`] when a later
     /// libfabric call fails, or a receive buffer still cannot be posted after
     /// [`POST_PATIENCE`]; [`DmaError::InvalidArgument`] for an empty provider list, a zero
-    /// capacity or buffer count, a node with a NUL byte, or more `receive_buffers` than the
+    /// capacity or buffer count, a `cq_size` or `rx_size` below `receive_buffers`, a node with a
+    /// NUL byte, or more `receive_buffers` than the
     /// provider's receive queue holds (`rx_attr.size`; 2048 on tcp;ofi_rxm), naming both numbers.
     ///
     /// ```
@@ -180,6 +181,21 @@ impl LibfabricEndpoint {
             return Err(DmaError::InvalidArgument(
                 "av_capacity and receive_buffers must be at least 1".into(),
             ));
+        }
+        if configuration.cq_size < configuration.receive_buffers
+            || configuration
+                .rx_size
+                .is_some_and(|size| size < configuration.receive_buffers)
+        {
+            return Err(DmaError::InvalidArgument(format!(
+                "receive_buffers is {}, and the queues must hold every posted receive: \
+                 cq_size is {} and rx_size {:?}; raise them to at least {} (rx_size: None \
+                 takes the provider's own depth)",
+                configuration.receive_buffers,
+                configuration.cq_size,
+                configuration.rx_size,
+                configuration.receive_buffers
+            )));
         }
         let node = node.or(configuration.bind.as_deref());
         let node = node
@@ -216,7 +232,7 @@ impl LibfabricEndpoint {
         node: Option<&CStr>,
     ) -> Result<Self, DmaError> {
         let mut handles = Handles::new();
-        let info = getinfo(provider, node)?;
+        let info = getinfo(configuration, provider, node)?;
         handles.info = info;
 
         // SAFETY: `info` is the non-null list head fi_getinfo returned; its attribute pointers
@@ -235,6 +251,7 @@ impl LibfabricEndpoint {
         if let Some(reason) = refusal(provider, &demands) {
             return Err(DmaError::Unsupported(reason));
         }
+        crate::configuration::check_chosen(provider, &description.provider)?;
 
         // SAFETY: every call below receives objects opened just above and still open (owned by
         // `handles`, which closes them on any early return), out-pointers to fields of
@@ -277,7 +294,7 @@ impl LibfabricEndpoint {
             let mut cq_attr = sys::fi_cq_attr {
                 format: sys::FI_CQ_FORMAT_DATA,
                 wait_obj: sys::FI_WAIT_NONE,
-                size: configuration.receive_buffers.max(64) * 2,
+                size: configuration.cq_size,
                 ..Default::default()
             };
             check(
@@ -984,8 +1001,12 @@ fn refusal(provider: Provider, demands: &Demands) -> Option<String> {
 }
 
 /// `fi_getinfo` for a reliable-datagram, table-AV endpoint of `provider`, with the
-/// [`Hints`] it asks for.
-fn getinfo(provider: Provider, node: Option<&CStr>) -> Result<*mut sys::fi_info, DmaError> {
+/// [`Hints`] it asks for and the configuration's queue sizes.
+fn getinfo(
+    configuration: &Configuration,
+    provider: Provider,
+    node: Option<&CStr>,
+) -> Result<*mut sys::fi_info, DmaError> {
     // SAFETY: fi_allocinfo returns a zeroed info with its attribute structs allocated, or null.
     let hints = unsafe { sys::fi_allocinfo() };
     if hints.is_null() {
@@ -1010,6 +1031,8 @@ fn getinfo(provider: Provider, node: Option<&CStr>) -> Result<*mut sys::fi_info,
         (*(*hints).domain_attr).threading = wanted.threading;
         (*(*hints).domain_attr).av_type = sys::FI_AV_TABLE;
         (*(*hints).domain_attr).mr_mode = wanted.mr_mode;
+        (*(*hints).tx_attr).size = configuration.tx_size.unwrap_or(0);
+        (*(*hints).rx_attr).size = configuration.rx_size.unwrap_or(0);
         let mut code = sys::dmafab_set_provider_name(hints, name.as_ptr());
         if 0 == code {
             if let Some(fabric) = &fabric {
@@ -1017,6 +1040,7 @@ fn getinfo(provider: Provider, node: Option<&CStr>) -> Result<*mut sys::fi_info,
             }
         }
         if 0 == code {
+            crate::configuration::note_libfabric_initialised();
             let flags = if node.is_some() { sys::FI_SOURCE } else { 0 };
             code = sys::fi_getinfo(
                 sys::dmafab_version(),
@@ -1030,6 +1054,9 @@ fn getinfo(provider: Provider, node: Option<&CStr>) -> Result<*mut sys::fi_info,
         sys::fi_freeinfo(hints);
         code
     };
+    if code == -(sys::FI_ENODATA as i32) {
+        return Err(crate::configuration::no_data(provider));
+    }
     check("fi_getinfo", code)?;
     if info.is_null() {
         return Err(DmaError::fabric("fi_getinfo", -(sys::FI_ENODATA as i64)));
