@@ -83,6 +83,12 @@ pub struct Configuration {
     pub receive_buffers: usize,
     /// The size of each receive buffer, and so the largest message received.
     pub receive_size: usize,
+    /// Whether the endpoint does RMA: registers memory and posts `fi_write` and `fi_read`
+    /// ([`LibfabricEndpoint::register`](crate::LibfabricEndpoint::register),
+    /// [`write`](crate::LibfabricEndpoint::write), [`read`](crate::LibfabricEndpoint::read)).
+    /// Only then are `FI_RMA` capabilities asked of `fi_getinfo`, so an endpoint that only sends
+    /// and receives costs what it did before. Default `false`.
+    pub rma: bool,
 }
 
 impl Default for Configuration {
@@ -93,6 +99,7 @@ impl Default for Configuration {
             av_capacity: 4096,
             receive_buffers: 64,
             receive_size: 4096,
+            rma: false,
         }
     }
 }

@@ -41,5 +41,8 @@ pub use address::AddressFormat;
 pub use cache::model::{AvEvent, ModelAv};
 pub use cache::{AddressCache, AvBackend, CacheStats, Lease, Peer, Pinned};
 pub use configuration::{Configuration, Provider};
-pub use endpoint::{Description, FabricAv, LibfabricEndpoint};
+pub use endpoint::{
+    Completion, Description, FabricAv, LibfabricEndpoint, MemoryRegion, Operation, RemoteRegion,
+    Segment,
+};
 pub use error::DmaError;

@@ -16,7 +16,9 @@
 
 mod av;
 mod handles;
+pub mod memory;
 mod receive;
+pub mod rma;
 
 use std::ffi::{CStr, CString};
 use std::mem::ManuallyDrop;
@@ -25,7 +27,9 @@ use std::time::{Duration, Instant};
 
 pub use self::av::FabricAv;
 use self::handles::Handles;
+pub use self::memory::{MemoryRegion, RemoteRegion, Segment};
 use self::receive::ReceiveSlots;
+pub use self::rma::{Completion, MAX_OPERATIONS, Operation};
 use crate::cache::AddressCache;
 use crate::configuration::{Configuration, Provider};
 use crate::error::DmaError;
@@ -69,6 +73,9 @@ pub struct LibfabricEndpoint {
     /// Declared after `handles` so it is dropped after the endpoint has been closed.
     receives: ReceiveSlots,
     description: Description,
+    /// RMA operations in flight (see `rma`): drained in `Drop` before the cache goes, and
+    /// declared after `handles` so their contexts outlive the endpoint.
+    operations: Box<rma::Operations>,
 }
 
 // SAFETY: the domain is opened with FI_THREAD_SAFE, so libfabric serialises concurrent calls on
@@ -133,7 +140,7 @@ impl LibfabricEndpoint {
         node: Option<&CStr>,
     ) -> Result<Self, DmaError> {
         let mut handles = Handles::new();
-        let info = getinfo(provider, node)?;
+        let info = getinfo(configuration, provider, node)?;
         handles.info = info;
 
         // SAFETY: `info` is the non-null list head fi_getinfo returned; its attribute pointers
@@ -144,7 +151,7 @@ impl LibfabricEndpoint {
         // `handles`, which closes them on any early return), out-pointers to fields of
         // `handles`, and attribute structs that live across the call. `info` stays alive until
         // `handles` drops.
-        unsafe {
+        let tx_cq_size = unsafe {
             check(
                 "fi_fabric",
                 sys::fi_fabric(
@@ -228,8 +235,12 @@ impl LibfabricEndpoint {
                 ),
             )?;
             check("fi_enable", sys::fi_enable(handles.ep))?;
-        }
+            cq_attr.size
+        };
 
+        // SAFETY: `info` is the list head fi_getinfo returned, alive as long as `handles`.
+        let operations =
+            Box::new(unsafe { rma::Operations::new(info, configuration.rma, tx_cq_size) });
         let receives = ReceiveSlots::new(configuration.receive_buffers, configuration.receive_size);
         let backend = FabricAv::new(
             handles.av,
@@ -242,6 +253,7 @@ impl LibfabricEndpoint {
             handles,
             receives,
             description,
+            operations,
         };
         for index in 0..endpoint.receives.len() {
             endpoint.post_receive(index)?;
@@ -388,14 +400,11 @@ impl LibfabricEndpoint {
     ///
     /// Injected sends complete silently, so the transmit queue holds only errors; reading it is
     /// what makes a manual-progress provider such as tcp move data.
+    ///
+    /// RMA operations complete into the same queue: their completions are handed to them (and
+    /// their leases dropped) here too, ready for [`poll_completions`](Self::poll_completions).
     pub fn progress(&self) {
-        let mut entry = sys::fi_cq_data_entry::default();
-        // SAFETY: the queue is open and `entry` has room for the one entry asked for.
-        let read = unsafe { sys::fi_cq_read(self.handles.tx_cq, (&raw mut entry).cast(), 1) };
-        if read == -(sys::FI_EAVAIL as isize) {
-            let error = self.read_error(self.handles.tx_cq);
-            tracing::warn!(%error, "transmit failed");
-        }
+        self.operations.reap(self.handles.tx_cq);
     }
 
     /// Take one received message, if one has arrived. The buffer is posted again before this
@@ -516,6 +525,8 @@ impl LibfabricEndpoint {
 
 impl Drop for LibfabricEndpoint {
     fn drop(&mut self) {
+        // RMA operations hold leases on the cache and registrations in the domain: first.
+        self.shut_down_operations();
         // SAFETY: dropped exactly once, here, before `handles` closes the address vector it
         // removes from; `peers` is not used again.
         unsafe { ManuallyDrop::drop(&mut self.peers) };
@@ -523,7 +534,11 @@ impl Drop for LibfabricEndpoint {
 }
 
 /// `fi_getinfo` for a reliable-datagram, thread-safe, table-AV endpoint of `provider`.
-fn getinfo(provider: Provider, node: Option<&CStr>) -> Result<*mut sys::fi_info, DmaError> {
+fn getinfo(
+    configuration: &Configuration,
+    provider: Provider,
+    node: Option<&CStr>,
+) -> Result<*mut sys::fi_info, DmaError> {
     // SAFETY: fi_allocinfo returns a zeroed info with its attribute structs allocated, or null.
     let hints = unsafe { sys::fi_allocinfo() };
     if hints.is_null() {
@@ -542,6 +557,9 @@ fn getinfo(provider: Provider, node: Option<&CStr>) -> Result<*mut sys::fi_info,
     // head into `info`; `hints` is freed once, after the call.
     let code = unsafe {
         (*hints).caps = u64::from(sys::FI_MSG);
+        if configuration.rma {
+            (*hints).caps |= u64::from(sys::FI_RMA);
+        }
         (*hints).mode = sys::FI_CONTEXT;
         (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
         (*(*hints).domain_attr).threading = sys::FI_THREAD_SAFE;
