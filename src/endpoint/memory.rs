@@ -27,7 +27,9 @@
 //!
 //! # Lifetime
 //!
-//! A [`MemoryRegion`] borrows its endpoint, so it cannot outlive the domain it is registered in.
+//! A [`MemoryRegion`] borrows its endpoint, or (made by
+//! [`register_shared`](crate::LibfabricEndpoint::register_shared)) holds an `Arc` of it, so it
+//! cannot outlive the domain it is registered in.
 //! Its memory and registration are shared (an `Arc`) with every operation in flight on it:
 //! dropping the `MemoryRegion` while a write or read is in flight leaves both alive until the
 //! operation's completion has been read, and only then closes the registration and frees the
@@ -241,6 +243,11 @@ impl Drop for Registration {
 /// ```
 pub struct MemoryRegion<'ep> {
     pub(crate) inner: Arc<Registration>,
+    /// The endpoint, for a region made by
+    /// [`register_shared`](crate::LibfabricEndpoint::register_shared): declared after `inner`, so
+    /// the registration goes before the endpoint can. Held for its `Drop`.
+    #[allow(dead_code)]
+    owner: Option<Arc<crate::LibfabricEndpoint>>,
     endpoint: PhantomData<&'ep ()>,
 }
 
@@ -258,6 +265,16 @@ impl MemoryRegion<'_> {
     pub(crate) fn new(registration: Registration) -> Self {
         Self {
             inner: Arc::new(registration),
+            owner: None,
+            endpoint: PhantomData,
+        }
+    }
+
+    /// The same region, keeping `owner` (its endpoint) alive instead of borrowing it.
+    pub(crate) fn owned_by(self, owner: Arc<crate::LibfabricEndpoint>) -> MemoryRegion<'static> {
+        MemoryRegion {
+            inner: self.inner,
+            owner: Some(owner),
             endpoint: PhantomData,
         }
     }

@@ -404,6 +404,31 @@ impl LibfabricEndpoint {
         Ok(MemoryRegion::new(registration))
     }
 
+    /// [`register`](Self::register) for an endpoint shared through an `Arc`: the region keeps
+    /// the endpoint alive rather than borrowing it, so it can be stored beside it (a client that
+    /// advertises its memory for as long as it lives).
+    ///
+    /// # Errors
+    /// As `register`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint, MemoryRegion};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let endpoint = Arc::new(LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?);
+    /// let region: MemoryRegion<'static> = endpoint.register_shared(64)?;
+    /// drop(endpoint); // the region still holds it
+    /// assert_eq!(64, region.len());
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn register_shared(
+        self: &Arc<Self>,
+        len: usize,
+    ) -> Result<MemoryRegion<'static>, DmaError> {
+        Ok(self.register(len)?.owned_by(Arc::clone(self)))
+    }
+
     /// `fi_write` of `source` into the peer's `target`, against `lease`, retrying backpressure
     /// for up to a second. The completion, with `id`, comes from
     /// [`poll_completions`](Self::poll_completions) or [`wait_for`](Self::wait_for); until it
