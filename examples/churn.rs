@@ -72,6 +72,10 @@ struct Flags {
     /// in flight. For measuring what leases prevent; never the default.
     #[arg(long, requires = "rma")]
     no_leases: bool,
+    /// With --rma: bytes per write (the record, padded; at least 32). Large writes fill the
+    /// sockets, so writes are still in flight when their client departs.
+    #[arg(long, default_value_t = RECORD_LEN, requires = "rma")]
+    write_size: usize,
 }
 
 type Result<T> = std::result::Result<T, Box<dyn Error + Send + Sync>>;
@@ -193,6 +197,8 @@ struct World {
     /// With --rma: per posting thread, which source slots have a write in flight.
     busy: Vec<Vec<AtomicBool>>,
     no_leases: bool,
+    /// With --rma: bytes per write and per record slot.
+    write_size: usize,
     stop_completions: AtomicBool,
 }
 
@@ -217,7 +223,7 @@ impl World {
         )?);
         let address = endpoint.local_address()?;
         let memory = if self.configuration.rma {
-            Some(endpoint.register_shared(CLIENT_SLOTS * RECORD_LEN)?)
+            Some(endpoint.register_shared(CLIENT_SLOTS * self.write_size)?)
         } else {
             None
         };
@@ -302,7 +308,7 @@ impl World {
         let mut found = 0;
         let mut record = [0_u8; RECORD_LEN];
         for slot in 0..CLIENT_SLOTS {
-            let at = slot * RECORD_LEN;
+            let at = slot * self.write_size;
             if memory.read_bytes(at, &mut record).is_err() || record == [0; RECORD_LEN] {
                 continue;
             }
@@ -472,7 +478,8 @@ fn post_rma(world: &World, thread_index: usize, seed: u64, stats: &PostStats) ->
     let mut sequence = 0_u64;
     let clients = world.clients.len() as u64;
     let cache = world.server.peers();
-    let source = world.server.register(SOURCE_SLOTS * RECORD_LEN)?;
+    let write_size = world.write_size;
+    let source = world.server.register(SOURCE_SLOTS * write_size)?;
     let busy = &world.busy[thread_index];
     let mut next_slot = 0;
     while !world.stop_posting.load(Ordering::Relaxed) {
@@ -499,8 +506,8 @@ fn post_rma(world: &World, thread_index: usize, seed: u64, stats: &PostStats) ->
         };
         sequence += 1;
         let target = remote.slice(
-            (sequence % CLIENT_SLOTS as u64) * RECORD_LEN as u64,
-            RECORD_LEN as u64,
+            (sequence % CLIENT_SLOTS as u64) * write_size as u64,
+            write_size as u64,
         )?;
         let pinned = cache.pin();
         let started = Instant::now();
@@ -523,9 +530,9 @@ fn post_rma(world: &World, thread_index: usize, seed: u64, stats: &PostStats) ->
             stats.misses.fetch_add(1, Ordering::Relaxed);
             samples.misses.push(took);
         }
-        let at = slot * RECORD_LEN;
+        let at = slot * write_size;
         source.write_bytes(at, &encode_record(id, advert.incarnation, sequence))?;
-        let segment = source.segment(at, RECORD_LEN)?;
+        let segment = source.segment(at, write_size)?;
         let operation = ((thread_index as u64) << 32) | slot as u64;
         busy[slot].store(true, Ordering::Release);
         let posted = if world.no_leases {
@@ -692,6 +699,9 @@ fn run() -> Result<bool> {
     if 0 == flags.clients || 0 == flags.threads {
         return Err("--clients and --threads must be at least 1".into());
     }
+    if flags.write_size < RECORD_LEN {
+        return Err(format!("--write-size must be at least {RECORD_LEN}").into());
+    }
     let provider = provider(&flags.provider)?;
     let configuration = Configuration {
         providers: vec![provider],
@@ -728,6 +738,7 @@ fn run() -> Result<bool> {
             .map(|_| (0..SOURCE_SLOTS).map(|_| AtomicBool::new(false)).collect())
             .collect(),
         no_leases: flags.no_leases,
+        write_size: flags.write_size,
         stop_completions: AtomicBool::new(false),
     });
     for id in 0..flags.clients {
@@ -1015,6 +1026,7 @@ fn run() -> Result<bool> {
                 "FI_AV_REMOVE_CLEANUP",
                 std::env::var("FI_AV_REMOVE_CLEANUP").unwrap_or_else(|_| "unset".into()),
             ),
+            ("bytes per write", flags.write_size.to_string()),
             ("writes posted", writes_posted.to_string()),
             (
                 "writes/s",

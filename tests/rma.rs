@@ -203,7 +203,7 @@ fn a_read_fetches_the_peers_memory() {
 }
 
 #[test]
-fn many_writes_complete_through_poll_completions_from_another_thread() {
+fn many_writes_complete_through_poll_completions_from_another_thread_while_others_progress() {
     let server = rma_endpoint();
     let client = rma_endpoint();
     let target = client.register(8 * 1000).expect("client memory");
@@ -214,8 +214,17 @@ fn many_writes_complete_through_poll_completions_from_another_thread() {
             .write_bytes(8 * n as usize, &(n + 1).to_le_bytes())
             .expect("fits");
     }
+    let stop = AtomicBool::new(false);
     let completions = with_progress(&client, || {
         std::thread::scope(|scope| {
+            // The send path's progress reads the same transmit queue: it must hand RMA
+            // completions over, not swallow them.
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    server.progress();
+                    std::thread::yield_now();
+                }
+            });
             let reaper = scope.spawn(|| {
                 let mut all = Vec::new();
                 let deadline = Instant::now() + PATIENCE;
@@ -240,6 +249,7 @@ fn many_writes_complete_through_poll_completions_from_another_thread() {
             }
             drop(pinned_lease);
             let completions = reaper.join().expect("reaper");
+            stop.store(true, Ordering::Relaxed);
             // Landed while the client still progresses (tcp completes a write once sent).
             for n in 0..1000_u64 {
                 wait_for_bytes(&target, 8 * n as usize, &(n + 1).to_le_bytes());
