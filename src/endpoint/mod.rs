@@ -557,15 +557,18 @@ fn getinfo(
     // head into `info`; `hints` is freed once, after the call.
     let code = unsafe {
         (*hints).caps = u64::from(sys::FI_MSG);
-        if configuration.rma {
-            (*hints).caps |= u64::from(sys::FI_RMA);
-        }
         (*hints).mode = sys::FI_CONTEXT;
         (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
         (*(*hints).domain_attr).threading = sys::FI_THREAD_SAFE;
         (*(*hints).domain_attr).av_type = sys::FI_AV_TABLE;
         (*(*hints).domain_attr).mr_mode =
             (sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY) as i32;
+        if configuration.rma {
+            // RMA: registered memory honours FI_MR_ENDPOINT too (see `memory`); FI_MR_LOCAL is
+            // not offered, because receive buffers are not registered.
+            (*hints).caps |= u64::from(sys::FI_RMA);
+            (*(*hints).domain_attr).mr_mode |= sys::FI_MR_ENDPOINT as i32;
+        }
         let mut code = sys::dmafab_set_provider_name(hints, name.as_ptr());
         if 0 == code {
             if let Some(fabric) = &fabric {
