@@ -366,9 +366,15 @@ fn a_read_with_a_bad_key_completes_with_an_error_and_drops_the_lease() {
         server.wait_for(9, PATIENCE).expect("completed")
     });
     assert_eq!(9, completion.id);
-    let Err(DmaError::Fabric { code, message, .. }) = &completion.result else {
+    let Err(DmaError::Fabric {
+        call,
+        code,
+        message,
+    }) = &completion.result
+    else {
         panic!("a bad key must fail: {completion:?}");
     };
+    assert_eq!("fi_read", *call);
     assert!(*code < 0, "{code} {message}");
     assert_eq!(0, server.peers().stats().leases);
 }

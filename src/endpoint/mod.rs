@@ -13,6 +13,9 @@
 //!   in that order. Nothing is leaked, file descriptors included.
 //! - Receive buffers are owned by the endpoint and outlive its libfabric objects.
 //! - A failure part-way through `open` closes what was opened and reports which call failed.
+//! - RMA operations in flight (see [`rma`]) hold their lease and local memory until their
+//!   completion has been read; dropping the endpoint drains them, or abandons them after closing
+//!   the endpoint, before the cache and the domain close.
 
 mod av;
 mod handles;

@@ -78,6 +78,16 @@ pub enum Operation {
     Read,
 }
 
+impl Operation {
+    /// The libfabric call that posts it.
+    pub fn call(self) -> &'static str {
+        match self {
+            Self::Write => "fi_write",
+            Self::Read => "fi_read",
+        }
+    }
+}
+
 /// The completion of one RMA operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Completion {
@@ -87,9 +97,10 @@ pub struct Completion {
     pub operation: Operation,
     /// How many bytes were to be transferred.
     pub len: usize,
-    /// `Ok` when the transfer is complete; the error entry's detail otherwise
-    /// ([`DmaError::Fabric`] whose `code` is the negative `FI_E*` error, `FI_ECANCELED` for a
-    /// cancelled one, and whose message has the provider's own text).
+    /// `Ok` when the transfer is complete (on tcp: sent; the bytes land when the target
+    /// progresses); the error entry's detail otherwise ([`DmaError::Fabric`] naming the
+    /// operation's call, whose `code` is the negative `FI_E*` error, `-FI_ECANCELED` for a
+    /// cancelled one, and whose message has the provider's own text from `fi_cq_strerror`).
     pub result: Result<(), DmaError>,
 }
 
@@ -277,6 +288,15 @@ impl Operations {
             return;
         };
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        // Name the operation that failed rather than the queue read that reported it.
+        let result = result.map_err(|error| match error {
+            DmaError::Fabric { code, message, .. } => DmaError::Fabric {
+                call: operation.operation.call(),
+                code,
+                message,
+            },
+            other => other,
+        });
         let completion = Completion {
             id: operation.id,
             operation: operation.operation,
@@ -656,13 +676,7 @@ impl LibfabricEndpoint {
                 return Err(if code == -(sys::FI_EAGAIN as isize) {
                     DmaError::WouldBlock
                 } else {
-                    DmaError::fabric(
-                        match operation {
-                            Operation::Write => "fi_write",
-                            Operation::Read => "fi_read",
-                        },
-                        code as i64,
-                    )
+                    DmaError::fabric(operation.call(), code as i64)
                 });
             }
             self.progress();
