@@ -208,9 +208,15 @@ struct RmaStats {
     posted: AtomicU64,
     completed_ok: AtomicU64,
     completed_error: AtomicU64,
+    /// Of those, completed with `FI_ECANCELED`: rxm cancels what is queued on a connection it
+    /// closes (on `fi_av_remove` with `FI_AV_REMOVE_CLEANUP=1`).
+    cancelled: AtomicU64,
     misdirected: AtomicU64,
     /// Records that failed their checksum when read (a write still landing): read again later.
     torn: AtomicU64,
+    /// The most removals the completion thread saw held back by a lease at once: entries whose
+    /// readers had all gone while a write to them was still in flight.
+    peak_awaiting_leases: AtomicU64,
 }
 
 impl World {
@@ -575,6 +581,11 @@ fn post_rma(world: &World, thread_index: usize, seed: u64, stats: &PostStats) ->
 fn reap_completions(world: &World) {
     let mut completions = Vec::new();
     while !world.stop_completions.load(Ordering::Relaxed) {
+        let awaiting = world.server.peers().stats().removals_awaiting_leases;
+        world
+            .rma
+            .peak_awaiting_leases
+            .fetch_max(awaiting, Ordering::Relaxed);
         completions.clear();
         if world.server.poll_completions(&mut completions).is_err() || completions.is_empty() {
             thread::yield_now();
@@ -590,6 +601,11 @@ fn reap_completions(world: &World) {
                 Ok(()) => world.rma.completed_ok.fetch_add(1, Ordering::Relaxed),
                 Err(error) => {
                     tracing_error(error);
+                    if let DmaError::Fabric { code, .. } = error {
+                        if *code == -i64::from(dma_libfabric::sys::FI_ECANCELED) {
+                            world.rma.cancelled.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                     world.rma.completed_error.fetch_add(1, Ordering::Relaxed)
                 }
             };
@@ -1035,6 +1051,10 @@ fn run() -> Result<bool> {
             ("writes completed ok", writes_ok.to_string()),
             ("writes completed with error", writes_error.to_string()),
             (
+                "  of which cancelled (FI_ECANCELED)",
+                world.rma.cancelled.load(Ordering::Relaxed).to_string(),
+            ),
+            (
                 "writes without a completion",
                 writes_without_completion.to_string(),
             ),
@@ -1047,6 +1067,14 @@ fn run() -> Result<bool> {
             (
                 "writes not posted (peer gone or busy)",
                 undeliverable.to_string(),
+            ),
+            (
+                "removals held back by a lease (peak)",
+                world
+                    .rma
+                    .peak_awaiting_leases
+                    .load(Ordering::Relaxed)
+                    .to_string(),
             ),
             ("leases left after shutdown", stats.leases.to_string()),
         ];
