@@ -2,8 +2,9 @@
 //!
 //! # Operations in flight
 //!
-//! Every operation takes a slot of a fixed slab (sized to the transmit queue, at most
-//! [`MAX_OPERATIONS`]). The slot's `fi_context2` is the operation's context, and the slot holds,
+//! Every operation takes a slot of a fixed slab, as large as the provider's transmit queue
+//! (`tx_attr.size`) and the completion queue allow (so the queue cannot overrun), and at most
+//! [`MAX_OPERATIONS`]. The slot's `fi_context2` is the operation's context, and the slot holds,
 //! until the operation's completion has been read, the [`Lease`] it was posted against and a
 //! clone of its local buffer's `Arc`. So neither the AV entry (`fi_av_remove` waits for the
 //! lease) nor the memory (the `Arc`) can go while the provider may still use them. A slot is owned
@@ -697,7 +698,8 @@ impl LibfabricEndpoint {
 
     /// Wait up to `timeout` for the completion of the operation posted with `id`, driving
     /// progress; other completions stay for [`poll_completions`](Self::poll_completions). For
-    /// tests and simple callers: it scans the ready queue.
+    /// tests and simple callers: it scans the ready queue, so a completion another thread's
+    /// `poll_completions` already took is not seen here.
     ///
     /// # Errors
     /// [`DmaError::WouldBlock`] when it has not completed within `timeout` (it is still in
