@@ -475,3 +475,78 @@ fn check(call: &'static str, code: i32) -> Result<(), DmaError> {
         Err(DmaError::fabric(call, code.into()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests assert by panicking
+
+    use super::*;
+    use crate::{Configuration, LibfabricEndpoint};
+
+    fn endpoint() -> LibfabricEndpoint {
+        let configuration = Configuration {
+            rma: true,
+            ..Configuration::default()
+        };
+        LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint")
+    }
+
+    /// Register in `endpoint`'s domain as if the provider had asked for `mr_mode`.
+    fn register(
+        endpoint: &LibfabricEndpoint,
+        mr_mode: i32,
+        key: u64,
+    ) -> Result<Registration, DmaError> {
+        // SAFETY: the endpoint's domain and endpoint are open, and outlive the registration,
+        // which the caller drops before the endpoint.
+        unsafe {
+            Registration::new(
+                endpoint.handles.domain,
+                endpoint.handles.ep,
+                mr_mode,
+                key,
+                64,
+            )
+        }
+    }
+
+    // tcp asks for none of these bits (mr_mode 0), so the branches for the providers that do
+    // (efa: VIRT_ADDR, PROV_KEY) are checked here against tcp's registration bookkeeping.
+    #[test]
+    fn virt_addr_and_prov_key_follow_the_mode_bits() {
+        let endpoint = endpoint();
+        let both = register(
+            &endpoint,
+            (sys::FI_MR_VIRT_ADDR | sys::FI_MR_PROV_KEY) as i32,
+            1 << 40,
+        )
+        .expect("registered");
+        assert_eq!(
+            both.buffer as u64, both.remote_base,
+            "VIRT_ADDR: the virtual address"
+        );
+        // SAFETY: the registration is open.
+        let provider_key = unsafe { sys::fi_mr_key(both.mr.load(Ordering::Acquire)) };
+        assert_eq!(provider_key, both.key, "PROV_KEY: the key fi_mr_key gives");
+
+        let neither = register(&endpoint, 0, (1 << 40) + 1).expect("registered");
+        assert_eq!(0, neither.remote_base, "offsets from 0");
+        assert_eq!((1 << 40) + 1, neither.key, "the requested key");
+    }
+
+    #[test]
+    fn raw_keys_and_empty_regions_are_refused_before_registering() {
+        let endpoint = endpoint();
+        assert!(matches!(
+            register(&endpoint, sys::FI_MR_RAW as i32, 1 << 41),
+            Err(DmaError::InvalidArgument(_))
+        ));
+        // SAFETY: as in `register`.
+        let empty = unsafe {
+            Registration::new(endpoint.handles.domain, endpoint.handles.ep, 0, 1 << 41, 0)
+        };
+        assert!(matches!(empty, Err(DmaError::InvalidArgument(_))));
+        // Nothing was registered under the key: it is still free.
+        register(&endpoint, 0, 1 << 41).expect("the key is free");
+    }
+}
