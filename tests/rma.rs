@@ -551,3 +551,29 @@ fn dropping_an_endpoint_with_operations_in_flight_drains_or_abandons_them() {
     server.poll_completions(&mut completions).expect("poll");
     assert_eq!(4, completions.len());
 }
+
+#[test]
+fn a_peer_that_never_connects_is_bounded_backpressure_and_leaves_nothing_in_flight() {
+    let server = rma_endpoint();
+    let source = server.register(64).expect("server memory");
+    // A client that closed before the first write: rxm asks to retry while it tries to connect.
+    let (address, remote) = {
+        let client = rma_endpoint();
+        let target = client.register(64).expect("client memory");
+        (client.local_address().expect("address"), target.remote())
+    };
+    let lease = server.peers().lease(1, &address).expect("a lease");
+    let refused = server.write_within(
+        lease,
+        source.segment(0, 8).expect("segment"),
+        remote,
+        1,
+        Duration::from_millis(100),
+    );
+    assert_eq!(Err(DmaError::WouldBlock), refused);
+    assert_eq!(
+        (0, 0),
+        (server.operations_in_flight(), server.peers().stats().leases)
+    );
+    assert_eq!(0, source.in_flight());
+}
