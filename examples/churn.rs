@@ -18,6 +18,16 @@
 //! `fi_av_insert` matched by one `fi_av_remove`. The demo exits non-zero if any message was
 //! misdirected or any AV entry leaked. Messages lost to a client that departed are counted apart
 //! and are not errors.
+//!
+//! With `--rma` the posting threads write instead of sending: each client incarnation registers
+//! a buffer of record slots and advertises its `RemoteRegion` beside its address; each posting
+//! thread `fi_write`s records (client, incarnation, sequence, checksum) from its own registered
+//! buffer into the chosen client's memory, against a `Lease` taken under its pin; a completion
+//! thread reaps the completions (which drops the leases); the receiver thread checks every record
+//! that lands in each client's memory. The demo then also exits non-zero if a record reached the
+//! wrong client or a write never completed. `--no-leases` posts the same writes with no lease
+//! (`write_unleased`), so an entry's `fi_av_remove` may run under a write in flight: the contrast
+//! the README measures, with and without `FI_AV_REMOVE_CLEANUP=1`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::error::Error;
@@ -28,7 +38,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, Provider};
+use dma_libfabric::{
+    Configuration, DmaError, LibfabricEndpoint, MemoryRegion, Provider, RemoteRegion,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Command-line flags.
@@ -54,6 +66,17 @@ struct Flags {
     /// No progress bar (for scripts and the test suite).
     #[arg(long)]
     no_progress: bool,
+    /// Write records into registered client memory (fi_write) instead of sending messages.
+    #[arg(long)]
+    rma: bool,
+    /// With --rma: post the writes without leases, so an AV entry may be removed under a write
+    /// in flight. For measuring what leases prevent; never the default.
+    #[arg(long, requires = "rma")]
+    no_leases: bool,
+    /// With --rma: bytes per write (the record, padded; at least 32). Large writes fill the
+    /// sockets, so writes are still in flight when their client departs.
+    #[arg(long, default_value_t = RECORD_LEN, requires = "rma")]
+    write_size: usize,
 }
 
 type Result<T> = std::result::Result<T, Box<dyn Error + Send + Sync>>;
@@ -67,6 +90,13 @@ const DRAIN_PATIENCE: Duration = Duration::from_secs(3);
 const HIT_SAMPLING: u64 = 8;
 /// The message: client id, incarnation, sequence.
 const MESSAGE_LEN: usize = 24;
+/// An RMA record: client id, incarnation, sequence, checksum.
+const RECORD_LEN: usize = 32;
+/// Record slots in each client incarnation's registered memory.
+const CLIENT_SLOTS: usize = 64;
+/// Record slots in each posting thread's registered source memory: a slot is reused only once
+/// its write has completed.
+const SOURCE_SLOTS: usize = 64;
 
 fn provider(name: &str) -> Result<Provider> {
     Ok(match name {
@@ -89,6 +119,8 @@ struct Traffic {
     sent: AtomicU64,
     /// Messages this incarnation received that were meant for it.
     received: AtomicU64,
+    /// RMA records found in this incarnation's memory that were meant for it.
+    records: AtomicU64,
 }
 
 /// What a client advertises to the server: its current incarnation and address.
@@ -96,13 +128,18 @@ struct Traffic {
 struct Advert {
     incarnation: u64,
     address: Vec<u8>,
+    /// With --rma: the incarnation's `RemoteRegion`, as advertised bytes.
+    memory: Option<[u8; RemoteRegion::ENCODED_LEN]>,
     traffic: Arc<Traffic>,
 }
 
 /// One client endpoint, while it lives.
 struct Incarnation {
     incarnation: u64,
-    endpoint: LibfabricEndpoint,
+    /// With --rma: the memory peers write records into. Declared before the endpoint, which it
+    /// holds too.
+    memory: Option<MemoryRegion<'static>>,
+    endpoint: Arc<LibfabricEndpoint>,
     traffic: Arc<Traffic>,
 }
 
@@ -161,24 +198,60 @@ struct World {
     restarts: AtomicU64,
     /// The traffic of every incarnation that has departed.
     departed: Mutex<Vec<Arc<Traffic>>>,
+    /// With --rma.
+    rma: RmaStats,
+    /// With --rma: per posting thread, which source slots have a write in flight.
+    busy: Vec<Vec<AtomicBool>>,
+    no_leases: bool,
+    /// With --rma: bytes per write and per record slot.
+    write_size: usize,
+    stop_completions: AtomicBool,
+}
+
+/// The RMA rows of the summary.
+#[derive(Debug, Default)]
+struct RmaStats {
+    posted: AtomicU64,
+    completed_ok: AtomicU64,
+    completed_error: AtomicU64,
+    /// Of those, completed with `FI_ECANCELED`: rxm cancels what is queued on a connection it
+    /// closes (on `fi_av_remove` with `FI_AV_REMOVE_CLEANUP=1`).
+    cancelled: AtomicU64,
+    misdirected: AtomicU64,
+    /// Records that failed their checksum when read (a write still landing): read again later.
+    torn: AtomicU64,
+    /// The most removals the completion thread saw held back by a lease at once: entries whose
+    /// readers had all gone while a write to them was still in flight.
+    peak_awaiting_leases: AtomicU64,
 }
 
 impl World {
     /// Open client `id`'s incarnation `incarnation` and advertise it.
     fn start_client(&self, id: usize, incarnation: u64) -> Result<()> {
         let node = self.nodes.next();
-        let endpoint = LibfabricEndpoint::open(&self.configuration, node.as_deref())?;
+        let endpoint = Arc::new(LibfabricEndpoint::open(
+            &self.configuration,
+            node.as_deref(),
+        )?);
         let address = endpoint.local_address()?;
+        let memory = if self.configuration.rma {
+            Some(endpoint.register_shared(CLIENT_SLOTS * self.write_size)?)
+        } else {
+            None
+        };
+        let advertised = memory.as_ref().map(|memory| memory.remote().to_bytes());
         let traffic = Arc::new(Traffic::default());
         let client = &self.clients[id];
         *client.live.write().map_err(|_| "poisoned")? = Some(Incarnation {
             incarnation,
+            memory,
             endpoint,
             traffic: Arc::clone(&traffic),
         });
         *client.advert.write().map_err(|_| "poisoned")? = Some(Advert {
             incarnation,
             address,
+            memory: advertised,
             traffic,
         });
         Ok(())
@@ -204,6 +277,11 @@ impl World {
     /// Read what `incarnation` of client `id` has received, checking each message.
     fn receive_from(&self, id: usize, incarnation: &Incarnation) -> usize {
         let mut read = 0;
+        if let Some(memory) = &incarnation.memory {
+            // Progress first: on tcp a write lands while its target reads its queues.
+            incarnation.endpoint.progress();
+            read += self.check_records(id, incarnation, memory);
+        }
         loop {
             match incarnation.endpoint.try_receive() {
                 Ok(Some(message)) => {
@@ -229,6 +307,71 @@ impl World {
             }
         }
     }
+}
+
+impl World {
+    /// Check every record that has landed in `memory` since the last look, and clear it.
+    fn check_records(
+        &self,
+        id: usize,
+        incarnation: &Incarnation,
+        memory: &MemoryRegion<'_>,
+    ) -> usize {
+        let mut found = 0;
+        let mut record = [0_u8; RECORD_LEN];
+        for slot in 0..CLIENT_SLOTS {
+            let at = slot * self.write_size;
+            if memory.read_bytes(at, &mut record).is_err() || record == [0; RECORD_LEN] {
+                continue;
+            }
+            let Some((client, to_incarnation, sequence)) = decode_record(&record) else {
+                self.rma.torn.fetch_add(1, Ordering::Relaxed);
+                continue; // still landing: look again next round
+            };
+            found += 1;
+            if client == id as u64 && to_incarnation == incarnation.incarnation {
+                incarnation.traffic.records.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.rma.misdirected.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "MISDIRECTED WRITE: client {id} incarnation {} holds record {sequence} for client {client} incarnation {to_incarnation}",
+                    incarnation.incarnation
+                );
+            }
+            let _ = memory.write_bytes(at, &[0; RECORD_LEN]);
+        }
+        found
+    }
+}
+
+/// A record's checksum: never 0, so a zeroed slot never passes.
+fn checksum(client: u64, incarnation: u64, sequence: u64) -> u64 {
+    let mut x =
+        client ^ incarnation.rotate_left(21) ^ sequence.rotate_left(42) ^ 0x9e37_79b9_7f4a_7c15;
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 29;
+    x | 1
+}
+
+fn encode_record(client: u64, incarnation: u64, sequence: u64) -> [u8; RECORD_LEN] {
+    let mut record = [0_u8; RECORD_LEN];
+    record[0..8].copy_from_slice(&client.to_le_bytes());
+    record[8..16].copy_from_slice(&incarnation.to_le_bytes());
+    record[16..24].copy_from_slice(&sequence.to_le_bytes());
+    record[24..32].copy_from_slice(&checksum(client, incarnation, sequence).to_le_bytes());
+    record
+}
+
+/// (client, incarnation, sequence) of a whole record; `None` for a torn one.
+fn decode_record(record: &[u8; RECORD_LEN]) -> Option<(u64, u64, u64)> {
+    let word = |at: usize| {
+        let mut word = [0; 8];
+        word.copy_from_slice(&record[at..at + 8]);
+        u64::from_le_bytes(word)
+    };
+    let (client, incarnation, sequence) = (word(0), word(8), word(16));
+    (word(24) == checksum(client, incarnation, sequence)).then_some((client, incarnation, sequence))
 }
 
 fn tracing_error(error: &DmaError) {
@@ -339,6 +482,143 @@ fn post(world: &World, seed: u64, stats: &PostStats) -> Samples {
     samples
 }
 
+/// One RMA posting thread: resolve a random client, lease its entry, and write a record into its
+/// advertised memory from one of this thread's source slots.
+fn post_rma(world: &World, thread_index: usize, seed: u64, stats: &PostStats) -> Result<Samples> {
+    let mut random = Random(seed | 1);
+    let mut samples = Samples::default();
+    let mut sequence = 0_u64;
+    let clients = world.clients.len() as u64;
+    let cache = world.server.peers();
+    let write_size = world.write_size;
+    let source = world.server.register(SOURCE_SLOTS * write_size)?;
+    let busy = &world.busy[thread_index];
+    let mut next_slot = 0;
+    while !world.stop_posting.load(Ordering::Relaxed) {
+        let slot = next_slot;
+        if busy[slot].load(Ordering::Acquire) {
+            // Its write is still in flight: the completion thread frees it.
+            thread::yield_now();
+            continue;
+        }
+        let id = random.below(clients);
+        let Some(advert) = world.clients[id as usize]
+            .advert
+            .read()
+            .ok()
+            .and_then(|advert| advert.clone())
+        else {
+            continue; // restarting
+        };
+        let Some(remote) = advert
+            .memory
+            .and_then(|bytes| RemoteRegion::from_bytes(&bytes).ok())
+        else {
+            continue;
+        };
+        sequence += 1;
+        let target = remote.slice(
+            (sequence % CLIENT_SLOTS as u64) * write_size as u64,
+            write_size as u64,
+        )?;
+        let pinned = cache.pin();
+        let started = Instant::now();
+        let (peer, hit) = match pinned.try_resolve(id, &advert.address) {
+            Ok(peer) => (Ok(peer), true),
+            Err(DmaError::WouldBlock) => (pinned.resolve(id, &advert.address), false),
+            Err(error) => (Err(error), false),
+        };
+        let took = started.elapsed().as_nanos() as u64;
+        let Ok(peer) = peer else {
+            stats.resolve_errors.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        if hit {
+            stats.hits.fetch_add(1, Ordering::Relaxed);
+            if 0 == sequence % HIT_SAMPLING {
+                samples.hits.push(took);
+            }
+        } else {
+            stats.misses.fetch_add(1, Ordering::Relaxed);
+            samples.misses.push(took);
+        }
+        let at = slot * write_size;
+        source.write_bytes(at, &encode_record(id, advert.incarnation, sequence))?;
+        let segment = source.segment(at, write_size)?;
+        let operation = ((thread_index as u64) << 32) | slot as u64;
+        busy[slot].store(true, Ordering::Release);
+        let posted = if world.no_leases {
+            // SAFETY: deliberately not upheld: this is the measurement of what happens without
+            // leases (--no-leases). The post itself happens under the pin, so the entry is in the
+            // AV while fi_write runs; only the write in flight after it may outlive the entry.
+            unsafe {
+                world
+                    .server
+                    .write_unleased(peer, segment, target, operation, SEND_PATIENCE)
+            }
+        } else {
+            match pinned.lease(peer) {
+                Ok(lease) => {
+                    world
+                        .server
+                        .write_within(lease, segment, target, operation, SEND_PATIENCE)
+                }
+                Err(error) => Err(error),
+            }
+        };
+        drop(pinned);
+        match posted {
+            Ok(()) => {
+                next_slot = (slot + 1) % SOURCE_SLOTS;
+                stats.sent.fetch_add(1, Ordering::Relaxed);
+                world.rma.posted.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                busy[slot].store(false, Ordering::Release);
+                stats.undeliverable.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    Ok(samples)
+}
+
+/// The completion thread: reap RMA completions (the endpoint drops their leases), free their
+/// source slots and count them, until told to stop.
+fn reap_completions(world: &World) {
+    let mut completions = Vec::new();
+    while !world.stop_completions.load(Ordering::Relaxed) {
+        let awaiting = world.server.peers().stats().removals_awaiting_leases;
+        world
+            .rma
+            .peak_awaiting_leases
+            .fetch_max(awaiting, Ordering::Relaxed);
+        completions.clear();
+        if world.server.poll_completions(&mut completions).is_err() || completions.is_empty() {
+            thread::yield_now();
+            continue;
+        }
+        for completion in &completions {
+            let thread_index = (completion.id >> 32) as usize;
+            let slot = (completion.id & u64::from(u32::MAX)) as usize;
+            if let Some(busy) = world.busy.get(thread_index).and_then(|busy| busy.get(slot)) {
+                busy.store(false, Ordering::Release);
+            }
+            match &completion.result {
+                Ok(()) => world.rma.completed_ok.fetch_add(1, Ordering::Relaxed),
+                Err(error) => {
+                    tracing_error(error);
+                    if let DmaError::Fabric { code, .. } = error {
+                        if *code == -i64::from(dma_libfabric::sys::FI_ECANCELED) {
+                            world.rma.cancelled.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    world.rma.completed_error.fetch_add(1, Ordering::Relaxed)
+                }
+            };
+        }
+    }
+}
+
 /// The receiver: poll every client round-robin until told to stop.
 fn receive(world: &World) {
     while !world.stop_receiving.load(Ordering::Relaxed) {
@@ -433,11 +713,15 @@ fn run() -> Result<bool> {
     if 0 == flags.clients || 0 == flags.threads {
         return Err("--clients and --threads must be at least 1".into());
     }
+    if flags.write_size < RECORD_LEN {
+        return Err(format!("--write-size must be at least {RECORD_LEN}").into());
+    }
     let provider = provider(&flags.provider)?;
     let configuration = Configuration {
         providers: vec![provider],
         bind: None,
         av_capacity: (flags.clients * 4).max(256),
+        rma: flags.rma,
         ..Configuration::default()
     };
     let nodes = Nodes {
@@ -463,12 +747,24 @@ fn run() -> Result<bool> {
         receive_errors: AtomicU64::new(0),
         restarts: AtomicU64::new(0),
         departed: Mutex::new(Vec::new()),
+        rma: RmaStats::default(),
+        busy: (0..flags.threads)
+            .map(|_| (0..SOURCE_SLOTS).map(|_| AtomicBool::new(false)).collect())
+            .collect(),
+        no_leases: flags.no_leases,
+        write_size: flags.write_size,
+        stop_completions: AtomicBool::new(false),
     });
     for id in 0..flags.clients {
         world.start_client(id, 0)?;
     }
     println!(
-        "churn: server on {} ({}), {} clients, {} posting threads, {} restarts/s, {} s",
+        "churn: {}server on {} ({}), {} clients, {} posting threads, {} restarts/s, {} s",
+        match (flags.rma, flags.no_leases) {
+            (false, _) => "",
+            (true, false) => "RMA writes with leases, ",
+            (true, true) => "RMA writes WITHOUT leases, ",
+        },
         description.provider,
         server_node.as_deref().unwrap_or("provider's choice"),
         flags.clients,
@@ -492,11 +788,25 @@ fn run() -> Result<bool> {
         .map(|(n, stats)| {
             let world = Arc::clone(&world);
             let stats = Arc::clone(stats);
+            let rma = flags.rma;
             thread::Builder::new()
                 .name(format!("poster-{n}"))
-                .spawn(move || post(&world, 0x9e37_79b9_7f4a_7c15 ^ (n as u64 + 1), &stats))
+                .spawn(move || {
+                    let seed = 0x9e37_79b9_7f4a_7c15 ^ (n as u64 + 1);
+                    if rma {
+                        post_rma(&world, n, seed, &stats)
+                    } else {
+                        Ok(post(&world, seed, &stats))
+                    }
+                })
         })
         .collect::<std::result::Result<_, _>>()?;
+    let reaper = {
+        let world = Arc::clone(&world);
+        thread::Builder::new()
+            .name("completions".into())
+            .spawn(move || reap_completions(&world))?
+    };
     let churner = {
         let world = Arc::clone(&world);
         let rate = flags.churn_per_sec;
@@ -540,7 +850,7 @@ fn run() -> Result<bool> {
     world.stop_posting.store(true, Ordering::Relaxed);
     let mut samples = Samples::default();
     for poster in posters {
-        let mut part = poster.join().map_err(|_| "a posting thread panicked")?;
+        let mut part = poster.join().map_err(|_| "a posting thread panicked")??;
         samples.hits.append(&mut part.hits);
         samples.misses.append(&mut part.misses);
     }
@@ -562,9 +872,18 @@ fn run() -> Result<bool> {
             })
             .sum()
     };
-    while 0 < live_pending() && Instant::now() < drain_deadline {
+    let rma_pending = || {
+        world.rma.posted.load(Ordering::Relaxed)
+            > world.rma.completed_ok.load(Ordering::Relaxed)
+                + world.rma.completed_error.load(Ordering::Relaxed)
+    };
+    while (rma_pending() || (!flags.rma && 0 < live_pending())) && Instant::now() < drain_deadline {
         thread::yield_now();
     }
+    world.stop_completions.store(true, Ordering::Relaxed);
+    reaper
+        .join()
+        .map_err(|_| "the completion thread panicked")?;
     world.stop_receiving.store(true, Ordering::Relaxed);
     receiver
         .join()
@@ -585,6 +904,7 @@ fn run() -> Result<bool> {
     let stats = cache.stats();
     let indexed = cache.indexed();
     let leaked = stats.entries != 0
+        || stats.leases != 0
         || stats.pending_removals != 0
         || stats.inserts != stats.removes
         || indexed != 0;
@@ -678,6 +998,86 @@ fn run() -> Result<bool> {
         ),
         ("index registrations after shutdown", indexed.to_string()),
     ];
+    let mut rows = rows;
+    let writes_posted = world.rma.posted.load(Ordering::Relaxed);
+    let writes_ok = world.rma.completed_ok.load(Ordering::Relaxed);
+    let writes_error = world.rma.completed_error.load(Ordering::Relaxed);
+    let writes_without_completion = writes_posted.saturating_sub(writes_ok + writes_error);
+    let writes_misdirected = world.rma.misdirected.load(Ordering::Relaxed);
+    if flags.rma {
+        // These count messages, which --rma does not send.
+        rows.retain(|(name, _)| {
+            ![
+                "messages sent",
+                "messages/s",
+                "messages received",
+                "misdirected",
+                "lost to departed clients",
+                "undelivered to live clients",
+                "undeliverable sends (peer gone or busy)",
+                "receive error completions",
+            ]
+            .contains(name)
+        });
+        let records: u64 = world
+            .departed
+            .lock()
+            .map_err(|_| "poisoned")?
+            .iter()
+            .map(|traffic| traffic.records.load(Ordering::Relaxed))
+            .sum();
+        let rma_rows: Vec<(&str, String)> = vec![
+            (
+                "leases",
+                if flags.no_leases {
+                    "no (--no-leases)"
+                } else {
+                    "yes"
+                }
+                .to_string(),
+            ),
+            (
+                "FI_AV_REMOVE_CLEANUP",
+                std::env::var("FI_AV_REMOVE_CLEANUP").unwrap_or_else(|_| "unset".into()),
+            ),
+            ("bytes per write", flags.write_size.to_string()),
+            ("writes posted", writes_posted.to_string()),
+            (
+                "writes/s",
+                format!("{:.0}", writes_posted as f64 / elapsed.as_secs_f64()),
+            ),
+            ("writes completed ok", writes_ok.to_string()),
+            ("writes completed with error", writes_error.to_string()),
+            (
+                "  of which cancelled (FI_ECANCELED)",
+                world.rma.cancelled.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "writes without a completion",
+                writes_without_completion.to_string(),
+            ),
+            ("writes misdirected", writes_misdirected.to_string()),
+            ("records checked in client memory", records.to_string()),
+            (
+                "torn records read (re-read later)",
+                world.rma.torn.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "writes not posted (peer gone or busy)",
+                undeliverable.to_string(),
+            ),
+            (
+                "removals held back by a lease (peak)",
+                world
+                    .rma
+                    .peak_awaiting_leases
+                    .load(Ordering::Relaxed)
+                    .to_string(),
+            ),
+            ("leases left after shutdown", stats.leases.to_string()),
+        ];
+        rows.splice(4..4, rma_rows);
+    }
     let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
     let value_width = rows.iter().map(|(_, value)| value.len()).max().unwrap_or(0);
     println!("| {:width$} | {:>value_width$} |", "figure", "value");
@@ -695,6 +1095,14 @@ fn run() -> Result<bool> {
         eprintln!("FAIL: {misdirected} messages reached a client they were not meant for");
         ok = false;
     }
+    if 0 < writes_misdirected {
+        eprintln!("FAIL: {writes_misdirected} records landed in a client they were not meant for");
+        ok = false;
+    }
+    if 0 < writes_without_completion {
+        eprintln!("FAIL: {writes_without_completion} writes never completed");
+        ok = false;
+    }
     if leaked {
         eprintln!(
             "FAIL: AV entries leaked: {} live, {} pending, {} inserts vs {} removes, {} indexed",
@@ -702,7 +1110,9 @@ fn run() -> Result<bool> {
         );
         ok = false;
     }
-    if ok {
+    if ok && flags.rma {
+        println!("ok: no write misdirected, every write completed, no AV entry or lease leaked");
+    } else if ok {
         println!("ok: no message misdirected, no AV entry leaked");
     }
     Ok(ok)

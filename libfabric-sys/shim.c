@@ -63,3 +63,16 @@ ssize_t dmafab_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t 
 { return fi_inject(ep, buf, len, dest_addr); }
 ssize_t dmafab_recv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, void *context)
 { return fi_recv(ep, buf, len, desc, src_addr, context); }
+
+int dmafab_mr_reg(struct fid_domain *domain, const void *buf, size_t len, uint64_t access, uint64_t offset, uint64_t requested_key, uint64_t flags, struct fid_mr **mr, void *context)
+{ return fi_mr_reg(domain, buf, len, access, offset, requested_key, flags, mr, context); }
+void *dmafab_mr_desc(struct fid_mr *mr) { return fi_mr_desc(mr); }
+uint64_t dmafab_mr_key(struct fid_mr *mr) { return fi_mr_key(mr); }
+int dmafab_mr_bind(struct fid_mr *mr, struct fid *bfid, uint64_t flags) { return fi_mr_bind(mr, bfid, flags); }
+int dmafab_mr_enable(struct fid_mr *mr) { return fi_mr_enable(mr); }
+
+ssize_t dmafab_write(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest_addr, uint64_t addr, uint64_t key, void *context)
+{ return fi_write(ep, buf, len, desc, dest_addr, addr, key, context); }
+ssize_t dmafab_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, uint64_t addr, uint64_t key, void *context)
+{ return fi_read(ep, buf, len, desc, src_addr, addr, key, context); }
+ssize_t dmafab_cancel(struct fid *fid, void *context) { return fi_cancel(fid, context); }

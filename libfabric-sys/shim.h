@@ -10,6 +10,7 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
+#include <rdma/fi_rma.h>
 
 struct fi_info *dmafab_allocinfo(void);
 int dmafab_set_provider_name(struct fi_info *info, const char *name);
@@ -37,5 +38,15 @@ const char *dmafab_cq_strerror(struct fid_cq *cq, int prov_errno, const void *er
 ssize_t dmafab_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest_addr, void *context);
 ssize_t dmafab_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest_addr);
 ssize_t dmafab_recv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, void *context);
+
+int dmafab_mr_reg(struct fid_domain *domain, const void *buf, size_t len, uint64_t access, uint64_t offset, uint64_t requested_key, uint64_t flags, struct fid_mr **mr, void *context);
+void *dmafab_mr_desc(struct fid_mr *mr);
+uint64_t dmafab_mr_key(struct fid_mr *mr);
+int dmafab_mr_bind(struct fid_mr *mr, struct fid *bfid, uint64_t flags);
+int dmafab_mr_enable(struct fid_mr *mr);
+
+ssize_t dmafab_write(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest_addr, uint64_t addr, uint64_t key, void *context);
+ssize_t dmafab_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, uint64_t addr, uint64_t key, void *context);
+ssize_t dmafab_cancel(struct fid *fid, void *context);
 
 #endif

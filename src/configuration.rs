@@ -218,6 +218,12 @@ pub struct Configuration {
     /// The size of each completion queue (`fi_cq_attr.size`); at least `receive_buffers`, since
     /// every posted receive may complete before the queue is read.
     pub cq_size: usize,
+    /// Whether the endpoint does RMA: registers memory and posts `fi_write` and `fi_read`
+    /// ([`LibfabricEndpoint::register`](crate::LibfabricEndpoint::register),
+    /// [`write`](crate::LibfabricEndpoint::write), [`read`](crate::LibfabricEndpoint::read)).
+    /// Only then are `FI_RMA` capabilities asked of `fi_getinfo`, so an endpoint that only sends
+    /// and receives costs what it did before. Default `false`.
+    pub rma: bool,
     /// rxm's buffer sizes. They take effect only once applied to the environment before
     /// libfabric initialises; see [`apply_rxm_environment`](Self::apply_rxm_environment).
     pub rxm: RxmSizing,
@@ -296,6 +302,7 @@ impl Default for Configuration {
             rx_size: Some(256),
             cq_size: 512,
             rxm: RxmSizing::default(),
+            rma: false,
         }
     }
 }

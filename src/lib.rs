@@ -55,5 +55,7 @@ pub use av::model::{AvEvent, ModelAv};
 pub use av::{AvBackend, FabricAv};
 pub use cache::{AddressCache, CacheStats, Lease, Peer, Pinned};
 pub use configuration::{Configuration, Provider, RxmSizing};
-pub use endpoint::{Description, LibfabricEndpoint};
+pub use endpoint::{
+    Completion, Description, LibfabricEndpoint, MemoryRegion, Operation, RemoteRegion, Segment,
+};
 pub use error::DmaError;

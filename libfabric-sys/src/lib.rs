@@ -20,6 +20,7 @@ pub use self::dmafab_av_lookup as fi_av_lookup;
 pub use self::dmafab_av_open as fi_av_open;
 pub use self::dmafab_av_remove as fi_av_remove;
 pub use self::dmafab_av_straddr as fi_av_straddr;
+pub use self::dmafab_cancel as fi_cancel;
 pub use self::dmafab_close as fi_close;
 pub use self::dmafab_cq_open as fi_cq_open;
 pub use self::dmafab_cq_read as fi_cq_read;
@@ -31,8 +32,15 @@ pub use self::dmafab_endpoint as fi_endpoint;
 pub use self::dmafab_ep_bind as fi_ep_bind;
 pub use self::dmafab_getname as fi_getname;
 pub use self::dmafab_inject as fi_inject;
+pub use self::dmafab_mr_bind as fi_mr_bind;
+pub use self::dmafab_mr_desc as fi_mr_desc;
+pub use self::dmafab_mr_enable as fi_mr_enable;
+pub use self::dmafab_mr_key as fi_mr_key;
+pub use self::dmafab_mr_reg as fi_mr_reg;
+pub use self::dmafab_read as fi_read;
 pub use self::dmafab_recv as fi_recv;
 pub use self::dmafab_send as fi_send;
+pub use self::dmafab_write as fi_write;
 
 /// `FI_ADDR_UNSPEC`: `((uint64_t) -1)`, a cast bindgen does not evaluate.
 pub const FI_ADDR_UNSPEC: fi_addr_t = u64::MAX;

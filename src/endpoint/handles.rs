@@ -34,6 +34,18 @@ impl Handles {
     }
 }
 
+impl Handles {
+    /// Close the endpoint now, ahead of the rest (for abandoned RMA operations: see `rma`).
+    pub(super) fn close_endpoint(&mut self) {
+        if !self.ep.is_null() {
+            // SAFETY: the endpoint is open and is nulled here, so `Drop` does not close it again;
+            // the caller uses it no more.
+            unsafe { close("endpoint", &raw mut (*self.ep).fid) };
+            self.ep = ptr::null_mut();
+        }
+    }
+}
+
 /// Close one object, logging rather than failing: nothing useful can be done with a failed
 /// close, and `Drop` cannot return it.
 ///

@@ -47,9 +47,14 @@
 //!   in that order. Nothing is leaked, file descriptors included.
 //! - Receive buffers are owned by the endpoint and outlive its libfabric objects.
 //! - A failure part-way through `open` closes what was opened and reports which call failed.
+//! - RMA operations in flight (see [`rma`]) hold their lease and local memory until their
+//!   completion has been read; dropping the endpoint drains them, or abandons them after closing
+//!   the endpoint, before the cache and the domain close.
 
 mod handles;
+pub mod memory;
 mod receive;
+pub mod rma;
 
 use std::ffi::{CStr, CString};
 use std::mem::ManuallyDrop;
@@ -58,7 +63,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use self::handles::Handles;
+pub use self::memory::{MemoryRegion, RemoteRegion, Segment};
 use self::receive::ReceiveSlots;
+pub use self::rma::{Completion, MAX_OPERATIONS, Operation};
 /// The endpoint's AV backend lives in [`crate::av`]; re-exported here, where it always was.
 pub use crate::av::FabricAv;
 use crate::av::fabric::{self as av, HandedOut};
@@ -129,6 +136,9 @@ pub struct LibfabricEndpoint {
     failing_posts: std::sync::atomic::AtomicUsize,
     #[cfg(test)]
     posts_ask_to_retry: std::sync::atomic::AtomicBool,
+    /// RMA operations in flight (see `rma`): drained in `Drop` before the cache goes, and
+    /// declared after `handles` so their contexts outlive the endpoint.
+    operations: Box<rma::Operations>,
 }
 
 // SAFETY: `open` refuses any domain whose threading is not FI_THREAD_SAFE (see `refusal`), so
@@ -257,7 +267,7 @@ impl LibfabricEndpoint {
         // `handles`, which closes them on any early return), out-pointers to fields of
         // `handles`, and attribute structs that live across the call. `info` stays alive until
         // `handles` drops.
-        unsafe {
+        let tx_cq_size = unsafe {
             check(
                 "fi_fabric",
                 sys::fi_fabric(
@@ -341,8 +351,12 @@ impl LibfabricEndpoint {
                 ),
             )?;
             check("fi_enable", sys::fi_enable(handles.ep))?;
-        }
+            cq_attr.size
+        };
 
+        // SAFETY: `info` is the list head fi_getinfo returned, alive as long as `handles`.
+        let operations =
+            Box::new(unsafe { rma::Operations::new(info, configuration.rma, tx_cq_size) });
         let receives = ReceiveSlots::new(configuration.receive_buffers, configuration.receive_size);
         // Unregistered in `Drop`, before `handles` closes the AV.
         let handed_out = av::register(handles.av, configuration.av_capacity);
@@ -363,6 +377,7 @@ impl LibfabricEndpoint {
             failing_posts: std::sync::atomic::AtomicUsize::new(0),
             #[cfg(test)]
             posts_ask_to_retry: std::sync::atomic::AtomicBool::new(false),
+            operations,
         };
         for index in 0..endpoint.receives.len() {
             endpoint.post_patiently(index)?;
@@ -653,15 +668,12 @@ impl LibfabricEndpoint {
     ///
     /// Injected sends complete silently, so the transmit queue holds only errors; reading it is
     /// what makes a manual-progress provider such as tcp move data.
+    ///
+    /// RMA operations complete into the same queue: their completions are handed to them (and
+    /// their leases dropped) here too, ready for [`poll_completions`](Self::poll_completions).
     pub fn progress(&self) {
         self.repost_unposted();
-        let mut entry = sys::fi_cq_data_entry::default();
-        // SAFETY: the queue is open and `entry` has room for the one entry asked for.
-        let read = unsafe { sys::fi_cq_read(self.handles.tx_cq, (&raw mut entry).cast(), 1) };
-        if read == -(sys::FI_EAVAIL as isize) {
-            let error = self.read_error(self.handles.tx_cq);
-            tracing::warn!(%error, "transmit failed");
-        }
+        self.operations.reap(self.handles.tx_cq);
     }
 
     /// Take one received message, if one has arrived. Its buffer is posted again before this
@@ -868,6 +880,8 @@ impl LibfabricEndpoint {
 
 impl Drop for LibfabricEndpoint {
     fn drop(&mut self) {
+        // RMA operations hold leases on the cache and registrations in the domain: first.
+        self.shut_down_operations();
         // SAFETY: dropped exactly once, here, before `handles` closes the address vector it
         // removes from; `peers` is not used again.
         unsafe { ManuallyDrop::drop(&mut self.peers) };
@@ -1033,6 +1047,12 @@ fn getinfo(
         (*(*hints).domain_attr).mr_mode = wanted.mr_mode;
         (*(*hints).tx_attr).size = configuration.tx_size.unwrap_or(0);
         (*(*hints).rx_attr).size = configuration.rx_size.unwrap_or(0);
+        if configuration.rma {
+            // RMA: registered memory honours FI_MR_ENDPOINT too (see `memory`); FI_MR_LOCAL is
+            // not offered, because receive buffers are not registered.
+            (*hints).caps |= u64::from(sys::FI_RMA);
+            (*(*hints).domain_attr).mr_mode |= sys::FI_MR_ENDPOINT as i32;
+        }
         let mut code = sys::dmafab_set_provider_name(hints, name.as_ptr());
         if 0 == code {
             if let Some(fabric) = &fabric {
