@@ -52,6 +52,16 @@ fn a_lease_handed_to_another_thread_holds_the_removal_back() {
                 av.events()
             );
             assert_eq!(0, av.removes(), "removed under a lease");
+            let stats = cache.stats();
+            assert_eq!(
+                (1, 1, 1),
+                (
+                    stats.leases,
+                    stats.pending_removals,
+                    stats.removals_awaiting_leases
+                ),
+                "the readers are gone; only the lease holds X: {stats:?}"
+            );
             drop(lease);
         }
         poster.join().expect("poster");
