@@ -31,7 +31,8 @@ pub(crate) use loom::thread;
 /// Why a [`Bounded::try_send`] did not send.
 #[derive(Debug)]
 pub(crate) enum TrySendError {
-    /// The channel holds as many messages as it was made for.
+    /// The channel holds as many messages as it was made for. (Never under loom: unbounded.)
+    #[cfg_attr(dma_loom, allow(dead_code))]
     Full,
     /// The receiver has gone.
     Disconnected,
@@ -61,8 +62,9 @@ pub(crate) fn bounded<T>(bound: usize) -> (Bounded<T>, mpsc::Receiver<T>) {
 }
 
 impl<T> Bounded<T> {
-    /// Send, waiting for room; an error means the receiver has gone.
-    pub(crate) fn send(&self, value: T) -> Result<(), mpsc::SendError<T>> {
+    /// Send, waiting for room; an error means the receiver has gone. (std's `SendError` either
+    /// way: loom's `Sender::send` returns it too, and its `mpsc` has no such type.)
+    pub(crate) fn send(&self, value: T) -> Result<(), std::sync::mpsc::SendError<T>> {
         self.inner.send(value)
     }
 

@@ -1,5 +1,6 @@
-//! `quiesce` racing a reader and a release: it never deadlocks, and once the reader has gone it
-//! returns only with nothing removable pending.
+//! `quiesce` racing a reader that holds the entry and a release: it never deadlocks, never removes
+//! the entry under the reader (whose pin it keeps moving the epoch against), and once the reader
+//! has gone it returns only with nothing removable pending.
 #![cfg(dma_loom)]
 
 use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
@@ -13,10 +14,17 @@ fn quiesce_returns_and_leaves_nothing_removable() {
         cache.pin().resolve(1, &opaque(1)).expect("A");
 
         let reader = {
-            let cache = cache.clone();
+            let (cache, av) = (cache.clone(), av.clone());
             loom::thread::spawn(move || {
                 let pinned = cache.pin();
-                let _ = pinned.try_resolve(1, &opaque(1));
+                if let Ok(peer) = pinned.try_resolve(1, &opaque(1)) {
+                    loom::thread::yield_now();
+                    assert_eq!(
+                        Some(opaque(1)),
+                        av.lookup(peer.fi_addr()),
+                        "removed under the pin"
+                    );
+                }
             })
         };
         cache.release(1);

@@ -1,5 +1,6 @@
-//! Two clients on one entry, one releasing while the other resolves: the entry survives, and is
-//! never removed twice.
+//! Two clients on one entry, one releasing (and quiescing, so the epoch moves on) while the other
+//! resolves and holds it: the entry survives, stays in the AV under the holder's pin, and is never
+//! removed twice.
 #![cfg(dma_loom)]
 
 use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
@@ -19,7 +20,11 @@ fn a_release_never_takes_an_entry_another_client_holds() {
 
         let leaving = {
             let cache = cache.clone();
-            loom::thread::spawn(move || cache.release(1))
+            loom::thread::spawn(move || {
+                cache.release(1);
+                // Moves the epoch on while client 2's reader may hold the entry.
+                cache.quiesce();
+            })
         };
         {
             let pinned = cache.pin();
@@ -27,7 +32,12 @@ fn a_release_never_takes_an_entry_another_client_holds() {
                 .resolve(2, &opaque(1))
                 .expect("client 2 still holds it");
             assert_eq!(shared, peer.fi_addr());
-            assert_eq!(Some(opaque(1)), av.lookup(peer.fi_addr()));
+            loom::thread::yield_now();
+            assert_eq!(
+                Some(opaque(1)),
+                av.lookup(peer.fi_addr()),
+                "removed under client 2's pin"
+            );
         }
         leaving.join().expect("release");
 
