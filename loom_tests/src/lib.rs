@@ -6,3 +6,23 @@
 //! mutation table: the one-line change to the shipped code each model exists to catch.
 
 pub use testkit::{efa, opaque};
+
+/// `static_world!(WORLD, AddressFormat::Opaque, 16)`: a model AV of that format and address
+/// length (capacity 4) and a cache over it, in a `loom::lazy_static!` named `WORLD`. A static,
+/// so that a `Lease` borrowing the cache is `'static` and can move to another loom thread; loom
+/// builds it afresh in each execution and drops it (stopping the writer) at the end of each.
+#[macro_export]
+macro_rules! static_world {
+    ($name:ident, $format:expr, $address_len:expr) => {
+        loom::lazy_static! {
+            static ref $name: (
+                ::dma_libfabric::ModelAv,
+                ::dma_libfabric::AddressCache<::dma_libfabric::ModelAv>,
+            ) = {
+                let av = ::dma_libfabric::ModelAv::with_layout($format, $address_len, 4);
+                let cache = ::dma_libfabric::AddressCache::with_backend(av.clone());
+                (av, cache)
+            };
+        }
+    };
+}

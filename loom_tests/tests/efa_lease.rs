@@ -3,21 +3,12 @@
 //! one's removal run (invariants 1 to 3 for leases).
 #![cfg(dma_loom)]
 
-use dma_libfabric::{AddressCache, AddressFormat, AvEvent, DmaError, ModelAv};
+use dma_libfabric::{AddressFormat, AvEvent, DmaError};
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom_tests::efa;
 
-loom::lazy_static! {
-    /// The model AV and the cache over it. A static, so that a `Lease` borrowing the cache is
-    /// `'static` and can move to another loom thread; loom builds it afresh in each execution and
-    /// drops it (stopping the writer) at the end of each.
-    static ref WORLD: (ModelAv, AddressCache<ModelAv>) = {
-        let av = ModelAv::with_layout(AddressFormat::Efa, 32, 4);
-        let cache = AddressCache::with_backend(av.clone());
-        (av, cache)
-    };
-}
+loom_tests::static_world!(WORLD, AddressFormat::Efa, 32);
 
 #[test]
 fn a_new_incarnation_waits_for_the_old_ones_lease() {

@@ -3,19 +3,10 @@
 //! the epoch moves on meanwhile (invariants 1 and 2 for leases).
 #![cfg(dma_loom)]
 
-use dma_libfabric::{AddressCache, AddressFormat, Lease, ModelAv};
+use dma_libfabric::{AddressFormat, Lease};
 use loom_tests::opaque;
 
-loom::lazy_static! {
-    /// The model AV and the cache over it. A static, so that a `Lease` borrowing the cache is
-    /// `'static` and can move to another loom thread; loom builds it afresh in each execution and
-    /// drops it (stopping the writer) at the end of each.
-    static ref WORLD: (ModelAv, AddressCache<ModelAv>) = {
-        let av = ModelAv::with_layout(AddressFormat::Opaque, 16, 4);
-        let cache = AddressCache::with_backend(av.clone());
-        (av, cache)
-    };
-}
+loom_tests::static_world!(WORLD, AddressFormat::Opaque, 16);
 
 #[test]
 fn a_lease_handed_to_another_thread_holds_the_removal_back() {
