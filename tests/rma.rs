@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dma_libfabric::{
-    Completion, Configuration, DmaError, LibfabricEndpoint, Operation, RemoteRegion, sys,
+    Completion, Configuration, DmaError, LibfabricEndpoint, MemoryRegion, Operation, RemoteRegion,
+    sys,
 };
 
 /// Long enough for any completion on loopback; a bound against hangs, not a timing assertion.
@@ -498,38 +499,15 @@ fn dropping_a_region_with_a_read_in_flight_keeps_it_until_the_completion() {
     );
 }
 
-#[test]
-fn dropping_an_endpoint_with_operations_in_flight_drains_or_abandons_them() {
-    let client = rma_endpoint();
-    let exposed = client.register(64).expect("client memory");
-    let address = client.local_address().expect("address");
-    {
-        let server = rma_endpoint();
-        connect(&server, &client, 1);
-        let landing = server.register(64).expect("server memory");
-        let lease = server.peers().lease(1, &address).expect("a lease");
-        for id in 0..4 {
-            server
-                .read(
-                    lease.clone(),
-                    landing.segment(0, 8).expect("segment"),
-                    exposed.remote(),
-                    id,
-                )
-                .expect("posted");
-        }
-        drop(lease);
-        drop(landing);
-        assert_eq!(4, server.operations_in_flight());
-        assert_eq!(4, server.peers().stats().leases);
-        // The client does not progress, so these never complete: drop abandons them after
-        // DRAIN_PATIENCE, closing the endpoint before freeing their memory and leases.
-    }
-    // With a peer that progresses, they drain instead, and the leases go.
-    let server = rma_endpoint();
-    connect(&server, &client, 1);
-    let landing = server.register(64).expect("server memory");
-    let lease = server.peers().lease(1, &address).expect("a lease");
+/// Four reads of `exposed` into `landing`, each on a lease of its own on client 1 (at `address`),
+/// which the endpoint holds until their completions are read.
+fn post_four_reads(
+    server: &LibfabricEndpoint,
+    address: &[u8],
+    landing: &MemoryRegion<'_>,
+    exposed: &MemoryRegion<'_>,
+) {
+    let lease = server.peers().lease(1, address).expect("a lease");
     for id in 0..4 {
         server
             .read(
@@ -540,7 +518,29 @@ fn dropping_an_endpoint_with_operations_in_flight_drains_or_abandons_them() {
             )
             .expect("posted");
     }
-    drop(lease);
+}
+
+#[test]
+fn dropping_an_endpoint_with_operations_in_flight_drains_or_abandons_them() {
+    let client = rma_endpoint();
+    let exposed = client.register(64).expect("client memory");
+    let address = client.local_address().expect("address");
+    {
+        let server = rma_endpoint();
+        connect(&server, &client, 1);
+        let landing = server.register(64).expect("server memory");
+        post_four_reads(&server, &address, &landing, &exposed);
+        drop(landing);
+        assert_eq!(4, server.operations_in_flight());
+        assert_eq!(4, server.peers().stats().leases);
+        // The client does not progress, so these never complete: drop abandons them after
+        // DRAIN_PATIENCE, closing the endpoint before freeing their memory and leases.
+    }
+    // With a peer that progresses, they drain instead, and the leases go.
+    let server = rma_endpoint();
+    connect(&server, &client, 1);
+    let landing = server.register(64).expect("server memory");
+    post_four_reads(&server, &address, &landing, &exposed);
     assert_eq!(4, server.peers().stats().leases);
     with_progress(&client, || assert_eq!(0, server.drain_operations(PATIENCE)));
     assert_eq!(

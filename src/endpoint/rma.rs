@@ -50,7 +50,7 @@
 
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
-use std::ffi::{CStr, c_void};
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -66,9 +66,6 @@ pub const MAX_OPERATIONS: usize = 4096;
 
 /// How many completions one read of the queue takes.
 const BATCH: usize = 16;
-
-/// How many bytes of provider error data a completion error keeps (`err_data`).
-const ERR_DATA_LEN: usize = 256;
 
 /// Which RMA operation a completion is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -222,52 +219,13 @@ impl Operations {
 
     /// Read one error entry into a buffer of this call's own; `false` if another thread took it.
     fn read_error(&self, cq: *mut sys::fid_cq) -> bool {
-        let mut err_data = [0_u8; ERR_DATA_LEN];
-        let mut entry = sys::fi_cq_err_entry {
-            err_data: err_data.as_mut_ptr().cast(),
-            err_data_size: err_data.len(),
-            ..Default::default()
-        };
-        // SAFETY: the queue is open; `entry` is a valid error entry whose `err_data` points at
-        // `err_data_size` writable bytes that live across the call.
-        let read = unsafe { sys::fi_cq_readerr(cq, &raw mut entry, 0) };
-        if read <= 0 {
+        let Ok(Some(entry)) = super::read_error_entry(cq) else {
             return false;
-        }
-        let mut text = [0 as std::ffi::c_char; 256];
-        // SAFETY: the queue is open; `err_data` is this call's own buffer, which the provider
-        // filled, and `text` has room for `text.len()` bytes. The returned pointer is to `text` or
-        // a static string, read before either goes away.
-        let provider_text = unsafe {
-            let provider_text = sys::fi_cq_strerror(
-                cq,
-                entry.prov_errno,
-                err_data.as_ptr().cast(),
-                text.as_mut_ptr(),
-                text.len(),
-            );
-            if provider_text.is_null() || 0 == entry.prov_errno {
-                None
-            } else {
-                Some(CStr::from_ptr(provider_text).to_string_lossy().into_owned())
-            }
-        };
-        let mut message = crate::error::strerror(entry.err.into());
-        if let Some(provider_text) = provider_text {
-            message = format!(
-                "{message} (provider error {}: {provider_text})",
-                entry.prov_errno
-            );
-        }
-        let error = |call| DmaError::Fabric {
-            call,
-            code: (-entry.err).into(),
-            message: message.clone(),
         };
         if self.index_of(entry.op_context).is_some() {
-            self.complete(entry.op_context, Err(error("fi_cq_readerr")));
+            self.complete(entry.op_context, Err(entry.error("fi_cq_readerr")));
         } else {
-            tracing::warn!(error = %error("fi_cq_readerr"), "transmit failed");
+            tracing::warn!(error = %entry.error("fi_cq_readerr"), "transmit failed");
         }
         true
     }
