@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use dma_libfabric::{
-    Configuration, DmaError, LibfabricEndpoint, MemoryRegion, Provider, RemoteRegion,
+    Configuration, DmaError, LibfabricEndpoint, MemoryRegion, Peer, Pinned, Provider, RemoteRegion,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -417,6 +417,40 @@ struct Samples {
     misses: Vec<u64>,
 }
 
+/// Resolve `address` for client `id` under `pinned`, as a posting thread does: a non-blocking
+/// probe first, the blocking resolve on a miss. Counts the hit, miss or error in `stats` and
+/// samples its latency (every hit in `HIT_SAMPLING`, every miss); `None` on an error.
+fn resolve_timed<'p>(
+    pinned: &'p Pinned<'_>,
+    id: u64,
+    address: &[u8],
+    sequence: u64,
+    stats: &PostStats,
+    samples: &mut Samples,
+) -> Option<Peer<'p>> {
+    let started = Instant::now();
+    let (peer, hit) = match pinned.try_resolve(id, address) {
+        Ok(peer) => (Ok(peer), true),
+        Err(DmaError::WouldBlock) => (pinned.resolve(id, address), false),
+        Err(error) => (Err(error), false),
+    };
+    let took = started.elapsed().as_nanos() as u64;
+    let Ok(peer) = peer else {
+        stats.resolve_errors.fetch_add(1, Ordering::Relaxed);
+        return None;
+    };
+    if hit {
+        stats.hits.fetch_add(1, Ordering::Relaxed);
+        if 0 == sequence % HIT_SAMPLING {
+            samples.hits.push(took);
+        }
+    } else {
+        stats.misses.fetch_add(1, Ordering::Relaxed);
+        samples.misses.push(took);
+    }
+    Some(peer)
+}
+
 /// One posting thread: resolve a random client's advertised address and send it a message.
 fn post(world: &World, seed: u64, stats: &PostStats) -> Samples {
     let mut random = Random(seed | 1);
@@ -436,29 +470,10 @@ fn post(world: &World, seed: u64, stats: &PostStats) -> Samples {
         };
         sequence += 1;
         let pinned = cache.pin();
-        let started = Instant::now();
-        let (peer, hit) = match pinned.try_resolve(id, &advert.address) {
-            Ok(peer) => (Ok(peer), true),
-            Err(DmaError::WouldBlock) => (pinned.resolve(id, &advert.address), false),
-            Err(error) => (Err(error), false),
+        let Some(peer) = resolve_timed(&pinned, id, &advert.address, sequence, stats, &mut samples)
+        else {
+            continue;
         };
-        let took = started.elapsed().as_nanos() as u64;
-        let peer = match peer {
-            Ok(peer) => peer,
-            Err(_) => {
-                stats.resolve_errors.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-        };
-        if hit {
-            stats.hits.fetch_add(1, Ordering::Relaxed);
-            if 0 == sequence % HIT_SAMPLING {
-                samples.hits.push(took);
-            }
-        } else {
-            stats.misses.fetch_add(1, Ordering::Relaxed);
-            samples.misses.push(took);
-        }
         let message = encode(id, advert.incarnation, sequence);
         let deadline = Instant::now() + SEND_PATIENCE;
         let sent = loop {
@@ -522,26 +537,10 @@ fn post_rma(world: &World, thread_index: usize, seed: u64, stats: &PostStats) ->
             write_size as u64,
         )?;
         let pinned = cache.pin();
-        let started = Instant::now();
-        let (peer, hit) = match pinned.try_resolve(id, &advert.address) {
-            Ok(peer) => (Ok(peer), true),
-            Err(DmaError::WouldBlock) => (pinned.resolve(id, &advert.address), false),
-            Err(error) => (Err(error), false),
-        };
-        let took = started.elapsed().as_nanos() as u64;
-        let Ok(peer) = peer else {
-            stats.resolve_errors.fetch_add(1, Ordering::Relaxed);
+        let Some(peer) = resolve_timed(&pinned, id, &advert.address, sequence, stats, &mut samples)
+        else {
             continue;
         };
-        if hit {
-            stats.hits.fetch_add(1, Ordering::Relaxed);
-            if 0 == sequence % HIT_SAMPLING {
-                samples.hits.push(took);
-            }
-        } else {
-            stats.misses.fetch_add(1, Ordering::Relaxed);
-            samples.misses.push(took);
-        }
         let at = slot * write_size;
         source.write_bytes(at, &encode_record(id, advert.incarnation, sequence))?;
         let segment = source.segment(at, write_size)?;

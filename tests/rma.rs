@@ -389,15 +389,7 @@ fn a_peer_that_goes_away_under_a_read_gives_an_error_completion() {
     let address = client.local_address().expect("address");
     connect(&server, &client, 1);
     // The client does not progress now, so the read stays in flight...
-    let lease = server.peers().lease(1, &address).expect("a lease");
-    server
-        .read(
-            lease,
-            landing.segment(0, 8).expect("segment"),
-            exposed.remote(),
-            3,
-        )
-        .expect("posted");
+    post_reads(&server, &address, &landing, &exposed, [3]);
     assert_eq!(1, server.operations_in_flight());
     // ...until the client closes, and the connection with it.
     drop(exposed);
@@ -468,15 +460,7 @@ fn dropping_a_region_with_a_read_in_flight_keeps_it_until_the_completion() {
     connect(&server, &client, 1);
     // The client does not progress now, so the read cannot complete.
     let landing = server.register(64).expect("server memory");
-    let lease = server.peers().lease(1, &address).expect("a lease");
-    server
-        .read(
-            lease,
-            landing.segment(0, 8).expect("segment"),
-            exposed.remote(),
-            5,
-        )
-        .expect("posted");
+    post_reads(&server, &address, &landing, &exposed, [5]);
     assert_eq!(1, landing.in_flight());
     drop(landing); // the memory stays registered and allocated for the read
     assert_eq!(1, server.peers().stats().leases);
@@ -499,16 +483,17 @@ fn dropping_a_region_with_a_read_in_flight_keeps_it_until_the_completion() {
     );
 }
 
-/// Four reads of `exposed` into `landing`, each on a lease of its own on client 1 (at `address`),
-/// which the endpoint holds until their completions are read.
-fn post_four_reads(
+/// Reads of `exposed` into `landing`, one for each of `ids`, each on a lease of its own on
+/// client 1 (at `address`), which the endpoint holds until their completions are read.
+fn post_reads(
     server: &LibfabricEndpoint,
     address: &[u8],
     landing: &MemoryRegion<'_>,
     exposed: &MemoryRegion<'_>,
+    ids: impl IntoIterator<Item = u64>,
 ) {
     let lease = server.peers().lease(1, address).expect("a lease");
-    for id in 0..4 {
+    for id in ids {
         server
             .read(
                 lease.clone(),
@@ -529,7 +514,7 @@ fn dropping_an_endpoint_with_operations_in_flight_drains_or_abandons_them() {
         let server = rma_endpoint();
         connect(&server, &client, 1);
         let landing = server.register(64).expect("server memory");
-        post_four_reads(&server, &address, &landing, &exposed);
+        post_reads(&server, &address, &landing, &exposed, 0..4);
         drop(landing);
         assert_eq!(4, server.operations_in_flight());
         assert_eq!(4, server.peers().stats().leases);
@@ -540,7 +525,7 @@ fn dropping_an_endpoint_with_operations_in_flight_drains_or_abandons_them() {
     let server = rma_endpoint();
     connect(&server, &client, 1);
     let landing = server.register(64).expect("server memory");
-    post_four_reads(&server, &address, &landing, &exposed);
+    post_reads(&server, &address, &landing, &exposed, 0..4);
     assert_eq!(4, server.peers().stats().leases);
     with_progress(&client, || assert_eq!(0, server.drain_operations(PATIENCE)));
     assert_eq!(
