@@ -13,6 +13,7 @@
 
 use std::hash::{Hash, Hasher};
 
+use super::stored::StoredAddress;
 use crate::sys::fi_addr_t;
 
 /// The hasher: foldhash, seeded per map. Lookups hash a `u64` and 16 to 18 bytes, where
@@ -20,68 +21,29 @@ use crate::sys::fi_addr_t;
 #[cfg(not(dma_loom))]
 pub(crate) type IndexHasher = foldhash::fast::RandomState;
 
-/// Addresses up to this long live inside the registration: efa's 32 bytes, a `sockaddr_in6`'s
-/// 28, a `sockaddr_in`'s 16. A hit then reads the key's bytes from the node papaya already
-/// loaded, instead of following one more pointer.
-const INLINE_ADDRESS: usize = 32;
-
-/// An address's bytes, inline when short enough.
-#[derive(Debug)]
-enum StoredAddress {
-    Inline {
-        len: u8,
-        bytes: [u8; INLINE_ADDRESS],
-    },
-    Heap(Box<[u8]>),
-}
-
-impl StoredAddress {
-    fn new(address: &[u8]) -> Self {
-        match u8::try_from(address.len()) {
-            Ok(len) if address.len() <= INLINE_ADDRESS => {
-                let mut bytes = [0; INLINE_ADDRESS];
-                bytes[..address.len()].copy_from_slice(address);
-                Self::Inline { len, bytes }
-            }
-            _ => Self::Heap(address.into()),
-        }
-    }
-
-    #[inline]
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            Self::Heap(bytes) => bytes,
-        }
-    }
-}
-
-/// A registration: `client` posts to the entry for `address`.
+/// A registration: `client` posts to the entry for `address`. The address is stored inline up to
+/// 32 bytes (efa's 32, a `sockaddr_in6`'s 28, a `sockaddr_in`'s 16), so a hit reads the key's
+/// bytes from the node papaya already loaded instead of following one more pointer.
 #[derive(Debug)]
 pub(crate) struct Registration {
     client: u64,
-    identity_len: usize,
-    /// The full address, so a hit can confirm the incarnation too.
+    /// The full address, so a hit can confirm the incarnation too, and its identity's length.
     address: StoredAddress,
 }
 
 impl Registration {
-    pub(crate) fn new(client: u64, address: &[u8], identity_len: usize) -> Self {
-        Self {
-            client,
-            identity_len: identity_len.min(address.len()),
-            address: StoredAddress::new(address),
-        }
+    pub(crate) fn new(client: u64, address: StoredAddress) -> Self {
+        Self { client, address }
     }
 
     #[inline]
     fn address(&self) -> &[u8] {
-        self.address.as_slice()
+        self.address.bytes()
     }
 
     #[inline]
     fn identity(&self) -> &[u8] {
-        &self.address()[..self.identity_len]
+        self.address.identity()
     }
 }
 

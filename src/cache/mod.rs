@@ -65,6 +65,7 @@ mod failures;
 pub(crate) mod index;
 pub mod lease;
 mod stats;
+mod stored;
 pub(crate) mod writer;
 
 use std::marker::PhantomData;
@@ -78,6 +79,7 @@ pub use self::lease::Lease;
 use self::lease::LeaseCounts;
 pub use self::stats::CacheStats;
 use self::stats::Counters;
+use self::stored::StoredAddress;
 use self::writer::{INBOX_BOUND, Reply, Request, Shared, Writer};
 use crate::address::AddressFormat;
 /// The AV trait lives in [`crate::av`]; re-exported here, where the cache is generic over it.
@@ -107,13 +109,20 @@ struct Core {
 impl Core {
     /// Send the writer a miss, waiting for room in its inbox.
     fn ask(&self, client: u64, address: &[u8], reply: Reply) -> Result<(), DmaError> {
+        let address = self.stored(address)?;
         self.requests
             .send(Request::Resolve {
                 client,
-                address: address.into(),
+                address,
                 reply,
             })
             .map_err(|_| DmaError::Closed)
+    }
+
+    /// `address`, checked, as a request carries it: inline, so a miss allocates no key.
+    fn stored(&self, address: &[u8]) -> Result<StoredAddress, DmaError> {
+        let identity_len = self.format.identity_len(address, self.address_len)?;
+        Ok(StoredAddress::new(address, identity_len))
     }
 }
 
@@ -575,7 +584,7 @@ impl<'cache> Pinned<'cache> {
         }
         match self.core.requests.try_send(Request::Resolve {
             client,
-            address: address.into(),
+            address: self.core.stored(address)?,
             reply: Reply::Queued,
         }) {
             // Full: nothing was queued; a later try_resolve queues it once the writer has caught

@@ -3,18 +3,24 @@
 //!
 //! # State
 //!
-//! Each identity (efa: GID + QPN; otherwise the whole address) has a [`Slot`] while anything
-//! refers to it, in one of these shapes:
+//! Every incarnation in the AV has an [`Entry`] at its own index (`fi_addr_t`, which `FI_AV_TABLE`
+//! keeps below the AV's capacity): its address, stored once, its holders, and whether it is
+//! published (`live`) or on its way out (`removing`: unlinked, its `fi_av_remove` waiting for its
+//! readers to unpin and its leases to drop). Each identity (efa: GID + QPN; otherwise the whole
+//! address) has at most one incarnation in the AV, live or removing, found through the `slots`
+//! table, which stores nothing but the index. A removing incarnation may have a newer one
+//! `parked` behind it: clients asked for it, and it may enter the AV only once the old one has
+//! left (efa's reverse AV holds one entry per GID and QPN). It is inserted when the removal runs,
+//! not before, and the rest of the queue goes on meanwhile.
 //!
-//! - `live`: an incarnation in the AV, published in the index for each client that holds it;
-//! - `removing`: an unlinked incarnation whose `fi_av_remove` waits for its readers to unpin;
-//! - `removing` and `parked`: as above, plus a newer incarnation that clients asked for and that
-//!   may enter the AV only once the old one has left it (efa's reverse AV holds one entry per GID
-//!   and QPN). It is inserted when the removal runs, not before, and the rest of the queue goes on
-//!   meanwhile.
+//! Each client is in at most one place, as a holder of a live entry or a waiter on a parked one.
 //!
-//! `live` and `removing` never coexist: a slot's incarnation is either published or on its way
-//! out. Each client is in at most one slot, as a holder of its `live` or a waiter on its `parked`.
+//! # Batches
+//!
+//! The writer drains what is queued in its inbox in one go (up to [`BATCH`] requests), applies
+//! each in arrival order, and then, once for the batch, flushes its retirements to the epoch
+//! collector, publishes the counters and sends the replies: so a caller that reads the counters
+//! after its reply sees its request, and a burst of misses shares the bookkeeping.
 //!
 //! # Ordering
 //!
@@ -47,14 +53,17 @@
 //! requests as well as when idle, so a busy inbox does not hold removals back.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
 use crossbeam_epoch::LocalHandle;
+use hashbrown::HashTable;
 
 use super::failures::Failures;
 use super::index::{Index, Registration, RegistrationIndex};
 use super::lease::LeaseCounts;
 use super::stats::{CacheStats, Counters};
+use super::stored::StoredAddress;
 use crate::address::AddressFormat;
 use crate::av::AvBackend;
 use crate::error::DmaError;
@@ -63,6 +72,16 @@ use crate::sys::fi_addr_t;
 
 /// How many requests the inbox holds before senders wait (or `try_resolve` gives up).
 pub(crate) const INBOX_BOUND: usize = 4096;
+
+/// The most requests applied between two publications of the counters: enough to share the
+/// bookkeeping across a burst, few enough that a quiescer or a removal is not kept waiting.
+const BATCH: usize = 64;
+
+/// The writer's hasher, for its own tables: foldhash, as the index uses.
+type Hasher = foldhash::fast::RandomState;
+
+/// Where the answer to one resolve goes.
+pub(crate) type Answer = mpsc::Sender<Result<fi_addr_t, DmaError>>;
 
 /// Where the writer's answer to a resolve goes.
 pub(crate) enum Reply {
@@ -80,7 +99,7 @@ pub(crate) enum Request {
     /// Register `client` on `address`.
     Resolve {
         client: u64,
-        address: Box<[u8]>,
+        address: StoredAddress,
         reply: Reply,
     },
     /// Let go of `client`'s registration.
@@ -162,15 +181,131 @@ struct Quiescer {
     progress_at: Instant,
 }
 
-struct Live {
-    address: Box<[u8]>,
-    fi_addr: fi_addr_t,
-    clients: HashSet<u64>,
+/// The clients that hold a live entry. Nearly every entry has one, so one is stored inline.
+#[derive(Default)]
+enum Holders {
+    #[default]
+    None,
+    One(u64),
+    // Boxed so that `Holders` stays 16 bytes in every entry; a set is rare.
+    #[allow(clippy::box_collection)]
+    Many(Box<HashSet<u64, Hasher>>),
 }
 
+impl Holders {
+    /// Add `client`; whether it was new.
+    fn insert(&mut self, client: u64) -> bool {
+        match self {
+            Self::None => {
+                *self = Self::One(client);
+                true
+            }
+            Self::One(held) if *held == client => false,
+            Self::One(held) => {
+                let mut many = HashSet::with_capacity_and_hasher(2, Hasher::default());
+                many.insert(*held);
+                many.insert(client);
+                *self = Self::Many(Box::new(many));
+                true
+            }
+            Self::Many(many) => many.insert(client),
+        }
+    }
+
+    /// Drop `client`; whether it was there.
+    fn remove(&mut self, client: u64) -> bool {
+        match self {
+            Self::None => false,
+            Self::One(held) if *held == client => {
+                *self = Self::None;
+                true
+            }
+            Self::One(_) => false,
+            Self::Many(many) => {
+                let removed = many.remove(&client);
+                if many.len() <= 1 {
+                    *self = many.iter().next().map_or(Self::None, |&one| Self::One(one));
+                }
+                removed
+            }
+        }
+    }
+
+    fn contains(&self, client: u64) -> bool {
+        match self {
+            Self::None => false,
+            Self::One(held) => *held == client,
+            Self::Many(many) => many.contains(&client),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        matches!(self, Self::None)
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::None => 0,
+            Self::One(_) => 1,
+            Self::Many(many) => many.len(),
+        }
+    }
+
+    fn to_vec(&self) -> Vec<u64> {
+        match self {
+            Self::None => Vec::new(),
+            Self::One(held) => vec![*held],
+            Self::Many(many) => many.iter().copied().collect(),
+        }
+    }
+}
+
+/// The ticket of an entry that is published, not awaiting removal.
+const LIVE: u64 = u64::MAX;
+
+/// An incarnation in the AV, at its own index.
+struct Entry {
+    address: StoredAddress,
+    holders: Holders,
+    /// [`LIVE`] while published; once retired, the ticket of its pending removal.
+    removal: u64,
+}
+
+impl Entry {
+    fn is_live(&self) -> bool {
+        LIVE == self.removal
+    }
+}
+
+/// Where a client is: holding the live entry at an index, or waiting on the incarnation parked
+/// behind the removing entry at an index.
+#[derive(Clone, Copy)]
+struct Holding(u64);
+
+impl Holding {
+    const PARKED: u64 = 1 << 63;
+
+    fn live(fi_addr: fi_addr_t) -> Self {
+        Self(fi_addr)
+    }
+
+    fn parked(fi_addr: fi_addr_t) -> Self {
+        Self(fi_addr | Self::PARKED)
+    }
+
+    fn fi_addr(self) -> fi_addr_t {
+        self.0 & !Self::PARKED
+    }
+
+    fn is_parked(self) -> bool {
+        0 != self.0 & Self::PARKED
+    }
+}
+
+/// A newer incarnation waiting for the removal of the entry it is parked behind.
 struct Parked {
-    address: Box<[u8]>,
-    clients: HashSet<u64>,
+    address: StoredAddress,
+    clients: HashSet<u64, Hasher>,
     /// Callers of `AddressCache::lease` waiting for this incarnation to enter the AV.
     waiters: Vec<(u64, mpsc::Sender<Result<fi_addr_t, DmaError>>)>,
 }
@@ -190,20 +325,6 @@ impl Parked {
     }
 }
 
-#[derive(Default)]
-struct Slot {
-    live: Option<Live>,
-    removing: Option<u64>,
-    /// Boxed: rare, and it would double every slot's size inline.
-    parked: Option<Box<Parked>>,
-}
-
-impl Slot {
-    fn is_empty(&self) -> bool {
-        self.live.is_none() && self.removing.is_none() && self.parked.is_none()
-    }
-}
-
 /// Why a retired entry has not been removed yet.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Wait {
@@ -217,9 +338,8 @@ enum Wait {
     },
 }
 
+/// A retired entry awaiting `fi_av_remove`; its address stays in its [`Entry`] until then.
 struct Pending {
-    identity: Box<[u8]>,
-    address: Box<[u8]>,
     fi_addr: fi_addr_t,
     wait: Wait,
 }
@@ -231,8 +351,15 @@ pub(crate) struct Writer<B> {
     address_len: usize,
     capacity: usize,
     shared: Arc<Shared>,
-    slots: HashMap<Box<[u8]>, Slot>,
-    clients: HashMap<u64, Box<[u8]>>,
+    /// Every incarnation in the AV, by index: `None` where the AV holds nothing of ours.
+    entries: Vec<Option<Entry>>,
+    /// Identity → the index of its live or removing incarnation. Holds the index alone; the
+    /// identity's bytes are read from `entries`.
+    slots: HashTable<fi_addr_t>,
+    hasher: Hasher,
+    /// Incarnations parked behind a removal, by the index of the removing entry.
+    parked: HashMap<fi_addr_t, Box<Parked>, Hasher>,
+    clients: HashMap<u64, Holding, Hasher>,
     /// Retired entries awaiting `fi_av_remove`, by ticket (tickets grow, so the oldest is first).
     pending: BTreeMap<u64, Pending>,
     /// Tickets whose readers are gone but whose removal waits for leases or a retry.
@@ -244,6 +371,19 @@ pub(crate) struct Writer<B> {
     reclaims: mpsc::Receiver<u64>,
     reclaimed: mpsc::Sender<u64>,
     quiescing: Vec<Quiescer>,
+    /// This batch's answers, sent once its counters are published.
+    replies: Vec<(Answer, Result<fi_addr_t, DmaError>)>,
+    /// Whether this batch deferred removals that the collector has not been handed yet.
+    unflushed: bool,
+}
+
+/// The identity of the entry at `fi_addr`: what `slots` hashes and compares.
+fn identity_at(entries: &[Option<Entry>], fi_addr: fi_addr_t) -> &[u8] {
+    usize::try_from(fi_addr)
+        .ok()
+        .and_then(|index| entries.get(index))
+        .and_then(Option::as_ref)
+        .map_or(&[], |entry| entry.address.identity())
 }
 
 impl<B: AvBackend> Writer<B> {
@@ -260,8 +400,11 @@ impl<B: AvBackend> Writer<B> {
             capacity: backend.capacity(),
             backend,
             shared,
-            slots: HashMap::new(),
-            clients: HashMap::new(),
+            entries: Vec::new(),
+            slots: HashTable::new(),
+            hasher: Hasher::default(),
+            parked: HashMap::default(),
+            clients: HashMap::default(),
             pending: BTreeMap::new(),
             held: Vec::new(),
             next_ticket: 0,
@@ -271,6 +414,8 @@ impl<B: AvBackend> Writer<B> {
             reclaims,
             reclaimed,
             quiescing: Vec::new(),
+            replies: Vec::new(),
+            unflushed: false,
         }
     }
 
@@ -280,7 +425,11 @@ impl<B: AvBackend> Writer<B> {
         let mut pending_at_last_tick = usize::MAX;
         let mut last_advance = Instant::now();
         loop {
-            self.collect();
+            // Removals may have let parked incarnations in: publish them and answer their waiters
+            // before waiting for the next request.
+            if self.collect() || !self.replies.is_empty() || self.unflushed {
+                self.finish_batch();
+            }
             self.answer_quiescers();
             // Quiescing, the first rounds run back to back; once they suspect a pinned reader or
             // a lease, the writer sleeps between rounds so that reader gets the core to finish on.
@@ -309,21 +458,23 @@ impl<B: AvBackend> Writer<B> {
                 }
             };
             let idle = request.is_none();
-            match request {
-                Some(Request::Shutdown) => break,
-                Some(Request::Quiesce { reply, patience }) => {
-                    self.quiescing.push(Quiescer {
-                        reply,
-                        patience,
-                        watermark: self.next_ticket,
-                        waiting_on: usize::MAX,
-                        stalled: 0,
-                        progress_at: Instant::now(),
-                    });
-                    tick = FIRST_TICK;
+            let mut stop = false;
+            if let Some(request) = request {
+                stop = self.accept(request, &mut tick);
+                // The rest of what is queued, as one batch.
+                let mut taken = 1;
+                while !stop && taken < BATCH {
+                    match self.inbox.try_recv() {
+                        Ok(request) => stop = self.accept(request, &mut tick),
+                        Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                        Err(std::sync::mpsc::TryRecvError::Disconnected) => stop = true,
+                    }
+                    taken += 1;
                 }
-                Some(request) => self.apply(request),
-                None => {}
+                self.finish_batch();
+            }
+            if stop {
+                break;
             }
             // Move the epoch on so deferred removals run without reader traffic: when idle, and,
             // while removals are pending, between requests too, at most once a tick (loom has no
@@ -345,10 +496,47 @@ impl<B: AvBackend> Writer<B> {
                 last_advance = Instant::now();
                 self.collect();
                 self.round();
+                self.finish_batch();
             }
-            self.publish_stats();
         }
+        self.finish_batch();
         self.shutdown();
+    }
+
+    /// Take one request of a batch; whether it asks the writer to stop.
+    fn accept(&mut self, request: Request, tick: &mut Duration) -> bool {
+        match request {
+            Request::Shutdown => return true,
+            Request::Quiesce { reply, patience } => {
+                self.quiescing.push(Quiescer {
+                    reply,
+                    patience,
+                    watermark: self.next_ticket,
+                    waiting_on: usize::MAX,
+                    stalled: 0,
+                    progress_at: Instant::now(),
+                });
+                *tick = FIRST_TICK;
+            }
+            request => self.apply(request),
+        }
+        false
+    }
+
+    /// End a batch: hand its retirements to the collector, publish the counters, then answer.
+    fn finish_batch(&mut self) {
+        if self.unflushed {
+            // A deferred closure waits in this thread's bag until it is flushed; flush so that
+            // readers' pins can collect it too.
+            self.epoch.pin().flush();
+            self.unflushed = false;
+        }
+        // Counters first, so a caller reading them after its reply sees its request.
+        self.publish_stats();
+        for (reply, result) in self.replies.drain(..) {
+            // A caller that stopped waiting has nothing to be told.
+            let _ = reply.send(result);
+        }
     }
 
     /// One round for the quiescers: count what each still waits for, note progress or a stall.
@@ -402,28 +590,22 @@ impl<B: AvBackend> Writer<B> {
                 reply,
             } => {
                 self.stats.misses += 1;
-                let result = self.resolve(client, &address);
-                // Counters first, so a caller reading them after its reply sees this request.
-                self.publish_stats();
+                let address = address.bytes();
+                let result = self.resolve(client, address);
                 match reply {
                     Reply::Queued => match &result {
                         Ok(_) | Err(DmaError::WouldBlock) => {}
                         Err(error) => {
                             tracing::warn!(op = "queued_miss_failed", client, %error, "a queued miss failed; the next try_resolve of this client and address returns the error");
-                            self.shared.failures.record(client, &address, error.clone());
+                            self.shared.failures.record(client, address, error.clone());
                         }
                     },
-                    // A caller that stopped waiting has nothing to be told.
-                    Reply::Now(reply) => {
-                        let _ = reply.send(result);
-                    }
+                    Reply::Now(reply) => self.replies.push((reply, result)),
                     Reply::Admitted(reply) => match result {
                         Err(DmaError::WouldBlock) => {
-                            self.wait_for_admission(client, &address, reply)
+                            self.wait_for_admission(client, address, reply)
                         }
-                        result => {
-                            let _ = reply.send(result);
-                        }
+                        result => self.replies.push((reply, result)),
                     },
                 }
             }
@@ -443,17 +625,14 @@ impl<B: AvBackend> Writer<B> {
         reply: mpsc::Sender<Result<fi_addr_t, DmaError>>,
     ) {
         let parked = self
-            .format
-            .identity_len(address, self.address_len)
-            .ok()
-            .and_then(|identity_len| self.slots.get_mut(&address[..identity_len]))
-            .and_then(|slot| slot.parked.as_mut())
-            .filter(|parked| *parked.address == *address && parked.clients.contains(&client));
+            .clients
+            .get(&client)
+            .filter(|holding| holding.is_parked())
+            .and_then(|holding| self.parked.get_mut(&holding.fi_addr()))
+            .filter(|parked| parked.address.bytes() == address && parked.clients.contains(&client));
         match parked {
             Some(parked) => parked.waiters.push((client, reply)),
-            None => {
-                let _ = reply.send(Err(DmaError::WouldBlock));
-            }
+            None => self.replies.push((reply, Err(DmaError::WouldBlock))),
         }
     }
 
@@ -461,26 +640,29 @@ impl<B: AvBackend> Writer<B> {
     fn advance(&mut self) {
         let guard = self.epoch.pin();
         guard.flush();
+        self.unflushed = false;
     }
 
     /// Take the tickets whose readers have gone, and remove what no lease holds any more.
-    fn collect(&mut self) {
+    /// Whether anything was removed.
+    fn collect(&mut self) -> bool {
+        let removes = self.stats.removes;
         while let Ok(ticket) = self.reclaims.try_recv() {
             self.readers_gone(ticket);
         }
-        if self.held.is_empty() {
-            return;
-        }
-        let now = Instant::now();
-        let mut index = 0;
-        while index < self.held.len() {
-            let ticket = self.held[index];
-            if self.try_remove(ticket, now) {
-                self.held.swap_remove(index);
-            } else {
-                index += 1;
+        if !self.held.is_empty() {
+            let now = Instant::now();
+            let mut index = 0;
+            while index < self.held.len() {
+                let ticket = self.held[index];
+                if self.try_remove(ticket, now) {
+                    self.held.swap_remove(index);
+                } else {
+                    index += 1;
+                }
             }
         }
+        removes != self.stats.removes
     }
 
     fn occupied(&self) -> usize {
@@ -488,16 +670,51 @@ impl<B: AvBackend> Writer<B> {
         live.saturating_add(self.pending.len())
     }
 
-    /// `fi_av_insert`, refusing an index outside the table the lease counters cover.
+    /// The entry at `fi_addr`.
+    fn entry(&self, fi_addr: fi_addr_t) -> Option<&Entry> {
+        usize::try_from(fi_addr)
+            .ok()
+            .and_then(|index| self.entries.get(index))
+            .and_then(Option::as_ref)
+    }
+
+    fn entry_mut(&mut self, fi_addr: fi_addr_t) -> Option<&mut Entry> {
+        usize::try_from(fi_addr)
+            .ok()
+            .and_then(|index| self.entries.get_mut(index))
+            .and_then(Option::as_mut)
+    }
+
+    /// The index of `identity`'s live or removing incarnation.
+    fn slot(&self, identity: &[u8]) -> Option<fi_addr_t> {
+        let entries = &self.entries;
+        self.slots
+            .find(self.hasher.hash_one(identity), |&fi_addr| {
+                identity_at(entries, fi_addr) == identity
+            })
+            .copied()
+    }
+
+    /// `fi_av_insert`, refusing an index outside the table the lease counters cover, or one
+    /// that an entry of ours still holds.
     fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
         let fi_addr = self.backend.insert(address)?;
+        self.stats.inserts += 1;
+        if self.entry(fi_addr).is_some() {
+            // The AV handed out an index it still holds for us: removing it would remove ours.
+            return Err(DmaError::Fabric {
+                call: "fi_av_insert",
+                code: 0,
+                message: format!(
+                    "the provider returned index {fi_addr}, which it already holds for another address"
+                ),
+            });
+        }
         if self.shared.leases.covers(fi_addr) {
-            self.stats.inserts += 1;
             return Ok(fi_addr);
         }
         // FI_AV_TABLE hands out indices below the count the AV was opened with; one that is not
         // cannot be leased, so it goes straight back.
-        self.stats.inserts += 1;
         self.stats.removes += 1;
         if let Err(error) = self.backend.remove(fi_addr) {
             self.stats.failed_removes += 1;
@@ -513,35 +730,53 @@ impl<B: AvBackend> Writer<B> {
         })
     }
 
+    /// Record a new live entry at `fi_addr` (an index `insert` answered, so below the capacity)
+    /// and its identity's slot.
+    fn install(&mut self, fi_addr: fi_addr_t, address: StoredAddress) {
+        let Ok(index) = usize::try_from(fi_addr) else {
+            return;
+        };
+        if self.entries.len() <= index {
+            self.entries.resize_with(index + 1, || None);
+        }
+        let hash = self.hasher.hash_one(address.identity());
+        self.entries[index] = Some(Entry {
+            address,
+            holders: Holders::None,
+            removal: LIVE,
+        });
+        let (entries, hasher) = (&self.entries, &self.hasher);
+        self.slots.insert_unique(hash, fi_addr, |&fi_addr| {
+            hasher.hash_one(identity_at(entries, fi_addr))
+        });
+        self.stats.entries += 1;
+    }
+
     fn resolve(&mut self, client: u64, address: &[u8]) -> Result<fi_addr_t, DmaError> {
         let identity_len = self.format.identity_len(address, self.address_len)?;
         let identity = &address[..identity_len];
         self.shared.failures.clear(client);
 
         // Already registered on exactly this? A reader raced its own earlier miss.
-        if self
-            .clients
-            .get(&client)
-            .is_some_and(|held| **held == *identity)
-        {
-            if let Some(slot) = self.slots.get(identity) {
-                if let Some(live) = slot.live.as_ref().filter(|live| *live.address == *address) {
-                    if live.clients.contains(&client) {
-                        return Ok(live.fi_addr);
-                    }
-                }
-                if slot.parked.as_ref().is_some_and(|parked| {
-                    *parked.address == *address && parked.clients.contains(&client)
+        if let Some(&holding) = self.clients.get(&client) {
+            let fi_addr = holding.fi_addr();
+            if holding.is_parked() {
+                if self.parked.get(&fi_addr).is_some_and(|parked| {
+                    parked.address.bytes() == address && parked.clients.contains(&client)
                 }) {
                     return Err(DmaError::WouldBlock);
                 }
+            } else if self.entry(fi_addr).is_some_and(|entry| {
+                entry.is_live()
+                    && entry.address.bytes() == address
+                    && entry.holders.contains(client)
+            }) {
+                return Ok(fi_addr);
             }
         }
 
         // A brand-new identity needs an insert, which may fail: do it before anything changes.
-        let inserted = if self.slots.contains_key(identity) {
-            None
-        } else {
+        if self.slot(identity).is_none() {
             if self.occupied() >= self.capacity {
                 return Err(DmaError::Capacity {
                     capacity: self.capacity,
@@ -549,28 +784,15 @@ impl<B: AvBackend> Writer<B> {
             }
             let fi_addr = self.insert(address)?;
             tracing::debug!(op = "insert", client, fi_addr, "fi_av_insert");
-            Some(fi_addr)
-        };
+            // The client's previous registration goes before its new one comes in.
+            self.detach(client);
+            self.install(fi_addr, StoredAddress::new(address, identity_len));
+            self.register(client, fi_addr);
+            return Ok(fi_addr);
+        }
 
         // The client's previous registration goes before its new one comes in.
         self.detach(client);
-
-        if let Some(fi_addr) = inserted {
-            self.slots.insert(
-                identity.into(),
-                Slot {
-                    live: Some(Live {
-                        address: address.into(),
-                        fi_addr,
-                        clients: HashSet::new(),
-                    }),
-                    ..Slot::default()
-                },
-            );
-            self.stats.entries += 1;
-            self.register(client, identity, address, fi_addr);
-            return Ok(fi_addr);
-        }
         self.join(client, identity, address)
     }
 
@@ -581,94 +803,81 @@ impl<B: AvBackend> Writer<B> {
         identity: &[u8],
         address: &[u8],
     ) -> Result<fi_addr_t, DmaError> {
-        let Some(slot) = self.slots.get_mut(identity) else {
-            // Detaching never drops a slot that has a live entry or a removal, so this is
-            // unreachable; answer as a busy writer would rather than guess.
+        // Detaching never drops a slot (a retired entry keeps it until removed), so this finds
+        // one; answer as a busy writer would rather than guess if it does not.
+        let Some(fi_addr) = self.slot(identity) else {
             return Err(DmaError::WouldBlock);
         };
-        if let Some(live) = &slot.live {
-            if *live.address == *address {
-                let fi_addr = live.fi_addr;
-                self.register(client, identity, address, fi_addr);
+        let Some(entry) = self.entry(fi_addr) else {
+            return Err(DmaError::WouldBlock);
+        };
+        let (same, live, removal) = (
+            entry.address.bytes() == address,
+            entry.is_live(),
+            entry.removal,
+        );
+        if live {
+            if same {
+                self.register(client, fi_addr);
                 return Ok(fi_addr);
             }
             // A new incarnation of a slot that others still hold: the old one is dead.
-            self.evict_live(client, identity);
-            self.park(client, identity, address);
+            self.evict_live(client, fi_addr);
+            self.park(client, fi_addr, address, identity.len());
             return Err(DmaError::WouldBlock);
         }
-        let revivable = slot
-            .removing
-            .and_then(|ticket| self.pending.get(&ticket))
-            .is_some_and(|pending| *pending.address == *address);
-        if revivable {
+        if same {
             // The very incarnation whose removal is pending: its fi_addr_t still maps to these
             // bytes (a removal that failed left it in the AV too), so it can be published again
             // and its removal cancelled.
-            self.evict_parked(client, identity);
-            let ticket = self
-                .slots
-                .get_mut(identity)
-                .and_then(|slot| slot.removing.take());
-            if let Some(ticket) = ticket {
-                self.held.retain(|held| *held != ticket);
+            self.evict_parked(client, fi_addr);
+            self.held.retain(|held| *held != removal);
+            self.pending.remove(&removal);
+            if let Some(entry) = self.entry_mut(fi_addr) {
+                entry.removal = LIVE;
             }
-            if let Some(pending) = ticket.and_then(|ticket| self.pending.remove(&ticket)) {
-                if let Some(slot) = self.slots.get_mut(identity) {
-                    slot.live = Some(Live {
-                        address: pending.address,
-                        fi_addr: pending.fi_addr,
-                        clients: HashSet::new(),
-                    });
-                }
-                self.stats.entries += 1;
-                tracing::debug!(
-                    op = "revive",
-                    client,
-                    fi_addr = pending.fi_addr,
-                    "revived an entry awaiting removal"
-                );
-                self.register(client, identity, address, pending.fi_addr);
-                return Ok(pending.fi_addr);
-            }
+            self.stats.entries += 1;
+            tracing::debug!(
+                op = "revive",
+                client,
+                fi_addr,
+                "revived an entry awaiting removal"
+            );
+            self.register(client, fi_addr);
+            return Ok(fi_addr);
         }
-        self.park(client, identity, address);
+        self.park(client, fi_addr, address, identity.len());
         Err(DmaError::WouldBlock)
     }
 
-    /// Evict the live incarnation of `identity` and every client on it.
-    fn evict_live(&mut self, asking: u64, identity: &[u8]) {
-        let Some(live) = self
-            .slots
-            .get_mut(identity)
-            .and_then(|slot| slot.live.take())
-        else {
+    /// Evict the live entry at `fi_addr` and every client on it.
+    fn evict_live(&mut self, asking: u64, fi_addr: fi_addr_t) {
+        let Some(entry) = self.entry_mut(fi_addr).filter(|entry| entry.is_live()) else {
             return;
         };
-        for &holder in &live.clients {
-            self.unregister(holder, identity);
+        let holders = std::mem::take(&mut entry.holders);
+        let evicted = holders.len();
+        for holder in holders.to_vec() {
+            self.unregister(holder, fi_addr);
             self.clients.remove(&holder);
         }
         self.stats.entries -= 1;
         self.stats.evictions += 1;
-        self.stats.evicted_clients += live.clients.len() as u64;
+        self.stats.evicted_clients += evicted as u64;
         tracing::warn!(
             op = "evict",
             client = asking,
-            evicted = live.clients.len(),
-            fi_addr = live.fi_addr,
+            evicted,
+            fi_addr,
             "a recycled endpoint slot was advertised again: evicted its stale incarnation and the clients that held it"
         );
-        self.retire(identity, live.address, live.fi_addr);
+        self.retire(fi_addr);
     }
 
-    /// Drop the clients waiting on `identity`'s parked incarnation: a newer one supersedes it.
-    fn evict_parked(&mut self, asking: u64, identity: &[u8]) {
-        let Some(mut parked) = self
-            .slots
-            .get_mut(identity)
-            .and_then(|slot| slot.parked.take())
-        else {
+    /// Drop the clients waiting on the incarnation parked behind `fi_addr`: a newer one
+    /// supersedes it.
+    fn evict_parked(&mut self, asking: u64, fi_addr: fi_addr_t) {
+        let Some(mut parked) = self.parked.remove(&fi_addr) else {
             return;
         };
         for waiter in &parked.clients {
@@ -685,31 +894,28 @@ impl<B: AvBackend> Writer<B> {
         );
     }
 
-    /// Queue `client` on the incarnation `address` of `identity`, which enters the AV once the
-    /// pending removal of the old one has run.
-    fn park(&mut self, client: u64, identity: &[u8], address: &[u8]) {
-        let parked_elsewhere = self
-            .slots
-            .get(identity)
-            .and_then(|slot| slot.parked.as_ref())
-            .is_some_and(|parked| *parked.address != *address);
-        if parked_elsewhere {
-            self.evict_parked(client, identity);
+    /// Queue `client` on the incarnation `address`, which enters the AV once the removal of the
+    /// entry at `fi_addr` has run.
+    fn park(&mut self, client: u64, fi_addr: fi_addr_t, address: &[u8], identity_len: usize) {
+        if self
+            .parked
+            .get(&fi_addr)
+            .is_some_and(|parked| parked.address.bytes() != address)
+        {
+            self.evict_parked(client, fi_addr);
         }
-        let Some(slot) = self.slots.get_mut(identity) else {
-            return;
-        };
-        slot.parked
-            .get_or_insert_with(|| {
+        self.parked
+            .entry(fi_addr)
+            .or_insert_with(|| {
                 Box::new(Parked {
-                    address: address.into(),
-                    clients: HashSet::new(),
+                    address: StoredAddress::new(address, identity_len),
+                    clients: HashSet::default(),
                     waiters: Vec::new(),
                 })
             })
             .clients
             .insert(client);
-        self.clients.insert(client, identity.into());
+        self.clients.insert(client, Holding::parked(fi_addr));
         tracing::debug!(
             op = "park",
             client,
@@ -717,75 +923,72 @@ impl<B: AvBackend> Writer<B> {
         );
     }
 
-    /// Publish `client`'s registration on the live entry of `identity`.
-    fn register(&mut self, client: u64, identity: &[u8], address: &[u8], fi_addr: fi_addr_t) {
-        if let Some(live) = self
-            .slots
-            .get_mut(identity)
-            .and_then(|slot| slot.live.as_mut())
-        {
-            if live.clients.insert(client) {
-                self.stats.clients += 1;
-            }
+    /// Publish `client`'s registration on the live entry at `fi_addr`.
+    fn register(&mut self, client: u64, fi_addr: fi_addr_t) {
+        let Some(entry) = self.entry_mut(fi_addr) else {
+            return;
+        };
+        let added = entry.holders.insert(client);
+        let registration = Registration::new(client, entry.address.clone());
+        if added {
+            self.stats.clients += 1;
         }
-        self.clients.insert(client, identity.into());
-        self.shared
-            .index
-            .publish(Registration::new(client, address, identity.len()), fi_addr);
+        self.clients.insert(client, Holding::live(fi_addr));
+        self.shared.index.publish(registration, fi_addr);
     }
 
-    /// Unlink `client`'s registration on `identity` from the index.
-    fn unregister(&mut self, client: u64, identity: &[u8]) {
-        self.shared.index.unlink(client, identity);
+    /// Unlink `client`'s registration on the entry at `fi_addr` from the index.
+    fn unregister(&mut self, client: u64, fi_addr: fi_addr_t) {
+        self.shared
+            .index
+            .unlink(client, identity_at(&self.entries, fi_addr));
         self.stats.clients -= 1;
     }
 
     /// Let go of whatever `client` holds or waits for; retire the entry if it was the last holder.
     fn detach(&mut self, client: u64) {
-        let Some(identity) = self.clients.remove(&client) else {
+        let Some(holding) = self.clients.remove(&client) else {
             return;
         };
-        let Some(slot) = self.slots.get_mut(&identity) else {
+        let fi_addr = holding.fi_addr();
+        if holding.is_parked() {
+            if let Some(parked) = self.parked.get_mut(&fi_addr) {
+                if parked.clients.remove(&client) {
+                    parked.turn_away(Some(client));
+                    if parked.clients.is_empty() {
+                        self.parked.remove(&fi_addr);
+                    }
+                }
+            }
             return;
-        };
-        let mut retired = None;
-        if let Some(live) = &mut slot.live {
-            if live.clients.remove(&client) {
-                if live.clients.is_empty() {
-                    retired = slot.live.take();
-                }
-                self.unregister(client, &identity);
-            }
-        } else if let Some(parked) = &mut slot.parked {
-            if parked.clients.remove(&client) {
-                parked.turn_away(Some(client));
-                if parked.clients.is_empty() {
-                    slot.parked = None;
-                }
-            }
         }
-        if let Some(live) = retired {
+        let Some(entry) = self.entry_mut(fi_addr).filter(|entry| entry.is_live()) else {
+            return;
+        };
+        if !entry.holders.remove(client) {
+            return;
+        }
+        let last = entry.holders.is_empty();
+        self.unregister(client, fi_addr);
+        if last {
             self.stats.entries -= 1;
-            self.retire(&identity, live.address, live.fi_addr);
+            self.retire(fi_addr);
         }
-        self.tidy(&identity);
     }
 
-    /// Defer the removal of an entry that is no longer in the index.
-    fn retire(&mut self, identity: &[u8], address: Box<[u8]>, fi_addr: fi_addr_t) {
+    /// Defer the removal of the entry at `fi_addr`, which is no longer in the index.
+    fn retire(&mut self, fi_addr: fi_addr_t) {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         self.pending.insert(
             ticket,
             Pending {
-                identity: identity.into(),
-                address,
                 fi_addr,
                 wait: Wait::Readers,
             },
         );
-        if let Some(slot) = self.slots.get_mut(identity) {
-            slot.removing = Some(ticket);
+        if let Some(entry) = self.entry_mut(fi_addr) {
+            entry.removal = ticket;
         }
         let reclaimed = self.reclaimed.clone();
         let guard = self.epoch.pin();
@@ -793,9 +996,8 @@ impl<B: AvBackend> Writer<B> {
             // The writer may have shut down, having removed everything itself.
             let _ = reclaimed.send(ticket);
         });
-        // A deferred closure waits in this thread's bag until it is flushed; flush now so that
-        // readers' pins can collect it too.
-        guard.flush();
+        // Handed to the collector at the end of the batch (`finish_batch`).
+        self.unflushed = true;
     }
 
     /// Every reader that could have seen `ticket`'s entry has unpinned: remove it unless a lease
@@ -829,60 +1031,60 @@ impl<B: AvBackend> Writer<B> {
         if retry_at.is_some_and(|at| now < at && cfg!(not(dma_loom))) {
             return false;
         }
-        if self.shared.leases.held(pending.fi_addr) {
+        let fi_addr = pending.fi_addr;
+        if self.shared.leases.held(fi_addr) {
             return false;
         }
         self.stats.removes += 1;
-        if let Err(error) = self.backend.remove(pending.fi_addr) {
+        if let Err(error) = self.backend.remove(fi_addr) {
             self.stats.failed_removes += 1;
             pending.wait = Wait::Held {
                 retry_at: Some(now + backoff),
                 backoff: (backoff * 2).min(LAST_RETRY),
             };
-            tracing::warn!(op = "remove_failed", fi_addr = pending.fi_addr, %error, retry_in = ?backoff, "fi_av_remove failed; the entry stays counted and its identity blocked until a retry succeeds");
+            tracing::warn!(op = "remove_failed", fi_addr, %error, retry_in = ?backoff, "fi_av_remove failed; the entry stays counted and its identity blocked until a retry succeeds");
             return false;
         }
-        tracing::debug!(op = "remove", fi_addr = pending.fi_addr, "fi_av_remove");
-        let Some(pending) = self.pending.remove(&ticket) else {
-            return true;
-        };
-        let identity = pending.identity;
-        let parked = self.slots.get_mut(&identity).and_then(|slot| {
-            if slot.removing == Some(ticket) {
-                slot.removing = None;
-            }
-            slot.parked.take()
-        });
-        if let Some(parked) = parked {
-            self.admit(&identity, *parked);
+        tracing::debug!(op = "remove", fi_addr, "fi_av_remove");
+        self.pending.remove(&ticket);
+        self.forget(fi_addr);
+        if let Some(parked) = self.parked.remove(&fi_addr) {
+            self.admit(*parked);
         }
-        self.tidy(&identity);
         true
     }
 
+    /// Drop the entry at `fi_addr`, removed from the AV, and its identity's slot.
+    fn forget(&mut self, fi_addr: fi_addr_t) {
+        let Some(entry) = usize::try_from(fi_addr)
+            .ok()
+            .and_then(|index| self.entries.get_mut(index))
+            .and_then(Option::take)
+        else {
+            return;
+        };
+        let hash = self.hasher.hash_one(entry.address.identity());
+        if let Ok(slot) = self.slots.find_entry(hash, |&held| held == fi_addr) {
+            slot.remove();
+        }
+    }
+
     /// Insert a parked incarnation now that the old one has left the AV.
-    fn admit(&mut self, identity: &[u8], parked: Parked) {
-        match self.insert(&parked.address) {
+    fn admit(&mut self, parked: Parked) {
+        match self.insert(parked.address.bytes()) {
             Ok(fi_addr) => {
-                self.stats.entries += 1;
                 tracing::debug!(
                     op = "insert",
                     fi_addr,
                     waiting = parked.clients.len(),
                     "fi_av_insert of a parked incarnation"
                 );
-                if let Some(slot) = self.slots.get_mut(identity) {
-                    slot.live = Some(Live {
-                        address: parked.address.clone(),
-                        fi_addr,
-                        clients: HashSet::new(),
-                    });
-                }
+                self.install(fi_addr, parked.address);
                 for &client in &parked.clients {
-                    self.register(client, identity, &parked.address, fi_addr);
+                    self.register(client, fi_addr);
                 }
                 for (_, reply) in parked.waiters {
-                    let _ = reply.send(Ok(fi_addr));
+                    self.replies.push((reply, Ok(fi_addr)));
                 }
             }
             Err(error) => {
@@ -891,15 +1093,9 @@ impl<B: AvBackend> Writer<B> {
                     self.clients.remove(client);
                 }
                 for (_, reply) in parked.waiters {
-                    let _ = reply.send(Err(error.clone()));
+                    self.replies.push((reply, Err(error.clone())));
                 }
             }
-        }
-    }
-
-    fn tidy(&mut self, identity: &[u8]) {
-        if self.slots.get(identity).is_some_and(Slot::is_empty) {
-            self.slots.remove(identity);
         }
     }
 
@@ -917,17 +1113,37 @@ impl<B: AvBackend> Writer<B> {
         self.shrink();
     }
 
-    /// Give memory back once the maps have emptied well below their peak, so the writer's memory
-    /// follows the live entries rather than the most it ever held (invariant 4).
+    /// Give memory back once the tables have emptied well below their peak, so the writer's
+    /// memory follows the live entries rather than the most it ever held (invariant 4).
     fn shrink(&mut self) {
-        fn shrink_map<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
-            if map.capacity() > 64 && map.capacity() > 4 * map.len() {
-                map.shrink_to(2 * map.len());
-            }
+        fn roomy(capacity: usize, len: usize) -> bool {
+            capacity > 64 && capacity > 4 * len
         }
-        shrink_map(&mut self.slots);
-        shrink_map(&mut self.clients);
-        if self.held.capacity() > 64 && self.held.capacity() > 4 * self.held.len() {
+        if roomy(self.clients.capacity(), self.clients.len()) {
+            self.clients.shrink_to(2 * self.clients.len());
+        }
+        if roomy(self.parked.capacity(), self.parked.len()) {
+            self.parked.shrink_to(2 * self.parked.len());
+        }
+        if roomy(self.slots.capacity(), self.slots.len()) {
+            let (entries, hasher) = (&self.entries, &self.hasher);
+            self.slots.shrink_to(2 * self.slots.len(), |&fi_addr| {
+                hasher.hash_one(identity_at(entries, fi_addr))
+            });
+        }
+        // Indices are handed out lowest first, so the table ends at the highest one in use.
+        if self.entries.last().is_some_and(Option::is_none) {
+            let used = self
+                .entries
+                .iter()
+                .rposition(Option::is_some)
+                .map_or(0, |last| last + 1);
+            self.entries.truncate(used);
+        }
+        if roomy(self.entries.capacity(), self.entries.len()) {
+            self.entries.shrink_to(2 * self.entries.len());
+        }
+        if roomy(self.held.capacity(), self.held.len()) {
             self.held.shrink_to(2 * self.held.len());
         }
     }
@@ -939,17 +1155,22 @@ impl<B: AvBackend> Writer<B> {
         self.held.clear();
         for (_, pending) in pending {
             self.remove_at_shutdown(pending.fi_addr);
+            self.forget(pending.fi_addr);
         }
-        let slots: Vec<_> = self.slots.drain().collect();
-        for (identity, slot) in slots {
-            if let Some(live) = slot.live {
-                for &client in &live.clients {
-                    self.unregister(client, &identity);
-                }
-                self.stats.entries -= 1;
-                self.remove_at_shutdown(live.fi_addr);
+        for fi_addr in 0..self.entries.len() as fi_addr_t {
+            let Some(entry) = self.entry_mut(fi_addr) else {
+                continue;
+            };
+            let holders = std::mem::take(&mut entry.holders);
+            for client in holders.to_vec() {
+                self.unregister(client, fi_addr);
             }
+            self.stats.entries -= 1;
+            self.remove_at_shutdown(fi_addr);
+            self.forget(fi_addr);
         }
+        // Waiters on a parked incarnation are told `Closed` when their senders drop with it.
+        self.parked.clear();
         self.clients.clear();
         for quiescer in self.quiescing.drain(..) {
             let _ = quiescer.reply.send(());
