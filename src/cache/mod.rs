@@ -64,12 +64,12 @@ pub(crate) mod epoch;
 mod failures;
 pub(crate) mod index;
 pub mod lease;
+mod reply;
 mod stats;
 mod stored;
 pub(crate) mod writer;
 
 use std::marker::PhantomData;
-use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use self::epoch::Epochs;
@@ -77,6 +77,7 @@ use self::failures::Failures;
 use self::index::{Index, IndexGuard, RegistrationIndex};
 pub use self::lease::Lease;
 use self::lease::LeaseCounts;
+use self::reply::Outcome;
 pub use self::stats::CacheStats;
 use self::stats::Counters;
 use self::stored::StoredAddress;
@@ -86,12 +87,8 @@ use crate::address::AddressFormat;
 pub use crate::av::AvBackend;
 use crate::av::FabricAv;
 use crate::error::DmaError;
-use crate::sync::{Arc, Bounded, TrySendError, bounded, mpsc, recv_spinning, recv_until, thread};
+use crate::sync::{Arc, Bounded, TrySendError, bounded, mpsc, thread};
 use crate::sys::fi_addr_t;
-
-/// How long a missing reader polls for the writer's answer before it parks: about what a real
-/// `fi_av_insert` and the round trip cost, so the common miss never sleeps.
-const MISS_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// What a reader needs, whatever the backend.
 struct Core {
@@ -316,15 +313,12 @@ impl<B: AvBackend> AddressCache<B> {
                 }
             }
             // Unpinned while waiting: a parked incarnation waits for every pin, this one's too.
-            let (reply, answer) = mpsc::channel();
-            self.core.ask(client, address, Reply::Admitted(reply))?;
-            let outcome = match deadline {
-                None => recv_spinning(&answer, MISS_SPIN).map_err(|_| DmaError::Closed)?,
-                Some(deadline) => match recv_until(&answer, deadline) {
-                    Ok(outcome) => outcome,
-                    Err(RecvTimeoutError::Timeout) => return Err(DmaError::WouldBlock),
-                    Err(RecvTimeoutError::Disconnected) => return Err(DmaError::Closed),
-                },
+            let outcome = match reply::round_trip(
+                |answer| self.core.ask(client, address, Reply::Admitted(answer)),
+                deadline,
+            ) {
+                Outcome::Answered(outcome) => outcome,
+                Outcome::TimedOut => return Err(DmaError::WouldBlock),
             };
             match outcome {
                 // In the AV, or turned away by a newer incarnation: probe again.
@@ -548,10 +542,14 @@ impl<'cache> Pinned<'cache> {
         if let Some(peer) = self.hit(client, address)? {
             return Ok(peer);
         }
-        let (reply, answer) = mpsc::channel();
-        self.core.ask(client, address, Reply::Now(reply))?;
-        let fi_addr = recv_spinning(&answer, MISS_SPIN).map_err(|_| DmaError::Closed)??;
-        Ok(self.peer(fi_addr))
+        match reply::round_trip(
+            |answer| self.core.ask(client, address, Reply::Now(answer)),
+            None,
+        ) {
+            Outcome::Answered(fi_addr) => Ok(self.peer(fi_addr?)),
+            // Without a deadline the answer always comes.
+            Outcome::TimedOut => Err(DmaError::WouldBlock),
+        }
     }
 
     /// As [`resolve`](Self::resolve), but never blocks: a miss is queued for the writer and

@@ -62,6 +62,7 @@ use hashbrown::HashTable;
 use super::failures::Failures;
 use super::index::{Index, Registration, RegistrationIndex};
 use super::lease::LeaseCounts;
+use super::reply::Answer;
 use super::stats::{CacheStats, Counters};
 use super::stored::StoredAddress;
 use crate::address::AddressFormat;
@@ -80,18 +81,15 @@ const BATCH: usize = 64;
 /// The writer's hasher, for its own tables: foldhash, as the index uses.
 type Hasher = foldhash::fast::RandomState;
 
-/// Where the answer to one resolve goes.
-pub(crate) type Answer = mpsc::Sender<Result<fi_addr_t, DmaError>>;
-
 /// Where the writer's answer to a resolve goes.
 pub(crate) enum Reply {
     /// Nobody waits (`try_resolve`): a failure is recorded in [`Failures`] instead.
     Queued,
     /// Answer at once, `WouldBlock` included (`resolve`).
-    Now(mpsc::Sender<Result<fi_addr_t, DmaError>>),
+    Now(Answer),
     /// Answer once the entry is in the AV: a parked incarnation answers when it is admitted
     /// (`AddressCache::lease`).
-    Admitted(mpsc::Sender<Result<fi_addr_t, DmaError>>),
+    Admitted(Answer),
 }
 
 /// What the writer is asked to do. Requests are applied in the order they arrive.
@@ -307,21 +305,20 @@ struct Parked {
     address: StoredAddress,
     clients: HashSet<u64, Hasher>,
     /// Callers of `AddressCache::lease` waiting for this incarnation to enter the AV.
-    waiters: Vec<(u64, mpsc::Sender<Result<fi_addr_t, DmaError>>)>,
+    waiters: Vec<(u64, Answer)>,
 }
 
 impl Parked {
     /// Tell `client`'s waiters (every waiter, for `None`) that this incarnation will not get in
     /// for them: they resolve again.
     fn turn_away(&mut self, client: Option<u64>) {
-        self.waiters.retain(|(waiter, reply)| {
-            if client.is_some_and(|client| client != *waiter) {
-                return true;
-            }
-            // A waiter that gave up has nothing to be told.
-            let _ = reply.send(Err(DmaError::WouldBlock));
-            false
-        });
+        let (turned_away, kept) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .partition(|(waiter, _)| client.is_none_or(|client| client == *waiter));
+        self.waiters = kept;
+        for (_, answer) in turned_away {
+            answer.send(Err(DmaError::WouldBlock));
+        }
     }
 }
 
@@ -533,9 +530,8 @@ impl<B: AvBackend> Writer<B> {
         }
         // Counters first, so a caller reading them after its reply sees its request.
         self.publish_stats();
-        for (reply, result) in self.replies.drain(..) {
-            // A caller that stopped waiting has nothing to be told.
-            let _ = reply.send(result);
+        for (answer, result) in self.replies.drain(..) {
+            answer.send(result);
         }
     }
 
@@ -618,12 +614,7 @@ impl<B: AvBackend> Writer<B> {
     }
 
     /// `client` is parked on `address`: answer `reply` once that incarnation is in the AV.
-    fn wait_for_admission(
-        &mut self,
-        client: u64,
-        address: &[u8],
-        reply: mpsc::Sender<Result<fi_addr_t, DmaError>>,
-    ) {
+    fn wait_for_admission(&mut self, client: u64, address: &[u8], reply: Answer) {
         let parked = self
             .clients
             .get(&client)

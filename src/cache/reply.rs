@@ -1,0 +1,208 @@
+//! How the writer's answer to a miss gets back to the thread that waits for it.
+//!
+//! Each thread keeps one channel for its answers and reuses it for every miss it sends, so a
+//! blocking miss allocates no channel of its own. Every request carries an [`Answer`]: a clone of
+//! the thread's sender and a ticket, unique on that thread, that the answer comes back with. The
+//! waiting thread reads answers until its ticket's arrives, dropping any older one (the answer to
+//! a `lease_within` that stopped waiting).
+//!
+//! # Guarantees
+//!
+//! - Every `Answer` sends exactly one message: its result, or, if it is dropped unsent (the writer
+//!   stopped, or unwound), [`DmaError::Closed`]. So a waiter never waits for an answer that
+//!   cannot come, although the channel it waits on outlives the writer.
+//! - A waiter takes only its own ticket's answer.
+//!
+//! Under loom every round trip makes a channel of its own (a loom channel cannot outlive the
+//! execution it was made in); the answers and tickets are the same.
+
+use std::time::Instant;
+
+use crate::error::DmaError;
+use crate::sync::{mpsc, recv_spinning, recv_until};
+use crate::sys::fi_addr_t;
+
+/// How long a waiting thread polls for its answer before it parks: about what a real
+/// `fi_av_insert` and the round trip cost, so the common miss never sleeps.
+const MISS_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
+
+/// An answer with the ticket it belongs to.
+type Tagged = (u64, Result<fi_addr_t, DmaError>);
+
+/// Where the writer sends one answer. Sends `Closed` if dropped unsent.
+pub(crate) struct Answer {
+    sender: Option<mpsc::Sender<Tagged>>,
+    ticket: u64,
+}
+
+impl Answer {
+    /// Send `result` to the waiting thread. A thread that stopped waiting drops it unread.
+    pub(crate) fn send(mut self, result: Result<fi_addr_t, DmaError>) {
+        if let Some(sender) = self.sender.take() {
+            let _ = sender.send((self.ticket, result));
+        }
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if let Some(sender) = self.sender.take() {
+            let _ = sender.send((self.ticket, Err(DmaError::Closed)));
+        }
+    }
+}
+
+/// What came of a round trip.
+pub(crate) enum Outcome {
+    /// The writer's answer (`Closed` if the writer stopped first).
+    Answered(Result<fi_addr_t, DmaError>),
+    /// The deadline passed first; the request may still be applied.
+    TimedOut,
+}
+
+/// One thread's answer channel.
+struct Channel {
+    sender: mpsc::Sender<Tagged>,
+    receiver: mpsc::Receiver<Tagged>,
+    next_ticket: u64,
+}
+
+impl Channel {
+    fn new() -> Self {
+        let (sender, receiver) = mpsc::channel();
+        Self {
+            sender,
+            receiver,
+            next_ticket: 0,
+        }
+    }
+
+    fn round_trip(
+        &mut self,
+        ask: impl FnOnce(Answer) -> Result<(), DmaError>,
+        deadline: Option<Instant>,
+    ) -> Outcome {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        let answer = Answer {
+            sender: Some(self.sender.clone()),
+            ticket,
+        };
+        if let Err(error) = ask(answer) {
+            // The unsent answer's `Closed` stays in the channel; the next round trip drops it.
+            return Outcome::Answered(Err(error));
+        }
+        loop {
+            let received = match deadline {
+                None => recv_spinning(&self.receiver, MISS_SPIN)
+                    .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected),
+                Some(deadline) => recv_until(&self.receiver, deadline),
+            };
+            match received {
+                Ok((answered, result)) if answered == ticket => return Outcome::Answered(result),
+                // An answer to an earlier request that stopped waiting.
+                Ok(_) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return Outcome::TimedOut,
+                // This channel holds a sender of its own, so this does not happen.
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Outcome::Answered(Err(DmaError::Closed));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(not(dma_loom))]
+std::thread_local! {
+    static CHANNEL: std::cell::RefCell<Option<Channel>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Send a request with `ask`, which puts the [`Answer`] it is given into the request, and wait
+/// for the answer, until `deadline` if there is one. An error from `ask` is the outcome.
+pub(crate) fn round_trip(
+    ask: impl FnOnce(Answer) -> Result<(), DmaError>,
+    deadline: Option<Instant>,
+) -> Outcome {
+    let mut ask = Some(ask);
+    #[cfg(not(dma_loom))]
+    {
+        let reused = CHANNEL.try_with(|cell| {
+            // Borrowed already only if a round trip re-entered this one (it does not); in use or
+            // not, a fresh channel below serves.
+            let mut slot = cell.try_borrow_mut().ok()?;
+            let ask = ask.take()?;
+            Some(
+                slot.get_or_insert_with(Channel::new)
+                    .round_trip(ask, deadline),
+            )
+        });
+        if let Ok(Some(outcome)) = reused {
+            return outcome;
+        }
+    }
+    // Under loom, or while the thread's storage is torn down: a channel for this round trip.
+    match ask.take() {
+        Some(ask) => Channel::new().round_trip(ask, deadline),
+        None => Outcome::Answered(Err(DmaError::Closed)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_dropped_unsent_tells_its_waiter_closed() {
+        let outcome = round_trip(
+            |answer| {
+                std::thread::spawn(move || drop(answer));
+                Ok(())
+            },
+            None,
+        );
+        assert!(matches!(outcome, Outcome::Answered(Err(DmaError::Closed))));
+    }
+
+    #[test]
+    fn a_late_answer_to_an_abandoned_request_is_not_taken_for_the_next() {
+        let (keep, kept) = std::sync::mpsc::channel();
+        let deadline = Instant::now();
+        let outcome = round_trip(
+            |answer| {
+                keep.send(answer).map_err(|_| DmaError::Closed)?;
+                Ok(())
+            },
+            Some(deadline),
+        );
+        assert!(matches!(outcome, Outcome::TimedOut));
+        // The abandoned request is answered now, on the same thread's channel.
+        let late = kept.recv().map_err(|_| DmaError::Closed);
+        assert!(late.is_ok());
+        if let Ok(late) = late {
+            late.send(Ok(1));
+        }
+        let outcome = round_trip(
+            |answer| {
+                answer.send(Ok(2));
+                Ok(())
+            },
+            None,
+        );
+        assert!(matches!(outcome, Outcome::Answered(Ok(2))));
+    }
+
+    #[test]
+    fn an_error_from_asking_is_the_outcome() {
+        let outcome = round_trip(|_answer| Err(DmaError::Closed), None);
+        assert!(matches!(outcome, Outcome::Answered(Err(DmaError::Closed))));
+        // The unsent answer's `Closed` does not answer the next round trip.
+        let outcome = round_trip(
+            |answer| {
+                answer.send(Ok(3));
+                Ok(())
+            },
+            None,
+        );
+        assert!(matches!(outcome, Outcome::Answered(Ok(3))));
+    }
+}
