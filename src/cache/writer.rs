@@ -112,20 +112,37 @@ pub(crate) enum Request {
     Shutdown,
 }
 
-/// `recv_timeout`, which loom's channel lacks: under loom time does not pass, so the writer
-/// advances epochs only when asked to quiesce, and this is never called.
+/// Poll the inbox (yielding) for `spin`, then wait for the rest of `timeout`. Loom's channel has
+/// no `recv_timeout`, and under loom time does not pass: the writer advances epochs only when
+/// asked to quiesce, and this is never called.
 #[cfg(not(dma_loom))]
-fn recv_timeout(
+fn recv_polling(
     inbox: &mpsc::Receiver<Request>,
-    tick: Duration,
+    spin: Duration,
+    timeout: Duration,
 ) -> Result<Request, std::sync::mpsc::RecvTimeoutError> {
-    inbox.recv_timeout(tick)
+    let started = Instant::now();
+    loop {
+        match inbox.try_recv() {
+            Ok(request) => return Ok(request),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                return Err(std::sync::mpsc::RecvTimeoutError::Disconnected);
+            }
+            Err(std::sync::mpsc::TryRecvError::Empty) if started.elapsed() < spin => {
+                std::thread::yield_now();
+            }
+            Err(std::sync::mpsc::TryRecvError::Empty) => {
+                return inbox.recv_timeout(timeout.saturating_sub(started.elapsed()));
+            }
+        }
+    }
 }
 
 #[cfg(dma_loom)]
-fn recv_timeout(
+fn recv_polling(
     inbox: &mpsc::Receiver<Request>,
-    _tick: Duration,
+    _spin: Duration,
+    _timeout: Duration,
 ) -> Result<Request, std::sync::mpsc::RecvTimeoutError> {
     inbox
         .recv()
@@ -443,7 +460,10 @@ impl<B: AvBackend> Writer<B> {
                     Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
                 }
             } else if waiting && cfg!(not(dma_loom)) {
-                match recv_timeout(&self.inbox, tick) {
+                // Poll first, as when idle: a miss that finds the writer parked pays a wake-up,
+                // and while removals are pending (most of the time under churn) that would be
+                // every miss.
+                match recv_polling(&self.inbox, IDLE_SPIN.min(tick), tick) {
                     Ok(request) => Some(request),
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
                     Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
