@@ -55,8 +55,39 @@ pub(crate) struct Lookup<'a> {
     pub(crate) identity: &'a [u8],
 }
 
-// `Hash` writes the same sequence for a `Registration` and for a `Lookup` of it, and `Eq` and
-// `Equivalent` compare the same fields, as papaya requires of a borrowed key.
+/// A reader's probe: the client and the whole address, whose first `identity_len` bytes are the
+/// identity. It hashes as the `(client, identity)` key does, and is equivalent only to the
+/// registration of that client on exactly that address: so one comparison confirms the key and
+/// the incarnation, and a registration on another incarnation of the identity is a miss, as it
+/// must be (the writer decides what becomes of it).
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(dma_loom, allow(dead_code))]
+pub(crate) struct Probe<'a> {
+    pub(crate) client: u64,
+    pub(crate) identity_len: usize,
+    pub(crate) address: &'a [u8],
+}
+
+impl Hash for Probe<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        Lookup {
+            client: self.client,
+            identity: &self.address[..self.identity_len.min(self.address.len())],
+        }
+        .hash(state);
+    }
+}
+
+impl papaya::Equivalent<Registration> for Probe<'_> {
+    #[inline]
+    fn equivalent(&self, key: &Registration) -> bool {
+        self.client == key.client && self.address == key.address()
+    }
+}
+
+// `Hash` writes the same sequence for a `Registration` and for a `Lookup` or `Probe` of it, and
+// `Eq` and `Equivalent` compare the same fields (a `Probe` the whole address, which decides the
+// identity too), as papaya requires of a borrowed key.
 impl Hash for Registration {
     fn hash<H: Hasher>(&self, state: &mut H) {
         Lookup {
@@ -99,12 +130,13 @@ pub(crate) trait RegistrationIndex: Send + Sync {
     where
         Self: 'a;
     fn guard(&self) -> Self::Guard<'_>;
-    /// The entry `client` is registered on for exactly `address`, whose identity is `identity`.
+    /// The entry `client` is registered on for exactly `address`, whose first `identity_len`
+    /// bytes are its identity.
     fn get(
         &self,
         guard: &Self::Guard<'_>,
         client: u64,
-        identity: &[u8],
+        identity_len: usize,
         address: &[u8],
     ) -> Option<fi_addr_t>;
     /// Publish a registration. Writer only.
@@ -157,13 +189,15 @@ impl RegistrationIndex for PapayaIndex {
         &self,
         guard: &Self::Guard<'_>,
         client: u64,
-        identity: &[u8],
+        identity_len: usize,
         address: &[u8],
     ) -> Option<fi_addr_t> {
-        let (registration, fi_addr) = self
-            .map
-            .get_key_value(&Lookup { client, identity }, guard)?;
-        (registration.address() == address).then_some(*fi_addr)
+        let probe = Probe {
+            client,
+            identity_len,
+            address,
+        };
+        self.map.get(&probe, guard).copied()
     }
 
     fn publish(&self, registration: Registration, fi_addr: fi_addr_t) {
@@ -217,10 +251,11 @@ impl RegistrationIndex for LockedIndex {
         &self,
         _guard: &Self::Guard<'_>,
         client: u64,
-        identity: &[u8],
+        identity_len: usize,
         address: &[u8],
     ) -> Option<fi_addr_t> {
         let map = self.locked();
+        let identity = address.get(..identity_len)?;
         let (registered, fi_addr) = map.get(&(client, identity.to_vec()))?;
         (**registered == *address).then_some(*fi_addr)
     }

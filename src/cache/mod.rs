@@ -101,6 +101,9 @@ struct Core {
     requests: Bounded<Request>,
     format: AddressFormat,
     address_len: usize,
+    /// The identity's length for every address of `address_len` bytes; `None` if the format
+    /// refuses that length (then every resolve is an `InvalidAddress`).
+    identity_len: Option<usize>,
 }
 
 impl Core {
@@ -118,8 +121,20 @@ impl Core {
 
     /// `address`, checked, as a request carries it: inline, so a miss allocates no key.
     fn stored(&self, address: &[u8]) -> Result<StoredAddress, DmaError> {
-        let identity_len = self.format.identity_len(address, self.address_len)?;
+        let identity_len = self.identity_len(address)?;
         Ok(StoredAddress::new(address, identity_len))
+    }
+
+    /// How many leading bytes of `address` are its identity, once it is checked: the length the
+    /// format gives for every address of the right length, worked out once per cache, so a hit
+    /// costs one length comparison. A wrong length (or a layout the format refuses) takes the
+    /// format's own check, for its error.
+    #[inline]
+    fn identity_len(&self, address: &[u8]) -> Result<usize, DmaError> {
+        match self.identity_len {
+            Some(identity_len) if address.len() == self.address_len => Ok(identity_len),
+            _ => self.format.identity_len(address, self.address_len),
+        }
     }
 }
 
@@ -195,6 +210,7 @@ impl<B: AvBackend> AddressCache<B> {
                 requests,
                 format,
                 address_len,
+                identity_len: identity_len_for(format, address_len),
             },
             writer,
             backend: PhantomData,
@@ -446,6 +462,13 @@ impl<B: AvBackend> AddressCache<B> {
     }
 }
 
+/// The identity's length of every address of `address_len` bytes in `format`, if the format takes
+/// that length.
+fn identity_len_for(format: AddressFormat, address_len: usize) -> Option<usize> {
+    let probe = vec![0; address_len];
+    format.identity_len(&probe, address_len).ok()
+}
+
 /// A fresh cache id. Ids are never reused: a `u64` counter does not wrap in practice.
 fn next_cache_id() -> u64 {
     // Plain std even under loom: an id, not part of the protocol.
@@ -631,16 +654,12 @@ impl<'cache> Pinned<'cache> {
     /// The hot path: one probe, no allocation, no lock, no shared write.
     #[inline]
     fn hit(&self, client: u64, address: &[u8]) -> Result<Option<Peer<'_>>, DmaError> {
-        let identity_len = self
-            .core
-            .format
-            .identity_len(address, self.core.address_len)?;
-        let identity = &address[..identity_len];
+        let identity_len = self.core.identity_len(address)?;
         Ok(self
             .core
             .shared
             .index
-            .get(&self.index, client, identity, address)
+            .get(&self.index, client, identity_len, address)
             .map(|fi_addr| self.peer(fi_addr)))
     }
 
