@@ -1,7 +1,9 @@
 //! The hit path on one thread: `pinned.resolve` on a warm cache of 1,000 and 100,000 live
 //! entries, efa (32-byte addresses, model AV) and tcp (16-byte, real AV), in batch mode (one pin,
 //! many resolves) and single-shot mode (pin, resolve, unpin), next to the baselines probing the
-//! same keys in the same order with the same hasher; and what a lease adds to a round.
+//! same keys in the same order with the same hasher; below them, the floor (a bare papaya `get` of
+//! the same keys under one guard) and the limit (a bare foldhash map keyed by the address alone);
+//! and what a lease adds to a round.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
@@ -10,29 +12,70 @@ use std::hint::black_box;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
-use common::{Keys, Kind, Reference, Subject};
+use common::{Cursor, Keys, Kind, Reference, Subject};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use dma_libfabric::sys::fi_addr_t;
+use dma_libfabric::{AddressCache, AvBackend};
 
-/// A baseline's bench: one probe an iteration through `probe`, in the same loop shape as ours
-/// and every other baseline, continuing the shared walk through the keys at `step`.
-fn probes<F>(
+/// Every row's bench, ours and the baselines' alike: `hold` once a sample (ours_batch's pin, the
+/// floor's guard, nothing for the rest), then one `probe` an iteration, on the next probe of the
+/// walk every row continues.
+fn probes<G, H, F>(
     group: &mut BenchmarkGroup<'_, WallTime>,
-    keys: &Keys,
-    step: &mut usize,
+    cursor: &mut Cursor<'_>,
     name: &str,
+    hold: H,
     probe: F,
 ) where
-    F: Fn(u64, &[u8]) -> fi_addr_t,
+    H: Fn() -> G,
+    F: Fn(&G, u64, &[u8]) -> fi_addr_t,
 {
     group.bench_function(name, |b| {
+        let held = hold();
         b.iter(|| {
-            *step += 1;
-            let (client, address) = keys.probe(*step);
-            black_box(probe(client, address))
+            let (client, address) = cursor.next_probe();
+            black_box(probe(&held, client, address))
         })
     });
+}
+
+/// Ours: batch (one pin a sample) and single-shot (a pin a resolve).
+fn ours<B: AvBackend>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    cursor: &mut Cursor<'_>,
+    cache: &AddressCache<B>,
+) {
+    probes(
+        group,
+        cursor,
+        "ours_batch",
+        || cache.pin(),
+        |pinned, client, address| pinned.resolve(client, address).unwrap().fi_addr(),
+    );
+    probes(
+        group,
+        cursor,
+        "ours_single",
+        || (),
+        |(), client, address| cache.pin().resolve(client, address).unwrap().fi_addr(),
+    );
+}
+
+/// The limit: an unsynchronised foldhash map from the `N`-byte address alone.
+fn foldhash_bare<const N: usize>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    cursor: &mut Cursor<'_>,
+    keys: &Keys,
+) {
+    let bare = common::bare::<N>(keys);
+    probes(
+        group,
+        cursor,
+        "foldhash_bare",
+        || (),
+        |(), _, address| common::probe_bare(&bare, address).unwrap(),
+    );
 }
 
 fn hit(criterion: &mut Criterion) {
@@ -40,8 +83,10 @@ fn hit(criterion: &mut Criterion) {
         for n in [1_000, 100_000] {
             let keys = Keys::new(kind, n);
             let identity_len = kind.identity_len();
-            let subject = Subject::new(kind, n.max(4096));
+            let capacity = n.max(4096);
+            let subject = Subject::new(kind, capacity);
             subject.warm(&keys);
+            let floor = common::floor(&keys, capacity);
             let plain = common::plain(&keys);
             let reference = Mutex::new(Reference::warmed(kind, &keys));
             let rwlock = common::rwlock(&keys);
@@ -49,61 +94,54 @@ fn hit(criterion: &mut Criterion) {
 
             let mut group = criterion.benchmark_group(format!("hit_{}_{n}", kind.name()));
             group.throughput(Throughput::Elements(1));
-            let mut step = 0_usize;
-            macro_rules! ours {
-                ($cache:expr) => {{
-                    let cache = $cache;
-                    group.bench_function("ours_batch", |b| {
-                        let pinned = cache.pin();
-                        b.iter(|| {
-                            step += 1;
-                            let (client, address) = keys.probe(step);
-                            black_box(pinned.resolve(client, address).unwrap().fi_addr())
-                        })
-                    });
-                    group.bench_function("ours_single", |b| {
-                        b.iter(|| {
-                            step += 1;
-                            let (client, address) = keys.probe(step);
-                            let pinned = cache.pin();
-                            black_box(pinned.resolve(client, address).unwrap().fi_addr())
-                        })
-                    });
-                }};
-            }
+            let mut cursor = keys.cursor(0);
+            let cursor = &mut cursor;
             match &subject {
-                Subject::Tcp(endpoint) => ours!(endpoint.peers()),
-                Subject::Efa(cache) => ours!(cache),
+                Subject::Tcp(endpoint) => ours(&mut group, cursor, endpoint.peers()),
+                Subject::Efa(cache) => ours(&mut group, cursor, cache),
             }
             probes(
                 &mut group,
-                &keys,
-                &mut step,
+                cursor,
+                "papaya_floor",
+                || floor.guard(),
+                |guard, client, address| {
+                    common::probe_floor(&floor, guard, identity_len, client, address).unwrap()
+                },
+            );
+            match kind {
+                Kind::Efa => foldhash_bare::<32>(&mut group, cursor, &keys),
+                Kind::Tcp => foldhash_bare::<16>(&mut group, cursor, &keys),
+            }
+            probes(
+                &mut group,
+                cursor,
                 "hashmap",
-                |client, address| common::probe(&plain, identity_len, client, address).unwrap(),
+                || (),
+                |(), client, address| common::probe(&plain, identity_len, client, address).unwrap(),
             );
             probes(
                 &mut group,
-                &keys,
-                &mut step,
+                cursor,
                 "mutex_reference",
-                |client, address| common::probe_reference(&reference, client, address),
+                || (),
+                |(), client, address| common::probe_reference(&reference, client, address),
             );
             probes(
                 &mut group,
-                &keys,
-                &mut step,
+                cursor,
                 "rwlock_hashmap",
-                |client, address| {
+                || (),
+                |(), client, address| {
                     common::probe_rwlock(&rwlock, identity_len, client, address).unwrap()
                 },
             );
             probes(
                 &mut group,
-                &keys,
-                &mut step,
+                cursor,
                 "dashmap",
-                |client, address| {
+                || (),
+                |(), client, address| {
                     common::probe_dashmap(&dashmap, identity_len, client, address).unwrap()
                 },
             );
@@ -125,18 +163,12 @@ fn lease(criterion: &mut Criterion) {
     let keys = Keys::new(Kind::Tcp, 1_000);
     let endpoint = common::tcp_endpoint(4096);
     let cache = endpoint.peers();
-    {
-        let pinned = cache.pin();
-        for step in 0..keys.len() {
-            let (client, address) = keys.probe(step);
-            pinned.resolve(client, address).unwrap();
-        }
-    }
+    common::warm(cache, &keys);
     let shared = Arc::new(());
     let mut group = criterion.benchmark_group("lease_tcp_1000");
     group.throughput(Throughput::Elements(1));
-    let round = |step: usize, arc: Option<&Arc<()>>| {
-        let (client, address) = keys.probe(step);
+    let round = |cursor: &mut Cursor<'_>, arc: Option<&Arc<()>>| {
+        let (client, address) = cursor.next_probe();
         let pinned = cache.pin();
         let peer = pinned.resolve(client, address).unwrap();
         let lease = pinned.lease(peer).unwrap();
@@ -154,11 +186,12 @@ fn lease(criterion: &mut Criterion) {
                     let started = Instant::now();
                     std::thread::scope(|scope| {
                         for thread in 0..threads {
-                            let (barrier, round) = (&barrier, &round);
+                            let (barrier, round, keys) = (&barrier, &round, &keys);
                             scope.spawn(move || {
+                                let mut cursor = keys.cursor(thread * 7_919);
                                 barrier.wait();
-                                for step in 0..iterations as usize {
-                                    round(step * threads + thread, arc);
+                                for _ in 0..iterations {
+                                    round(&mut cursor, arc);
                                 }
                             });
                         }
@@ -169,10 +202,9 @@ fn lease(criterion: &mut Criterion) {
         }
     }
     group.bench_function("pin_resolve_t1", |b| {
-        let mut step = 0_usize;
+        let mut cursor = keys.cursor(0);
         b.iter(|| {
-            step += 1;
-            let (client, address) = keys.probe(step);
+            let (client, address) = cursor.next_probe();
             let pinned = cache.pin();
             black_box(pinned.resolve(client, address).unwrap().fi_addr())
         })

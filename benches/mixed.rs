@@ -12,8 +12,8 @@ use std::hint::black_box;
 use std::sync::{Mutex, RwLock};
 
 use common::{
-    Key, Keys, Kind, Plain, Random, RefAv, Reference, Value, av_insert, av_remove, parallel,
-    sockaddr, tcp_endpoint,
+    Dash, Key, Keys, Kind, Lookup, Plain, Random, RefAv, Reference, Value, av_insert, av_remove,
+    parallel, sockaddr, tcp_endpoint,
 };
 use criterion::{Criterion, Throughput};
 use dma_libfabric::sys::fid_av;
@@ -96,7 +96,7 @@ struct RwBaseline {
 }
 
 struct DashBaseline {
-    map: dashmap::DashMap<Key, Value, common::Hasher>,
+    map: Dash,
     av: AvPtr,
 }
 
@@ -114,23 +114,32 @@ impl Locked for RwBaseline {
 
     fn insert(&self, client: u64, address: &[u8]) -> u64 {
         let mut map = self.map.write().unwrap();
-        let key = Key::new(client, address);
-        if let Some(value) = map.get(&key) {
+        let lookup = Lookup {
+            client,
+            identity: address,
+        };
+        if let Some(value) = map.get(&lookup) {
             return value.fi_addr;
         }
         let fi_addr = av_insert(self.av.0, address).unwrap();
-        map.insert(key, Value::new(address, fi_addr));
+        map.insert(Key::new(client, address), Value::new(address, fi_addr));
         fi_addr
     }
 
     fn remove(&self, client: u64, address: &[u8]) {
         let mut map = self.map.write().unwrap();
-        if let Some(value) = map.remove(&Key::new(client, address)) {
+        let lookup = Lookup {
+            client,
+            identity: address,
+        };
+        if let Some(value) = map.remove(&lookup) {
             av_remove(self.av.0, value.fi_addr);
         }
     }
 }
 
+// dashmap's hit probes with the borrowed key (`common::probe_dashmap`); its `entry` and `remove`
+// take only an owned or `Borrow`ed key, so an insert or a remove (1% of operations) builds one.
 impl Locked for DashBaseline {
     fn hit(&self, client: u64, address: &[u8]) -> Option<u64> {
         common::probe_dashmap(&self.map, 16, client, address)
@@ -200,7 +209,7 @@ fn mixed(criterion: &mut Criterion) {
     };
     let dash_endpoint = tcp_endpoint(4 * CLIENTS);
     let dash = DashBaseline {
-        map: dashmap::DashMap::default(),
+        map: Dash::default(),
         av: AvPtr(dash_endpoint.address_vector()),
     };
     for client in 0..CLIENTS {

@@ -20,8 +20,8 @@ fn offset(thread: usize) -> usize {
     thread * 7_919
 }
 
-/// A baseline's bench: `threads` threads, each probing from its own offset through `probe`, in
-/// the same loop shape for every baseline.
+/// A baseline's bench: `threads` threads, each walking the keys from its own offset with its own
+/// cursor, as ours does, and probing through `probe`, in the same loop shape for every baseline.
 fn probes<F>(
     group: &mut BenchmarkGroup<'_, WallTime>,
     threads: usize,
@@ -34,10 +34,9 @@ fn probes<F>(
     group.bench_function(name, |b| {
         b.iter_custom(|iters| {
             parallel(threads, iters, &|thread, iters| {
-                let mut step = offset(thread);
+                let mut cursor = keys.cursor(offset(thread));
                 for _ in 0..iters {
-                    step += 1;
-                    let (client, address) = keys.probe(step);
+                    let (client, address) = cursor.next_probe();
                     black_box(probe(client, address));
                 }
             })
@@ -63,13 +62,12 @@ fn scaling(criterion: &mut Criterion) {
             group.bench_function("ours", |b| {
                 b.iter_custom(|iters| {
                     parallel(threads, iters, &|thread, iters| {
-                        let mut step = offset(thread);
+                        let mut cursor = keys.cursor(offset(thread));
                         let mut done = 0;
                         while done < iters {
                             let pinned = cache.pin();
                             for _ in 0..BATCH.min(iters - done) {
-                                step += 1;
-                                let (client, address) = keys.probe(step);
+                                let (client, address) = cursor.next_probe();
                                 black_box(pinned.resolve(client, address).unwrap().fi_addr());
                             }
                             done += BATCH;

@@ -2,9 +2,15 @@
 //! figures criterion does not measure are written for `scripts/bench-table`.
 //!
 //! Every baseline is keyed like the cache's index: the pair (client, identity), hashed with the
-//! same foldhash (`write_u64(client)` then `write(identity)`), compared on the identity, and a hit
-//! confirmed against the full address. Only the storage differs: the baselines keep the key inline,
-//! so the unsynchronised `HashMap` probe is the floor a hash-map lookup can reach.
+//! same foldhash (`write_u64(client)` then `write(identity)`), looked up with a borrowed
+//! [`Lookup`] (as the cache looks up with its own borrowed `Lookup`, building no key), compared on
+//! the identity, and a hit confirmed against the full address. Only the storage differs: the
+//! baselines keep the key inline, and the unsynchronised `HashMap` probe is what the same lookup
+//! costs with no synchronisation at all. Two rows of `hit` go below it: [`Floor`], a bare papaya map of the same keys
+//! (what the cache's index is built on), and [`BareMap`], a map keyed by the address alone.
+//!
+//! Every timed loop, ours and the baselines', draws its probes from a [`Cursor`] over the same
+//! walk, so the loop around a probe costs every contestant the same.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -92,20 +98,44 @@ pub struct Keys {
     pub addresses: Vec<Vec<u8>>,
     /// The order probes visit them in: a random permutation, the same for every contestant.
     pub order: Vec<u32>,
+    /// The probes in that order, each address inline: what a [`Cursor`] walks.
+    walk: Vec<Probe>,
+}
+
+/// One probe of the walk: a client and its address, inline.
+#[derive(Clone, Copy)]
+struct Probe {
+    client: u64,
+    len: u8,
+    address: [u8; 32],
 }
 
 impl Keys {
     pub fn new(kind: Kind, n: usize) -> Self {
-        let addresses = (0..n as u32).map(|i| kind.address(i)).collect();
+        let addresses: Vec<Vec<u8>> = (0..n as u32).map(|i| kind.address(i)).collect();
         let mut order: Vec<u32> = (0..n as u32).collect();
         let mut random = Random::new(0x5eed_1234_abcd_0001);
         for i in (1..order.len()).rev() {
             order.swap(i, random.below(i as u64 + 1) as usize);
         }
+        let walk = order
+            .iter()
+            .map(|&i| {
+                let bytes = &addresses[i as usize];
+                let mut address = [0; 32];
+                address[..bytes.len()].copy_from_slice(bytes);
+                Probe {
+                    client: u64::from(i),
+                    len: bytes.len() as u8,
+                    address,
+                }
+            })
+            .collect();
         Self {
             kind,
             addresses,
             order,
+            walk,
         }
     }
 
@@ -113,11 +143,42 @@ impl Keys {
         self.addresses.len()
     }
 
-    /// The `step`-th probe: (client, address).
-    #[inline]
+    /// The `step`-th probe: (client, address). For set-up code: it takes a modulo and reads
+    /// through `order`; timed loops draw from a [`Cursor`].
     pub fn probe(&self, step: usize) -> (u64, &[u8]) {
         let i = self.order[step % self.order.len()] as usize;
         (i as u64, &self.addresses[i])
+    }
+
+    /// A walk through every key in `order`, starting at its `start`-th probe and wrapping.
+    pub fn cursor(&self, start: usize) -> Cursor<'_> {
+        assert!(!self.walk.is_empty(), "a walk needs a key");
+        Cursor {
+            walk: &self.walk,
+            at: start % self.walk.len(),
+        }
+    }
+}
+
+/// Where a timed loop is in the walk through the keys. Every contestant, ours and each baseline,
+/// draws its probes through [`next_probe`](Self::next_probe): a sequential read of the next
+/// probe (client and inline address, in visiting order) and an increment that wraps with a
+/// compare, no modulo and no pointer to follow before the probe itself.
+pub struct Cursor<'k> {
+    walk: &'k [Probe],
+    at: usize,
+}
+
+impl<'k> Cursor<'k> {
+    /// The next probe: (client, address).
+    #[inline(always)]
+    pub fn next_probe(&mut self) -> (u64, &'k [u8]) {
+        let probe = &self.walk[self.at];
+        self.at += 1;
+        if self.at == self.walk.len() {
+            self.at = 0;
+        }
+        (probe.client, &probe.address[..usize::from(probe.len)])
     }
 }
 
@@ -192,11 +253,15 @@ impl Key {
     }
 }
 
-// The cache's `Lookup` hashes exactly this sequence.
+// `Key` and its `Lookup` hash the cache's sequence: `write_u64(client)`, then `write(identity)`.
 impl Hash for Key {
+    #[inline]
     fn hash<H: StdHasher>(&self, state: &mut H) {
-        state.write_u64(self.client);
-        state.write(self.identity());
+        Lookup {
+            client: self.client,
+            identity: self.identity(),
+        }
+        .hash(state);
     }
 }
 
@@ -207,6 +272,30 @@ impl PartialEq for Key {
 }
 
 impl Eq for Key {}
+
+/// A borrowed baseline key, what every baseline probes with: the cache's own `Lookup`
+/// (src/cache/index.rs) field for field, so no probe builds or copies a key.
+#[derive(Debug, Clone, Copy)]
+pub struct Lookup<'a> {
+    pub client: u64,
+    pub identity: &'a [u8],
+}
+
+impl Hash for Lookup<'_> {
+    #[inline]
+    fn hash<H: StdHasher>(&self, state: &mut H) {
+        state.write_u64(self.client);
+        state.write(self.identity);
+    }
+}
+
+// One trait for hashbrown and papaya: both re-export the `equivalent` crate's.
+impl hashbrown::Equivalent<Key> for Lookup<'_> {
+    #[inline]
+    fn equivalent(&self, key: &Key) -> bool {
+        self.client == key.client && *self.identity == *key.identity()
+    }
+}
 
 /// A baseline value: the full address, to confirm the incarnation, and the `fi_addr_t`.
 #[derive(Clone, Copy)]
@@ -233,8 +322,9 @@ impl Value {
     }
 }
 
-/// The unsynchronised map every baseline builds on.
-pub type Plain = HashMap<Key, Value, Hasher>;
+/// The unsynchronised map every baseline builds on (hashbrown, which std's `HashMap` wraps, for
+/// its `Equivalent` lookups).
+pub type Plain = hashbrown::HashMap<Key, Value, Hasher>;
 
 /// Every key's entry, as each map-based baseline holds it: client `i` on address `i`, at index `i`.
 pub fn entries(keys: &Keys) -> impl Iterator<Item = (Key, Value)> + '_ {
@@ -250,31 +340,69 @@ pub fn entries(keys: &Keys) -> impl Iterator<Item = (Key, Value)> + '_ {
 pub fn plain(keys: &Keys) -> Plain {
     let mut map = Plain::with_capacity_and_hasher(keys.len(), Hasher::default());
     map.extend(entries(keys));
+    same_hashes(map.hasher(), keys);
     map
 }
 
+/// Check that a key and its borrowed lookup hash alike, and as the cache hashes.
+fn same_hashes(hasher: &Hasher, keys: &Keys) {
+    let identity_len = keys.kind.identity_len();
+    if let Some((key, _)) = entries(keys).next() {
+        let lookup = Lookup {
+            client: key.client,
+            identity: key.identity(),
+        };
+        let cache = hash_of(hasher, key.client, &keys.addresses[0][..identity_len]);
+        assert_eq!(cache, hasher.hash_one(key));
+        assert_eq!(cache, hasher.hash_one(lookup));
+    }
+}
+
+/// The baselines' probe: `client`'s entry for `address`, looked up by the borrowed (client,
+/// identity), confirmed on the full address.
 #[inline]
 pub fn probe(map: &Plain, identity_len: usize, client: u64, address: &[u8]) -> Option<fi_addr_t> {
-    let value = map.get(&Key::new(client, &address[..identity_len]))?;
+    let lookup = Lookup {
+        client,
+        identity: &address[..identity_len],
+    };
+    let value = map.get(&lookup)?;
     value.confirms(address).then_some(value.fi_addr)
 }
 
-pub fn dashmap(keys: &Keys) -> dashmap::DashMap<Key, Value, Hasher> {
-    let map = dashmap::DashMap::with_capacity_and_hasher(keys.len(), Hasher::default());
+pub type Dash = dashmap::DashMap<Key, Value, Hasher>;
+
+pub fn dashmap(keys: &Keys) -> Dash {
+    let map = Dash::with_capacity_and_hasher(keys.len(), Hasher::default());
     for (key, value) in entries(keys) {
         map.insert(key, value);
     }
+    same_hashes(map.hasher(), keys);
     map
 }
 
+/// dashmap's probe. dashmap 6's `get` takes only a key the map's key `Borrow`s, which would mean
+/// building a whole `Key` a probe; so this is the body of its `get` (`DashMap::_get`) through
+/// its `raw-api`, with the borrowed [`Lookup`]: hash once, pick the shard from the hash,
+/// read-lock the shard, probe its table, read the value under the lock. What it does that the
+/// cache does not is dashmap itself: the shard's read lock (an atomic add and subtract on a
+/// counter every reader of the shard shares).
 #[inline]
 pub fn probe_dashmap(
-    map: &dashmap::DashMap<Key, Value, Hasher>,
+    map: &Dash,
     identity_len: usize,
     client: u64,
     address: &[u8],
 ) -> Option<fi_addr_t> {
-    let value = map.get(&Key::new(client, &address[..identity_len]))?;
+    use hashbrown::Equivalent;
+    let lookup = Lookup {
+        client,
+        identity: &address[..identity_len],
+    };
+    let hash = map.hasher().hash_one(lookup);
+    let shard = map.shards()[map.determine_shard(hash as usize)].read();
+    let (_, value) = shard.get(hash, |(key, _)| lookup.equivalent(key))?;
+    let value = value.get();
     value.confirms(address).then_some(value.fi_addr)
 }
 
@@ -290,6 +418,92 @@ pub fn probe_rwlock(
     address: &[u8],
 ) -> Option<fi_addr_t> {
     probe(&map.read().unwrap(), identity_len, client, address)
+}
+
+/// The floor under the cache's hit: a bare papaya map of the same (client, identity) keys, held
+/// inline, to the `fi_addr_t`, built as the cache's index is (foldhash, pre-sized, blocking
+/// resizes). Its probe confirms nothing and checks no address: it is papaya's `get` alone.
+pub type Floor = papaya::HashMap<Key, fi_addr_t, Hasher>;
+
+/// The floor map of `keys`, pre-sized to `capacity` as the cache's index is to its AV's.
+pub fn floor(keys: &Keys, capacity: usize) -> Floor {
+    let hasher = Hasher::default();
+    same_hashes(&hasher, keys);
+    let map = papaya::HashMap::builder()
+        .hasher(hasher)
+        .capacity(capacity)
+        .resize_mode(papaya::ResizeMode::Blocking)
+        .build();
+    {
+        let guard = map.guard();
+        for (key, value) in entries(keys) {
+            map.insert(key, value.fi_addr, &guard);
+        }
+    }
+    map
+}
+
+/// papaya's `get` of the borrowed (client, identity), under a guard the caller holds.
+#[inline]
+pub fn probe_floor(
+    map: &Floor,
+    guard: &papaya::LocalGuard<'_>,
+    identity_len: usize,
+    client: u64,
+    address: &[u8],
+) -> Option<fi_addr_t> {
+    let lookup = Lookup {
+        client,
+        identity: &address[..identity_len],
+    };
+    map.get(&lookup, guard).copied()
+}
+
+/// The physical limit of a hash-map hit: an address alone, `N` bytes inline, the whole key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Bare<const N: usize>([u8; N]);
+
+impl<const N: usize> Hash for Bare<N> {
+    #[inline]
+    fn hash<H: StdHasher>(&self, state: &mut H) {
+        state.write(&self.0);
+    }
+}
+
+/// A borrowed [`Bare`] key: the probe's address bytes.
+#[derive(Clone, Copy)]
+pub struct BareLookup<'a>(pub &'a [u8]);
+
+impl Hash for BareLookup<'_> {
+    #[inline]
+    fn hash<H: StdHasher>(&self, state: &mut H) {
+        state.write(self.0);
+    }
+}
+
+impl<const N: usize> hashbrown::Equivalent<Bare<N>> for BareLookup<'_> {
+    #[inline]
+    fn equivalent(&self, key: &Bare<N>) -> bool {
+        *self.0 == key.0
+    }
+}
+
+/// An unsynchronised map from the address alone to the `fi_addr_t`, foldhash: no client, no
+/// identity, no confirmation. `N` is the address length.
+pub type BareMap<const N: usize> = hashbrown::HashMap<Bare<N>, fi_addr_t, Hasher>;
+
+pub fn bare<const N: usize>(keys: &Keys) -> BareMap<N> {
+    let mut map = BareMap::with_capacity_and_hasher(keys.len(), Hasher::default());
+    for (client, address) in keys.addresses.iter().enumerate() {
+        let key = Bare(address.as_slice().try_into().expect("an N-byte address"));
+        map.insert(key, client as u64);
+    }
+    map
+}
+
+#[inline]
+pub fn probe_bare<const N: usize>(map: &BareMap<N>, address: &[u8]) -> Option<fi_addr_t> {
+    map.get(&BareLookup(address)).copied()
 }
 
 /// Where the reference model's entries go: the real AV, or nowhere (hit benches, which never
