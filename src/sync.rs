@@ -61,6 +61,14 @@ pub(crate) fn bounded<T>(bound: usize) -> (Bounded<T>, mpsc::Receiver<T>) {
     (Bounded { inner }, receiver)
 }
 
+impl<T> Clone for Bounded<T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
 impl<T> Bounded<T> {
     /// Send, waiting for room; an error means the receiver has gone. (std's `SendError` either
     /// way: loom's `Sender::send` returns it too, and its `mpsc` has no such type.)

@@ -201,6 +201,7 @@ impl<B: AvBackend> AddressCache<B> {
             Arc::clone(&shared),
             epochs.collector().clone(),
             inbox,
+            requests.clone(),
         );
         Self {
             core: Core {
@@ -483,8 +484,9 @@ fn spawn_writer<B: AvBackend>(
     shared: Arc<Shared>,
     collector: crossbeam_epoch::Collector,
     inbox: mpsc::Receiver<Request>,
+    nudge: Bounded<Request>,
 ) -> Option<thread::JoinHandle<()>> {
-    let run = move || Writer::new(backend, shared, collector.register(), inbox).run();
+    let run = move || Writer::new(backend, shared, collector.register(), inbox, nudge).run();
     #[cfg(not(dma_loom))]
     {
         match std::thread::Builder::new()
