@@ -69,6 +69,7 @@ pub(crate) struct Probe<'a> {
 }
 
 impl Hash for Probe<'_> {
+    #[inline]
     fn hash<H: Hasher>(&self, state: &mut H) {
         Lookup {
             client: self.client,
@@ -81,7 +82,23 @@ impl Hash for Probe<'_> {
 impl papaya::Equivalent<Registration> for Probe<'_> {
     #[inline]
     fn equivalent(&self, key: &Registration) -> bool {
-        self.client == key.client && self.address == key.address()
+        self.client == key.client && same_bytes(self.address, key.address())
+    }
+}
+
+/// Whether `a` and `b` hold the same bytes: as one fixed-size compare for the lengths addresses
+/// have (a `sockaddr_in`'s 16, efa's 32), which the compiler inlines, instead of a call to
+/// `memcmp`; a slice compare otherwise.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    match (<&[u8; 16]>::try_from(a), <&[u8; 16]>::try_from(b)) {
+        (Ok(a), Ok(b)) => return a == b,
+        (Err(_), Err(_)) => {}
+        _ => return false,
+    }
+    match (<&[u8; 32]>::try_from(a), <&[u8; 32]>::try_from(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
     }
 }
 
@@ -99,6 +116,7 @@ impl Hash for Registration {
 }
 
 impl Hash for Lookup<'_> {
+    #[inline]
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write_u64(self.client);
         state.write(self.identity);
@@ -114,6 +132,7 @@ impl PartialEq for Registration {
 impl Eq for Registration {}
 
 impl papaya::Equivalent<Registration> for Lookup<'_> {
+    #[inline]
     fn equivalent(&self, key: &Registration) -> bool {
         self.client == key.client && self.identity == key.identity()
     }
@@ -272,5 +291,30 @@ impl RegistrationIndex for LockedIndex {
 
     fn len(&self) -> usize {
         self.locked().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_bytes;
+
+    #[test]
+    fn same_bytes_agrees_with_a_slice_compare() {
+        let lengths = [0, 1, 15, 16, 17, 28, 32, 33];
+        for &one in &lengths {
+            for &other in &lengths {
+                let a: Vec<u8> = (0..one as u8).collect();
+                let mut b: Vec<u8> = (0..other as u8).collect();
+                assert_eq!(a == b, same_bytes(&a, &b), "{one} and {other} bytes");
+                if let Some(last) = b.last_mut() {
+                    *last ^= 1;
+                    assert_eq!(
+                        a == b,
+                        same_bytes(&a, &b),
+                        "{one} and {other} bytes, last differs"
+                    );
+                }
+            }
+        }
     }
 }
