@@ -45,7 +45,9 @@
 //! Requests arrive on a bounded channel ([`INBOX_BOUND`]): a flood of queued misses cannot grow
 //! memory without bound; `resolve` and `release` wait for room, `try_resolve` does not queue and
 //! answers `WouldBlock`. Reclaimed tickets come back on a channel of their own, so that a deferred
-//! closure, which may run on the writer's own thread, never waits on a full inbox.
+//! closure, which may run on the writer's own thread, never waits on a full inbox; the closure
+//! then tries (without waiting) to put a [`Request::Nudge`] in the inbox, so a writer parked there
+//! wakes to remove the entry instead of waiting out its tick.
 //!
 //! A quiescer records the ticket the next retirement would take: it is answered once no removal
 //! older than that is pending (or those that are have made no progress for its patience), however
