@@ -281,6 +281,18 @@ pub struct Lookup<'a> {
     pub identity: &'a [u8],
 }
 
+impl<'a> Lookup<'a> {
+    /// The key `client` probes with for `address`, whose first `identity_len` bytes are its
+    /// identity.
+    #[inline]
+    pub fn of(client: u64, address: &'a [u8], identity_len: usize) -> Self {
+        Self {
+            client,
+            identity: &address[..identity_len],
+        }
+    }
+}
+
 impl Hash for Lookup<'_> {
     #[inline]
     fn hash<H: StdHasher>(&self, state: &mut H) {
@@ -362,10 +374,7 @@ fn same_hashes(hasher: &Hasher, keys: &Keys) {
 /// identity), confirmed on the full address.
 #[inline]
 pub fn probe(map: &Plain, identity_len: usize, client: u64, address: &[u8]) -> Option<fi_addr_t> {
-    let lookup = Lookup {
-        client,
-        identity: &address[..identity_len],
-    };
+    let lookup = Lookup::of(client, address, identity_len);
     let value = map.get(&lookup)?;
     value.confirms(address).then_some(value.fi_addr)
 }
@@ -395,10 +404,7 @@ pub fn probe_dashmap(
     address: &[u8],
 ) -> Option<fi_addr_t> {
     use hashbrown::Equivalent;
-    let lookup = Lookup {
-        client,
-        identity: &address[..identity_len],
-    };
+    let lookup = Lookup::of(client, address, identity_len);
     let hash = map.hasher().hash_one(lookup);
     let shard = map.shards()[map.determine_shard(hash as usize)].read();
     let (_, value) = shard.get(hash, |(key, _)| lookup.equivalent(key))?;
@@ -452,10 +458,7 @@ pub fn probe_floor(
     client: u64,
     address: &[u8],
 ) -> Option<fi_addr_t> {
-    let lookup = Lookup {
-        client,
-        identity: &address[..identity_len],
-    };
+    let lookup = Lookup::of(client, address, identity_len);
     map.get(&lookup, guard).copied()
 }
 
