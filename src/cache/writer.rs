@@ -70,7 +70,7 @@ use super::stored::StoredAddress;
 use crate::address::AddressFormat;
 use crate::av::AvBackend;
 use crate::error::DmaError;
-use crate::sync::{Arc, Bounded, mpsc, recv_spinning};
+use crate::sync::{Arc, Bounded, mpsc, recv_polling, recv_spinning};
 use crate::sys::fi_addr_t;
 
 /// How many requests the inbox holds before senders wait (or `try_resolve` gives up).
@@ -115,43 +115,6 @@ pub(crate) enum Request {
     /// Nothing to apply: a deferred removal's readers have gone (its ticket is on the reclaims
     /// channel), and a writer parked on its inbox should wake to collect it.
     Nudge,
-}
-
-/// Poll the inbox (yielding) for `spin`, then wait for the rest of `timeout`. Loom's channel has
-/// no `recv_timeout`, and under loom time does not pass: the writer advances epochs only when
-/// asked to quiesce, and this is never called.
-#[cfg(not(dma_loom))]
-fn recv_polling(
-    inbox: &mpsc::Receiver<Request>,
-    spin: Duration,
-    timeout: Duration,
-) -> Result<Request, std::sync::mpsc::RecvTimeoutError> {
-    let started = Instant::now();
-    loop {
-        match inbox.try_recv() {
-            Ok(request) => return Ok(request),
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                return Err(std::sync::mpsc::RecvTimeoutError::Disconnected);
-            }
-            Err(std::sync::mpsc::TryRecvError::Empty) if started.elapsed() < spin => {
-                std::thread::yield_now();
-            }
-            Err(std::sync::mpsc::TryRecvError::Empty) => {
-                return inbox.recv_timeout(timeout.saturating_sub(started.elapsed()));
-            }
-        }
-    }
-}
-
-#[cfg(dma_loom)]
-fn recv_polling(
-    inbox: &mpsc::Receiver<Request>,
-    _spin: Duration,
-    _timeout: Duration,
-) -> Result<Request, std::sync::mpsc::RecvTimeoutError> {
-    inbox
-        .recv()
-        .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected)
 }
 
 /// What readers and the writer share.
@@ -399,13 +362,17 @@ pub(crate) struct Writer<B> {
     unflushed: bool,
 }
 
-/// The identity of the entry at `fi_addr`: what `slots` hashes and compares.
-fn identity_at(entries: &[Option<Entry>], fi_addr: fi_addr_t) -> &[u8] {
+/// The entry at `fi_addr` in `entries`.
+fn entry_in(entries: &[Option<Entry>], fi_addr: fi_addr_t) -> Option<&Entry> {
     usize::try_from(fi_addr)
         .ok()
         .and_then(|index| entries.get(index))
         .and_then(Option::as_ref)
-        .map_or(&[], |entry| entry.address.identity())
+}
+
+/// The identity of the entry at `fi_addr`: what `slots` hashes and compares.
+fn identity_at(entries: &[Option<Entry>], fi_addr: fi_addr_t) -> &[u8] {
+    entry_in(entries, fi_addr).map_or(&[], |entry| entry.address.identity())
 }
 
 impl<B: AvBackend> Writer<B> {
@@ -708,10 +675,7 @@ impl<B: AvBackend> Writer<B> {
 
     /// The entry at `fi_addr`.
     fn entry(&self, fi_addr: fi_addr_t) -> Option<&Entry> {
-        usize::try_from(fi_addr)
-            .ok()
-            .and_then(|index| self.entries.get(index))
-            .and_then(Option::as_ref)
+        entry_in(&self.entries, fi_addr)
     }
 
     fn entry_mut(&mut self, fi_addr: fi_addr_t) -> Option<&mut Entry> {
