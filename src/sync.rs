@@ -135,22 +135,6 @@ pub(crate) fn recv_spinning<T>(
     poll_yielding(receiver, spin).unwrap_or_else(|| receiver.recv())
 }
 
-/// Receive from `receiver`, polling for up to `spin`, then parking for the rest of `timeout`.
-/// Under loom, whose channel has no `recv_timeout` and where time does not pass, it only parks.
-#[cfg(not(dma_loom))]
-pub(crate) fn recv_polling<T>(
-    receiver: &mpsc::Receiver<T>,
-    spin: std::time::Duration,
-    timeout: std::time::Duration,
-) -> Result<T, std::sync::mpsc::RecvTimeoutError> {
-    let started = std::time::Instant::now();
-    match poll_yielding(receiver, spin) {
-        Some(Ok(value)) => Ok(value),
-        Some(Err(_)) => Err(std::sync::mpsc::RecvTimeoutError::Disconnected),
-        None => receiver.recv_timeout(timeout.saturating_sub(started.elapsed())),
-    }
-}
-
 /// Receive from `receiver`: under loom it only parks.
 #[cfg(dma_loom)]
 pub(crate) fn recv_polling<T>(

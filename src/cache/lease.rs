@@ -22,9 +22,24 @@
 //! a lease increments the index's counter; dropping it decrements it. The writer removes a retired
 //! entry only after both of these, whichever comes later:
 //!
-//! 1. every reader pinned at its unlink has unpinned (the epoch deferral, argued in the `cache` module and its writer);
+//! 1. every reader pinned at its unlink has unpinned (the epoch deferral, argued in the `cache`
+//!    module and its writer);
 //! 2. its index's counter reads zero.
 //!
+//! When the writer finds leases out at step 2, it sets the counter's top bit (`AWAITED`) and
+//! forgets the entry until the lease that takes the count to zero tells it: that drop sees the
+//! bit in the value its decrement returns, sets the index's bit in a bitmap sized to the capacity
+//! and rings the writer's doorbell. So a removal held by leases costs the writer nothing while it
+//! waits (no rescans, whatever else is queued), and exactly one drop reports it.
+//!
+//! # Bounds
+//!
+//! - A counter never wraps: taking a lease refuses past `LEASE_LIMIT` (2³⁰ on one index), and
+//!   [`Lease::clone`] aborts past it, as `Arc::clone` does (a clone cannot fail, and only leaked
+//!   clones get there). So a lease's index is never removed while the lease lives, and a counter
+//!   never goes below zero.
+//! - Memory is fixed at construction: 4 bytes and a bit per index of the AV's capacity.
+
 //! # Ordering
 //!
 //! - **No lease is missed.** A lease is taken only under a live pin that could see the entry:
@@ -33,8 +48,8 @@
 //!   program order. The writer reads the counter only after the deferred closure of the unlink has
 //!   run, which crossbeam-epoch runs only after every participant pinned at the unlink has
 //!   unpinned: the unpin is a `Release` store that the collector reads before it runs the closure
-//!   (behind an `Acquire` fence), and the closure hands the ticket to the writer through a
-//!   channel. So the increment happens before the writer's read, and a `Relaxed` increment
+//!   (behind an `Acquire` fence), and the closure then sets a flag the writer reads with
+//!   `Acquire`. So the increment happens before the writer's read, and a `Relaxed` increment
 //!   suffices. After that point no new lease can be taken on the entry: every pin that could see
 //!   it has gone, and a later pin cannot find it.
 //! - **No removal under an operation in flight.** Dropping a lease decrements with `Release`; the
@@ -42,8 +57,15 @@
 //!   holder did before dropping it (reading the operation's completion) happens before
 //!   `fi_av_remove`.
 //! - **Counters are exact per index.** An index's counter is zero whenever the index is removed
-//!   (rule 2), so a lease on a later entry at the same index starts from zero; a revived entry
-//!   keeps its index and so its leases.
+//!   (rule 2), and the writer clears `AWAITED` then, so a lease on a later entry at the same index
+//!   starts from zero; a revived entry keeps its index and so its leases (the writer clears
+//!   `AWAITED` on revival, and ignores a report that arrives for an entry that is live again).
+//! - **No report is lost.** The writer sets `AWAITED` with a read-modify-write that returns the
+//!   count: if that count is already zero, the last lease went before it could see the bit, and
+//!   the writer removes at once; otherwise the decrement that reaches zero returns `AWAITED | 1`.
+//!   The dropper sets the index's bit, then its word's summary bit, then a dirty flag, each
+//!   `Release`; the writer swaps them back in the opposite order with `Acquire`, so a bit is never
+//!   hidden under a flag already cleared.
 //!
 //! # Why a borrow and not an `Arc`
 //!
@@ -54,21 +76,50 @@
 //! leases beyond a scope (a completion queue's contexts) keeps them beside the cache it borrows,
 //! as the endpoint does. `benches/hit.rs` measures both (`lease round` and `lease round + Arc`).
 
+use std::cell::RefCell;
+
 use super::Peer;
+use super::doorbell::Doorbell;
+use super::writer::Shared;
 use crate::error::DmaError;
-use crate::sync::atomic::{AtomicU32, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
 use crate::sys::fi_addr_t;
 
-/// One lease counter per AV index.
+/// The low bits of a counter: how many leases are out.
+const COUNT: u32 = AWAITED - 1;
+/// The top bit of a counter: the writer is waiting for this index's last lease, and whoever drops
+/// it tells the writer.
+const AWAITED: u32 = 1 << 31;
+/// The most leases one index may have out: [`Pinned::lease`](super::Pinned::lease) refuses to go
+/// past it, and [`Lease::clone`] aborts the process past it, as `Arc::clone` does, since a clone
+/// cannot fail. Half the counter's range lies between this and [`AWAITED`], so clones racing past
+/// the bound on every thread of the process cannot reach the flag, let alone wrap.
+pub(crate) const LEASE_LIMIT: u32 = 1 << 30;
+
+/// One lease counter per AV index, and the bitmap through which the last lease of an awaited
+/// index tells the writer.
+///
+/// Memory: 4 bytes a counter plus one bit (and 1/64 of a bit) of bitmap per index of the AV's
+/// capacity, allocated once, whatever the leases do.
 pub(crate) struct LeaseCounts {
     counts: Box<[AtomicU32]>,
+    /// One bit per index whose last awaited lease has been dropped since the writer last looked.
+    released: Box<[AtomicU64]>,
+    /// One bit per word of `released` that may have a bit set.
+    summary: Box<[AtomicU64]>,
+    /// Whether any bit of `summary` may be set: the writer looks at the bitmap only then.
+    dirty: AtomicBool,
 }
 
 impl LeaseCounts {
     /// Counters for indices `0..capacity`.
     pub(crate) fn new(capacity: usize) -> Self {
+        let words = capacity.div_ceil(64);
         Self {
             counts: (0..capacity).map(|_| AtomicU32::new(0)).collect(),
+            released: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            summary: (0..words.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            dirty: AtomicBool::new(false),
         }
     }
 
@@ -83,8 +134,8 @@ impl LeaseCounts {
             .and_then(|index| self.counts.get(index))
     }
 
-    /// Take one lease on `fi_addr`.
-    pub(crate) fn acquire(&self, fi_addr: fi_addr_t) -> Result<&AtomicU32, DmaError> {
+    /// Take one lease on `fi_addr`, refusing past [`LEASE_LIMIT`].
+    pub(crate) fn acquire(&self, fi_addr: fi_addr_t) -> Result<(), DmaError> {
         let Some(count) = self.slot(fi_addr) else {
             return Err(DmaError::InvalidArgument(format!(
                 "index {fi_addr} is outside this cache's address vector"
@@ -93,28 +144,198 @@ impl LeaseCounts {
         // Relaxed: see the module docs (the pin the caller holds orders it before the writer's
         // read).
         let before = count.fetch_add(1, Ordering::Relaxed);
-        if before >= u32::MAX / 2 {
+        if before & COUNT >= LEASE_LIMIT {
+            // Not awaited (the caller's pin can still see the entry, so the writer has not begun
+            // its removal), so this is never the awaited last lease.
             count.fetch_sub(1, Ordering::Relaxed);
             return Err(DmaError::InvalidArgument(format!(
-                "too many leases on index {fi_addr}"
+                "{LEASE_LIMIT} leases are out on index {fi_addr} already"
             )));
         }
-        Ok(count)
+        Ok(())
     }
 
-    /// Whether any lease on `fi_addr` is out. Writer only, after the entry's readers are gone.
-    pub(crate) fn held(&self, fi_addr: fi_addr_t) -> bool {
+    /// One more lease on `fi_addr`, on which the caller holds one: [`Lease::clone`].
+    fn add(&self, fi_addr: fi_addr_t) {
+        if let Some(count) = self.slot(fi_addr) {
+            // Relaxed: the caller's lease already holds the entry, so the writer cannot be between
+            // its read and its removal (module docs).
+            let before = count.fetch_add(1, Ordering::Relaxed);
+            if before & COUNT >= LEASE_LIMIT {
+                // As `Arc::clone` does: the only way here is leaking clones (`mem::forget`), and
+                // carrying on would let the counter reach the flag and then wrap to zero under a
+                // live lease, after which the writer would remove the entry under it.
+                std::process::abort();
+            }
+        }
+    }
+
+    /// Drop one lease on `fi_addr`; the last one of an awaited index tells the writer.
+    fn release(&self, fi_addr: fi_addr_t, doorbell: &Doorbell) {
+        let Some(count) = self.slot(fi_addr) else {
+            return;
+        };
+        // Release: whatever the holder did with the entry happens before the writer's Acquire
+        // read that lets `fi_av_remove` run.
+        let before = count.fetch_sub(1, Ordering::Release);
+        if before == AWAITED | 1 {
+            self.mark(fi_addr);
+            doorbell.ring();
+        }
+    }
+
+    /// Set `fi_addr`'s bit, then its word's summary bit, then the dirty flag: the writer clears
+    /// them in the opposite order, so it never clears a flag above a bit it has not read.
+    fn mark(&self, fi_addr: fi_addr_t) {
+        let Ok(index) = usize::try_from(fi_addr) else {
+            return;
+        };
+        let word = index / 64;
+        if let (Some(released), Some(summary)) =
+            (self.released.get(word), self.summary.get(word / 64))
+        {
+            released.fetch_or(1 << (index % 64), Ordering::Release);
+            summary.fetch_or(1 << (word % 64), Ordering::Release);
+            self.dirty.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether leases on `fi_addr` are out. Writer only, after the entry's readers are gone: if
+    /// they are, the index is marked awaited, so that the last one's drop tells the writer (see
+    /// [`take_released`](Self::take_released)) and the writer need not look again until then.
+    pub(crate) fn await_release(&self, fi_addr: fi_addr_t) -> bool {
+        let Some(count) = self.slot(fi_addr) else {
+            return false;
+        };
         // Acquire: pairs with the Release of `Lease::drop`.
-        self.slot(fi_addr)
-            .is_some_and(|count| 0 < count.load(Ordering::Acquire))
+        if 0 == count.load(Ordering::Acquire) & COUNT {
+            return false;
+        }
+        let before = count.fetch_or(AWAITED, Ordering::AcqRel);
+        if 0 == before & COUNT {
+            // The last lease went between the two reads, before it could see the flag: nobody
+            // will tell, and nobody can take another (no pin can find the entry), so take the
+            // flag back and remove now.
+            count.fetch_and(!AWAITED, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
-    /// How many leases are out now, over every index.
+    /// Stop awaiting `fi_addr`: its entry was revived, or has been removed. Writer only. A bit
+    /// its last lease set meanwhile is left for [`take_released`](Self::take_released), whose
+    /// caller checks the entry's state.
+    pub(crate) fn stop_awaiting(&self, fi_addr: fi_addr_t) {
+        if let Some(count) = self.slot(fi_addr) {
+            count.fetch_and(!AWAITED, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a last awaited lease may have been dropped since the writer last looked.
+    pub(crate) fn reported(&self) -> bool {
+        self.dirty.load(Ordering::Relaxed)
+    }
+
+    /// Hand `each` every index whose last awaited lease was dropped since the last call. Writer
+    /// only. Costs nothing unless a lease was released: one flag, then only the marked words.
+    pub(crate) fn take_released(&self, mut each: impl FnMut(fi_addr_t)) {
+        if !self.dirty.swap(false, Ordering::Acquire) {
+            return;
+        }
+        for (high, summary) in self.summary.iter().enumerate() {
+            let mut words = summary.swap(0, Ordering::Acquire);
+            while words != 0 {
+                let word = high * 64 + words.trailing_zeros() as usize;
+                words &= words - 1;
+                let mut bits = self
+                    .released
+                    .get(word)
+                    .map_or(0, |released| released.swap(0, Ordering::Acquire));
+                while bits != 0 {
+                    let index = word * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    each(index as fi_addr_t);
+                }
+            }
+        }
+        // Acquire, for the counters the caller reads next: each was decremented before its bit
+        // was set.
+        fence(Ordering::Acquire);
+    }
+
+    /// How many leases are out now, over every index: O(capacity) loads, no write. A shared
+    /// total would put a write on a cache line every posting thread shares on every lease.
     pub(crate) fn total(&self) -> u64 {
         self.counts
             .iter()
-            .map(|count| u64::from(count.load(Ordering::Relaxed)))
+            .map(|count| u64::from(count.load(Ordering::Relaxed) & COUNT))
             .sum()
+    }
+
+    /// Set `fi_addr`'s counter: for tests that reach [`LEASE_LIMIT`] without 2³⁰ real clones.
+    #[cfg(any(test, feature = "model"))]
+    pub(crate) fn force(&self, fi_addr: fi_addr_t, leases: u32) {
+        if let Some(count) = self.slot(fi_addr) {
+            count.store(leases & COUNT, Ordering::Relaxed);
+        }
+    }
+}
+
+// Leases taken on this thread less those dropped on it, per cache id: what
+// `AddressCache::lease` reads to refuse a wait on the caller's own lease. Entries at zero are
+// pruned whenever one is added, so the list holds only the caches this thread has leases out on.
+#[cfg(not(dma_loom))]
+std::thread_local! {
+    static HELD_HERE: RefCell<Vec<(u64, i64)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Count a lease taken (`+1`) or dropped (`-1`) on this thread for cache `cache`.
+fn note_here(cache: u64, change: i64) {
+    #[cfg(not(dma_loom))]
+    {
+        let _ = HELD_HERE.try_with(|held| {
+            let Ok(mut held) = held.try_borrow_mut() else {
+                return;
+            };
+            if let Some((_, balance)) = held.iter_mut().find(|(id, _)| *id == cache) {
+                *balance += change;
+                return;
+            }
+            // Reuse a settled entry before growing: the list stays as long as the number of
+            // caches this thread holds leases of at once.
+            if let Some(settled) = held.iter_mut().find(|(_, balance)| *balance == 0) {
+                *settled = (cache, change);
+                return;
+            }
+            held.push((cache, change));
+        });
+    }
+    #[cfg(dma_loom)]
+    {
+        let _ = (cache, change, RefCell::new(()));
+    }
+}
+
+/// Whether this thread took leases of cache `cache` that it has not dropped: a lease moved to
+/// another thread still counts here, one received from another thread does not.
+pub(crate) fn held_here(cache: u64) -> bool {
+    #[cfg(not(dma_loom))]
+    {
+        HELD_HERE
+            .try_with(|held| {
+                held.try_borrow()
+                    .map(|held| {
+                        held.iter()
+                            .any(|(id, balance)| *id == cache && 0 < *balance)
+                    })
+                    .unwrap_or(false)
+            })
+            .unwrap_or(false)
+    }
+    #[cfg(dma_loom)]
+    {
+        let _ = cache;
+        false
     }
 }
 
@@ -162,15 +383,17 @@ impl LeaseCounts {
 pub struct Lease<'cache> {
     fi_addr: fi_addr_t,
     cache: u64,
-    count: &'cache AtomicU32,
+    shared: &'cache Shared,
 }
 
 impl<'cache> Lease<'cache> {
-    pub(crate) fn new(fi_addr: fi_addr_t, cache: u64, count: &'cache AtomicU32) -> Self {
+    /// A lease on `fi_addr`, whose counter the caller has just incremented.
+    pub(crate) fn new(fi_addr: fi_addr_t, cache: u64, shared: &'cache Shared) -> Self {
+        note_here(cache, 1);
         Self {
             fi_addr,
             cache,
-            count,
+            shared,
         }
     }
 
@@ -189,23 +412,23 @@ impl<'cache> Lease<'cache> {
 
 impl Clone for Lease<'_> {
     /// Another lease on the same entry, for a second operation in flight.
+    ///
+    /// # Aborts
+    /// If this index already has more than 2³⁰ leases out, which only leaking clones
+    /// (`std::mem::forget`) can reach: as `Arc::clone` does, rather than let the counter wrap to
+    /// zero under a live lease.
     fn clone(&self) -> Self {
-        // Relaxed: this lease already holds the entry, so the writer cannot be between its read
-        // and its removal (module docs).
-        self.count.fetch_add(1, Ordering::Relaxed);
-        Self {
-            fi_addr: self.fi_addr,
-            cache: self.cache,
-            count: self.count,
-        }
+        self.shared.leases.add(self.fi_addr);
+        Self::new(self.fi_addr, self.cache, self.shared)
     }
 }
 
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
-        // Release: whatever the holder did with the entry happens before the writer's Acquire
-        // read that lets `fi_av_remove` run.
-        self.count.fetch_sub(1, Ordering::Release);
+        self.shared
+            .leases
+            .release(self.fi_addr, &self.shared.doorbell);
+        note_here(self.cache, -1);
     }
 }
 

@@ -60,6 +60,7 @@
 //! calls libfabric. Every `Pinned` and every `Lease` borrows the cache, so none is left when it
 //! drops.
 
+mod doorbell;
 pub(crate) mod epoch;
 mod failures;
 pub(crate) mod index;
@@ -73,15 +74,12 @@ use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 use self::epoch::Epochs;
-use self::failures::Failures;
-use self::index::{Index, IndexGuard, RegistrationIndex};
+use self::index::{IndexGuard, RegistrationIndex};
 pub use self::lease::Lease;
-use self::lease::LeaseCounts;
 use self::reply::Outcome;
 pub use self::stats::CacheStats;
-use self::stats::Counters;
 use self::stored::StoredAddress;
-use self::writer::{INBOX_BOUND, Reply, Request, Shared, Writer};
+use self::writer::{INBOX_BOUND, Reply, Request, Shared, Writer, on_writer_of};
 use crate::address::AddressFormat;
 /// The AV trait lives in [`crate::av`]; re-exported here, where the cache is generic over it.
 pub use crate::av::AvBackend;
@@ -98,7 +96,7 @@ struct Core {
     shared: Arc<Shared>,
     epochs: Epochs,
     /// The writer's inbox: bounded, so a flood of queued misses waits instead of growing memory.
-    requests: Bounded<Request>,
+    requests: Inbox,
     format: AddressFormat,
     address_len: usize,
     /// The identity's length for every address of `address_len` bytes; `None` if the format
@@ -106,10 +104,43 @@ struct Core {
     identity_len: Option<usize>,
 }
 
+/// The writer's inbox, which rings the writer's doorbell after every request it queues.
+struct Inbox {
+    channel: Bounded<Request>,
+    shared: Arc<Shared>,
+}
+
+impl Inbox {
+    /// Queue `request`, waiting for room; an error means the writer has stopped.
+    fn send(&self, request: Request) -> Result<(), std::sync::mpsc::SendError<Request>> {
+        self.channel.send(request)?;
+        self.shared.doorbell.ring();
+        Ok(())
+    }
+
+    /// Queue `request` if there is room now.
+    fn try_send(&self, request: Request) -> Result<(), TrySendError> {
+        self.channel.try_send(request)?;
+        self.shared.doorbell.ring();
+        Ok(())
+    }
+}
+
+/// The error for a call that would wait for the writer, made on the writer's own thread.
+fn on_writer_thread(call: &str) -> DmaError {
+    DmaError::InvalidArgument(format!(
+        "{call} was called on the address cache's own writer thread (from a tracing subscriber or \
+         an AvBackend?), where waiting for the writer would wait for ever"
+    ))
+}
+
 impl Core {
     /// Send the writer a miss, waiting for room in its inbox.
     fn ask(&self, client: u64, address: &[u8], reply: Reply) -> Result<(), DmaError> {
         let address = self.stored(address)?;
+        if on_writer_of(self.id) {
+            return Err(on_writer_thread("a resolve or lease that missed"));
+        }
         self.requests
             .send(Request::Resolve {
                 client,
@@ -164,11 +195,13 @@ pub struct AddressCache<B: AvBackend = FabricAv> {
 }
 
 impl<B: AvBackend> std::fmt::Debug for AddressCache<B> {
+    /// The format and the writer's counters: O(1), without the live lease total that
+    /// [`AddressCache::stats`] sums.
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter
             .debug_struct("AddressCache")
             .field("format", &self.core.format)
-            .field("stats", &self.stats())
+            .field("counters", &self.core.shared.counters.snapshot())
             .finish_non_exhaustive()
     }
 }
@@ -188,27 +221,26 @@ impl<B: AvBackend> AddressCache<B> {
     pub fn with_backend(backend: B) -> Self {
         let format = backend.format();
         let address_len = backend.address_len();
-        let shared = Arc::new(Shared {
-            index: Index::with_capacity(backend.capacity()),
-            counters: Counters::default(),
-            leases: LeaseCounts::new(backend.capacity()),
-            failures: Failures::default(),
-        });
+        let shared = Arc::new(Shared::new(backend.capacity()));
         let epochs = Epochs::new();
         let (requests, inbox) = bounded(INBOX_BOUND);
+        let id = next_cache_id();
         let writer = spawn_writer(
             backend,
             Arc::clone(&shared),
             epochs.collector().clone(),
             inbox,
-            requests.clone(),
+            id,
         );
         Self {
             core: Core {
-                id: next_cache_id(),
+                id,
+                requests: Inbox {
+                    channel: requests,
+                    shared: Arc::clone(&shared),
+                },
                 shared,
                 epochs,
-                requests,
                 format,
                 address_len,
                 identity_len: identity_len_for(format, address_len),
@@ -255,7 +287,26 @@ impl<B: AvBackend> AddressCache<B> {
     /// assert_eq!((0, 1), (cache.stats().entries, cache.stats().removes));
     /// # Ok::<(), DmaError>(())
     /// ```
+    ///
+    /// On the cache's own writer thread (a `tracing` subscriber, an [`AvBackend`]) it never
+    /// waits: a full inbox queues the release beside it, applied at the writer's next round.
     pub fn release(&self, client: u64) {
+        if on_writer_of(self.core.id) {
+            if let Err(TrySendError::Full) =
+                self.core.requests.try_send(Request::Release { client })
+            {
+                let mut own = crate::sync::lock(&self.core.shared.own_releases);
+                if own.len() < INBOX_BOUND {
+                    own.push(client);
+                } else {
+                    tracing::error!(
+                        client,
+                        "release called on the writer thread with its inbox and overflow full: dropped"
+                    );
+                }
+            }
+            return;
+        }
         // A stopped writer holds nothing any more.
         let _ = self.core.requests.send(Request::Release { client });
     }
@@ -267,9 +318,19 @@ impl<B: AvBackend> AddressCache<B> {
     /// [`DmaError::WouldBlock`]. See [`lease_within`](Self::lease_within) to bound the wait.
     ///
     /// # Errors
-    /// As [`Pinned::resolve`], except `WouldBlock`; and [`DmaError::InvalidArgument`] when the
-    /// calling thread holds a [`Pinned`] of this cache, which a parked incarnation would wait
-    /// for: take the lease from that pin with [`Pinned::lease`] instead.
+    /// As [`Pinned::resolve`], except `WouldBlock`; and [`DmaError::InvalidArgument`], at once
+    /// rather than a wait on itself:
+    /// - when the calling thread holds a [`Pinned`] of this cache, which a parked incarnation
+    ///   would wait for: take the lease from that pin with [`Pinned::lease`] instead;
+    /// - when the entry must wait for an old incarnation's removal and the calling thread holds
+    ///   a [`Lease`] of this cache, which that removal may be waiting for (a single-threaded
+    ///   event loop that reads its own completions). A lease is `Send`, so which thread holds
+    ///   one cannot be known exactly; the rule is: leases taken on this thread and not dropped on
+    ///   it count, so a lease moved to another thread still counts here (the call fails rather
+    ///   than wait), and one received from another thread does not (the call waits, as it must
+    ///   when another thread's completion will drop it). The request stays queued: once the
+    ///   leases are dropped, `lease` again finds the entry;
+    /// - on the cache's writer thread (see [`AvBackend`]).
     ///
     /// ```
     /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
@@ -322,6 +383,9 @@ impl<B: AvBackend> AddressCache<B> {
                     .into(),
             ));
         }
+        // Without a deadline, a wait on this thread's own lease would never end: ask for an
+        // answer at once, and refuse if the entry has to wait.
+        let own_lease = deadline.is_none() && lease::held_here(self.core.id);
         loop {
             {
                 let pinned = self.pin();
@@ -331,13 +395,28 @@ impl<B: AvBackend> AddressCache<B> {
             }
             // Unpinned while waiting: a parked incarnation waits for every pin, this one's too.
             let outcome = match reply::round_trip(
-                |answer| self.core.ask(client, address, Reply::Admitted(answer)),
+                |answer| {
+                    let reply = if own_lease {
+                        Reply::Now(answer)
+                    } else {
+                        Reply::Admitted(answer)
+                    };
+                    self.core.ask(client, address, reply)
+                },
                 deadline,
             ) {
                 Outcome::Answered(outcome) => outcome,
                 Outcome::TimedOut => return Err(DmaError::WouldBlock),
             };
             match outcome {
+                Err(DmaError::WouldBlock) if own_lease => {
+                    return Err(DmaError::InvalidArgument(
+                        "AddressCache::lease: the entry waits for an old incarnation's removal, \
+                         which may wait for a lease this thread holds; drop this thread's leases \
+                         of this cache first, or use lease_within"
+                            .into(),
+                    ));
+                }
                 // In the AV, or turned away by a newer incarnation: probe again.
                 Ok(_) | Err(DmaError::WouldBlock) => {}
                 Err(error) => return Err(error),
@@ -407,7 +486,14 @@ impl<B: AvBackend> AddressCache<B> {
     /// assert_eq!(1, cache.stats().pending_removals, "held back by `reader`");
     /// # Ok::<(), DmaError>(())
     /// ```
+    ///
+    /// On the cache's own writer thread (a `tracing` subscriber, an [`AvBackend`]) it returns at
+    /// once: the writer cannot wait for itself.
     pub fn quiesce_with_patience(&self, patience: Duration) {
+        if on_writer_of(self.core.id) {
+            tracing::debug!("quiesce called on the writer thread: returns at once");
+            return;
+        }
         let (reply, done) = mpsc::channel();
         if self
             .core
@@ -421,6 +507,10 @@ impl<B: AvBackend> AddressCache<B> {
     }
 
     /// The writer's counters, as of its last applied request, with the leases out now.
+    ///
+    /// Costs O(capacity) loads (no write): the writer's counters are O(1), but
+    /// [`CacheStats::leases`] is summed live over the per-index counters, because a shared total
+    /// would put a contended write on every lease taken and dropped. `Debug` leaves it out.
     pub fn stats(&self) -> CacheStats {
         CacheStats {
             leases: self.core.shared.leases.total(),
@@ -461,6 +551,19 @@ impl<B: AvBackend> AddressCache<B> {
     pub fn owns(&self, peer: Peer<'_>) -> bool {
         peer.cache == self.core.id
     }
+
+    /// Set the lease counter of `fi_addr`, for tests that reach the lease bound without 2³⁰
+    /// real clones. Not part of the API (feature `model`).
+    #[cfg(feature = "model")]
+    #[doc(hidden)]
+    pub fn force_lease_count(&self, fi_addr: fi_addr_t, leases: u32) {
+        self.core.shared.leases.force(fi_addr, leases);
+    }
+
+    /// The most leases one entry may have out at once: [`Pinned::lease`] refuses past it, and
+    /// `Lease::clone` aborts the process past it (as `Arc::clone` does), so a lease counter never
+    /// wraps.
+    pub const LEASE_LIMIT: u32 = lease::LEASE_LIMIT;
 }
 
 /// The identity's length of every address of `address_len` bytes in `format`, if the format takes
@@ -484,9 +587,9 @@ fn spawn_writer<B: AvBackend>(
     shared: Arc<Shared>,
     collector: crossbeam_epoch::Collector,
     inbox: mpsc::Receiver<Request>,
-    nudge: Bounded<Request>,
+    cache: u64,
 ) -> Option<thread::JoinHandle<()>> {
-    let run = move || Writer::new(backend, shared, collector.register(), inbox, nudge).run();
+    let run = move || Writer::new(backend, shared, collector.register(), inbox, cache).run();
     #[cfg(not(dma_loom))]
     {
         match std::thread::Builder::new()
@@ -649,8 +752,8 @@ impl<'cache> Pinned<'cache> {
                 "the peer was resolved through another cache".into(),
             ));
         }
-        let count = self.core.shared.leases.acquire(peer.fi_addr)?;
-        Ok(Lease::new(peer.fi_addr, self.core.id, count))
+        self.core.shared.leases.acquire(peer.fi_addr)?;
+        Ok(Lease::new(peer.fi_addr, self.core.id, &self.core.shared))
     }
 
     /// The hot path: one probe, no allocation, no lock, no shared write.

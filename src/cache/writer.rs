@@ -35,32 +35,64 @@
 
 //!
 //! Once the readers are gone, a removal still waits for the entry's leases (see
-//! [`super::lease`]): the writer reads the index's lease counter, and while it is not zero keeps
-//! the ticket on its `held` list and reads again on later rounds. A failed `fi_av_remove` stays
-//! on that list too, retried with a backoff: its entry still counts against the capacity and its
-//! slot stays `removing`, so on efa no second incarnation goes in beside it.
+//! [`super::lease`]): the writer reads the index's lease counter, and while it is not zero marks
+//! it awaited and forgets it until the last lease's drop reports the index. A failed
+//! `fi_av_remove` is retried with a backoff, from a set ordered by when each retry is due: its
+//! entry still counts against the capacity and its slot stays `removing`, so on efa no second
+//! incarnation goes in beside it. Neither is rescanned: a miss costs the same however many
+//! removals wait.
+//!
+//! # One deferral at a time
+//!
+//! Retirements are not deferred one by one. At most one closure is outstanding on the collector:
+//! it covers every ticket retired before it was deferred, and tickets retired while it is out wait
+//! for the next one, deferred as soon as it returns. A later deferral is as safe as an earlier one
+//! (every reader pinned at a ticket's unlink is either gone by then or pinned still, and so waited
+//! for), and it bounds what reclamation costs whatever the readers do: one crossbeam bag in the
+//! collector's queue, however long a reader stays pinned and however many entries are retired and
+//! revived meanwhile. The closure only sets a flag and rings the writer's doorbell (an atomic
+//! store, a fence, an unpark), so the reader whose `pin()` happens to run it allocates nothing and
+//! takes no lock.
+//!
+//! # Bounds
+//!
+//! Every structure the writer keeps is bounded by the AV's capacity `C` or the inbox bound, not by
+//! what readers do: `entries`, `slots`, `pending`, `retries`, `parked` and the scratch list hold at
+//! most `C` items each (an entry awaiting removal still occupies its index, and counts against the
+//! capacity); `clients` holds one item per client registered or parked, each on one of those
+//! entries; a parked incarnation keeps at most one waiter per client (a newer request from the
+//! same client answers the older one `WouldBlock`); `replies` and the quiescers at most one per
+//! request of a batch. The tables shrink once they empty well below their peak.
+//!
+//! # Calls from the writer thread
+//!
+//! Code that runs on the writer thread (a `tracing` subscriber that sees its events, an
+//! [`AvBackend`] that calls back into its cache) must not wait for the writer. Every call of the
+//! cache that would wait answers [`DmaError::InvalidArgument`] there instead; `release` is queued
+//! without waiting, and `quiesce` returns at once.
 //!
 //! # Requests, backpressure and quiesce
 //!
 //! Requests arrive on a bounded channel ([`INBOX_BOUND`]): a flood of queued misses cannot grow
 //! memory without bound; `resolve` and `release` wait for room, `try_resolve` does not queue and
-//! answers `WouldBlock`. Reclaimed tickets come back on a channel of their own, so that a deferred
-//! closure, which may run on the writer's own thread, never waits on a full inbox; the closure
-//! then tries (without waiting) to put a [`Request::Nudge`] in the inbox, so a writer parked there
-//! wakes to remove the entry instead of waiting out its tick.
+//! answers `Busy`. The writer parks on its [`Doorbell`], which every sender rings after queueing,
+//! and which the deferral's closure and an awaited lease's last drop ring too: neither ever sends
+//! on a channel, so neither can wait, allocate or take a lock.
 //!
 //! A quiescer records the ticket the next retirement would take: it is answered once no removal
 //! older than that is pending (or those that are have made no progress for its patience), however
 //! busy the inbox is after it. While removals are pending the writer moves the epoch on between
 //! requests as well as when idle, so a busy inbox does not hold removals back.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::BuildHasher;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crossbeam_epoch::LocalHandle;
 use hashbrown::HashTable;
 
+use super::doorbell::Doorbell;
 use super::failures::Failures;
 use super::index::{Index, Registration, RegistrationIndex};
 use super::lease::LeaseCounts;
@@ -70,7 +102,10 @@ use super::stored::StoredAddress;
 use crate::address::AddressFormat;
 use crate::av::AvBackend;
 use crate::error::DmaError;
-use crate::sync::{Arc, Bounded, mpsc, recv_polling, recv_spinning};
+use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::{Arc, mpsc};
+#[cfg(dma_loom)]
+use crate::sync::{recv_polling, recv_spinning};
 use crate::sys::fi_addr_t;
 
 /// How many requests the inbox holds before senders wait (or `try_resolve` gives up).
@@ -112,9 +147,6 @@ pub(crate) enum Request {
     },
     /// Remove everything and stop.
     Shutdown,
-    /// Nothing to apply: a deferred removal's readers have gone (its ticket is on the reclaims
-    /// channel), and a writer parked on its inbox should wake to collect it.
-    Nudge,
 }
 
 /// What readers and the writer share.
@@ -123,6 +155,52 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     pub(crate) leases: LeaseCounts,
     pub(crate) failures: Failures,
+    /// Wakes the parked writer: rung after a request is queued, by the deferral's closure, and by
+    /// the last lease of an awaited removal.
+    pub(crate) doorbell: Doorbell,
+    /// Set by the outstanding deferral's closure: every reader pinned when it was deferred has
+    /// unpinned.
+    pub(crate) readers_gone: AtomicBool,
+    /// Clients released by code running on the writer thread while the inbox was full: applied
+    /// at the writer's next round, so such a release never waits for the writer. Bounded by
+    /// [`INBOX_BOUND`].
+    pub(crate) own_releases: std::sync::Mutex<Vec<u64>>,
+}
+
+impl Shared {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            index: Index::with_capacity(capacity),
+            counters: Counters::default(),
+            leases: LeaseCounts::new(capacity),
+            failures: Failures::default(),
+            doorbell: Doorbell::default(),
+            readers_gone: AtomicBool::new(false),
+            own_releases: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+#[cfg(not(dma_loom))]
+std::thread_local! {
+    /// The id of the cache whose writer this thread is, or 0.
+    static WRITER_OF: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the calling thread is the writer of cache `cache`: a call from it that waited for the
+/// writer would wait for ever.
+pub(crate) fn on_writer_of(cache: u64) -> bool {
+    #[cfg(not(dma_loom))]
+    {
+        WRITER_OF
+            .try_with(|writer| writer.get() == cache)
+            .unwrap_or(false)
+    }
+    #[cfg(dma_loom)]
+    {
+        let _ = cache;
+        false
+    }
 }
 
 /// How long the writer polls for the next request before it parks: long enough to stay awake
@@ -312,11 +390,12 @@ impl Parked {
 enum Wait {
     /// Readers pinned at its unlink may still be pinned: the epoch deferral has not reported.
     Readers,
-    /// Its readers are gone; it is on the `held` list, removed once its leases are dropped and
-    /// any retry is due.
+    /// Its readers are gone; removed once its leases are dropped (`awaited`: the last one's drop
+    /// reports it) and any retry is due (`retry_at`, also in the writer's `retries`).
     Held {
         retry_at: Option<Instant>,
         backoff: Duration,
+        awaited: bool,
     },
 }
 
@@ -344,22 +423,34 @@ pub(crate) struct Writer<B> {
     clients: HashMap<u64, Holding, Hasher>,
     /// Retired entries awaiting `fi_av_remove`, by ticket (tickets grow, so the oldest is first).
     pending: BTreeMap<u64, Pending>,
-    /// Tickets whose readers are gone but whose removal waits for leases or a retry.
-    held: Vec<u64>,
+    /// Failed removals, by when their retry is due.
+    retries: BTreeSet<(Instant, u64)>,
+    /// Pending removals whose readers are gone and whose last lease the writer awaits.
+    awaiting_leases: u64,
+    /// The tickets the outstanding deferral covers, if one is out.
+    in_flight: Option<Range<u64>>,
+    /// Tickets from here on have not been deferred yet.
+    undeferred: u64,
+    /// Reused for lists of tickets and indices: at most the capacity.
+    scratch: Vec<u64>,
     next_ticket: u64,
+    /// This cache's id: the writer thread is marked with it ([`on_writer_of`]).
+    cache: u64,
     stats: CacheStats,
     epoch: LocalHandle,
     inbox: mpsc::Receiver<Request>,
-    reclaims: mpsc::Receiver<u64>,
-    reclaimed: mpsc::Sender<u64>,
-    /// The inbox, for deferred closures to wake the writer with a [`Request::Nudge`]: without
-    /// it a reclaimed ticket waited for the writer's next timeout (up to `LAST_TICK`).
-    nudge: Bounded<Request>,
     quiescing: Vec<Quiescer>,
     /// This batch's answers, sent once its counters are published.
     replies: Vec<(Answer, Result<fi_addr_t, DmaError>)>,
-    /// Whether this batch deferred removals that the collector has not been handed yet.
-    unflushed: bool,
+}
+
+/// The inbox has been closed: the cache is gone.
+struct Stopped;
+
+/// Whether work other than a request has come for the writer of `shared`.
+#[cfg(not(dma_loom))]
+fn signalled(shared: &Shared) -> bool {
+    shared.readers_gone.load(Ordering::Relaxed) || shared.leases.reported()
 }
 
 /// The entry at `fi_addr` in `entries`.
@@ -381,9 +472,8 @@ impl<B: AvBackend> Writer<B> {
         shared: Arc<Shared>,
         epoch: LocalHandle,
         inbox: mpsc::Receiver<Request>,
-        nudge: Bounded<Request>,
+        cache: u64,
     ) -> Self {
-        let (reclaimed, reclaims) = mpsc::channel();
         Self {
             format: backend.format(),
             address_len: backend.address_len(),
@@ -396,30 +486,36 @@ impl<B: AvBackend> Writer<B> {
             parked: HashMap::default(),
             clients: HashMap::default(),
             pending: BTreeMap::new(),
-            held: Vec::new(),
+            retries: BTreeSet::new(),
+            awaiting_leases: 0,
+            in_flight: None,
+            undeferred: 0,
+            scratch: Vec::new(),
             next_ticket: 0,
+            cache,
             stats: CacheStats::default(),
             epoch,
             inbox,
-            reclaims,
-            reclaimed,
-            nudge,
             quiescing: Vec::new(),
             replies: Vec::new(),
-            unflushed: false,
         }
     }
 
     /// Serve requests until shutdown, then remove everything.
     pub(crate) fn run(mut self) {
+        #[cfg(not(dma_loom))]
+        {
+            let _ = WRITER_OF.try_with(|writer| writer.set(self.cache));
+            self.shared.doorbell.answer_here();
+        }
         let mut tick = FIRST_TICK;
-        let mut pending_at_last_tick = usize::MAX;
+        let mut deferred_at_last_tick = u64::MAX;
         let mut last_advance = Instant::now();
         let mut last_request = Instant::now();
         loop {
             // Removals may have let parked incarnations in: publish them and answer their waiters
             // before waiting for the next request.
-            if self.collect() || !self.replies.is_empty() || self.unflushed {
+            if self.collect() || !self.replies.is_empty() {
                 self.finish_batch();
             }
             self.answer_quiescers();
@@ -430,29 +526,30 @@ impl<B: AvBackend> Writer<B> {
                 .iter()
                 .any(|quiescer| quiescer.stalled < STALLED_ROUNDS)
                 || cfg!(dma_loom) && !self.quiescing.is_empty();
-            let waiting = !self.pending.is_empty() || !self.quiescing.is_empty();
+            // Removals awaiting only their leases need no ticks: the last lease rings.
+            let waiting =
+                self.in_flight.is_some() || !self.retries.is_empty() || !self.quiescing.is_empty();
             let request = if hurry {
                 match self.inbox.try_recv() {
                     Ok(request) => Some(request),
                     Err(std::sync::mpsc::TryRecvError::Empty) => None,
                     Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
                 }
-            } else if waiting && cfg!(not(dma_loom)) {
+            } else if waiting {
                 // Poll first, as when idle, for what is left of `IDLE_SPIN` since the last
                 // request: a miss that finds the writer parked pays a wake-up, and while removals
                 // are pending (most of the time under churn) that would be every miss. Polling
                 // longer than that, with no traffic, only took the core from the readers whose
                 // pins move the epoch on (the reclamation bench's delay went from 0.15 to 4 ms).
                 let spin = IDLE_SPIN.saturating_sub(last_request.elapsed()).min(tick);
-                match recv_polling(&self.inbox, spin, tick) {
-                    Ok(request) => Some(request),
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                match self.next_request(spin, Some(tick)) {
+                    Ok(request) => request,
+                    Err(Stopped) => break,
                 }
             } else {
-                match recv_spinning(&self.inbox, IDLE_SPIN) {
-                    Ok(request) => Some(request),
-                    Err(_) => break,
+                match self.next_request(IDLE_SPIN, None) {
+                    Ok(request) => request,
+                    Err(Stopped) => break,
                 }
             };
             let idle = request.is_none();
@@ -477,22 +574,22 @@ impl<B: AvBackend> Writer<B> {
             if stop {
                 break;
             }
-            // Move the epoch on so deferred removals run without reader traffic: when idle, and,
-            // while removals are pending, between requests too, at most once a tick (loom has no
+            // Move the epoch on so the outstanding deferral runs without reader traffic: when
+            // idle, and, while one is out, between requests too, at most once a tick (loom has no
             // time, so there it advances only when idle).
-            let due = !self.pending.is_empty()
+            let due = self.in_flight.is_some()
                 && cfg!(not(dma_loom))
                 && last_advance.elapsed() >= FIRST_TICK;
             if idle || due {
-                // Freed tickets arrive on the reclaims channel after the advance that ran them, so
-                // progress shows between one round and the next: back off only while readers or
-                // leases hold everything up.
-                if self.pending.len() < pending_at_last_tick {
+                // Back off only while readers hold the outstanding deferral up: a new deferral
+                // since the last round is progress.
+                let deferred = self.undeferred;
+                if deferred != deferred_at_last_tick {
                     tick = FIRST_TICK;
                 } else if idle {
                     tick = (tick * 2).min(LAST_TICK);
                 }
-                pending_at_last_tick = self.pending.len();
+                deferred_at_last_tick = deferred;
                 self.advance();
                 last_advance = Instant::now();
                 self.collect();
@@ -502,6 +599,81 @@ impl<B: AvBackend> Writer<B> {
         }
         self.finish_batch();
         self.shutdown();
+    }
+
+    /// The next request: polled for (yielding) for up to `spin`, then waited for, parked, until
+    /// `timeout` (none: until one comes). `None` if the wait ended first, or if other work came
+    /// (the deferral's readers have gone, an awaited lease was dropped).
+    #[cfg(not(dma_loom))]
+    fn next_request(
+        &mut self,
+        spin: Duration,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Request>, Stopped> {
+        let started = Instant::now();
+        loop {
+            match self.inbox.try_recv() {
+                Ok(request) => return Ok(Some(request)),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return Err(Stopped),
+                Err(std::sync::mpsc::TryRecvError::Empty) => {}
+            }
+            if self.signalled() {
+                return Ok(None);
+            }
+            if started.elapsed() >= spin {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        let mut received = None;
+        let (inbox, shared) = (&self.inbox, &self.shared);
+        shared.doorbell.park(
+            || {
+                received = match inbox.try_recv() {
+                    Ok(request) => Some(Ok(request)),
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => Some(Err(Stopped)),
+                    Err(std::sync::mpsc::TryRecvError::Empty) => None,
+                };
+                received.is_some() || signalled(shared)
+            },
+            timeout.map(|timeout| timeout.saturating_sub(started.elapsed())),
+        );
+        match received {
+            Some(Ok(request)) => Ok(Some(request)),
+            Some(Err(Stopped)) => Err(Stopped),
+            None => match self.inbox.try_recv() {
+                Ok(request) => Ok(Some(request)),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => Err(Stopped),
+                Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+            },
+        }
+    }
+
+    /// The next request: under loom, waited for on the inbox alone (the models drive the writer
+    /// with requests; loom has no timed park).
+    #[cfg(dma_loom)]
+    fn next_request(
+        &mut self,
+        spin: Duration,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Request>, Stopped> {
+        match timeout {
+            Some(timeout) => match recv_polling(&self.inbox, spin, timeout) {
+                Ok(request) => Ok(Some(request)),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Stopped),
+            },
+            None => recv_spinning(&self.inbox, spin)
+                .map(Some)
+                .map_err(|_| Stopped),
+        }
+    }
+
+    /// Whether work other than a request has come: the deferral's readers have gone, or an
+    /// awaited lease was dropped.
+    #[cfg(not(dma_loom))]
+    fn signalled(&self) -> bool {
+        signalled(&self.shared)
     }
 
     /// Take one request of a batch; whether it asks the writer to stop.
@@ -534,12 +706,8 @@ impl<B: AvBackend> Writer<B> {
 
     /// End a batch: hand its retirements to the collector, publish the counters, then answer.
     fn finish_batch(&mut self) {
-        if self.unflushed {
-            // A deferred closure waits in this thread's bag until it is flushed; flush so that
-            // readers' pins can collect it too.
-            self.epoch.pin().flush();
-            self.unflushed = false;
-        }
+        self.own_releases();
+        self.defer_retired();
         // Counters first, so a caller reading them after its reply sees its request.
         self.publish_stats();
         for (answer, result) in self.replies.drain(..) {
@@ -621,7 +789,7 @@ impl<B: AvBackend> Writer<B> {
                 self.shared.failures.clear(client);
                 self.detach(client);
             }
-            Request::Quiesce { .. } | Request::Shutdown | Request::Nudge => {}
+            Request::Quiesce { .. } | Request::Shutdown => {}
         }
     }
 
@@ -634,7 +802,21 @@ impl<B: AvBackend> Writer<B> {
             .and_then(|holding| self.parked.get_mut(&holding.fi_addr()))
             .filter(|parked| parked.address.bytes() == address && parked.clients.contains(&client));
         match parked {
-            Some(parked) => parked.waiters.push((client, reply)),
+            Some(parked) => {
+                // One waiter per client: a caller that asks again (a `lease_within` retried after
+                // its timeout) supersedes its earlier request, whose answer goes out now, so
+                // retries cost no memory however many there are.
+                if let Some(earlier) = parked
+                    .waiters
+                    .iter_mut()
+                    .find(|(waiter, _)| *waiter == client)
+                {
+                    let earlier = std::mem::replace(&mut earlier.1, reply);
+                    self.replies.push((earlier, Err(DmaError::WouldBlock)));
+                } else {
+                    parked.waiters.push((client, reply));
+                }
+            }
             None => self.replies.push((reply, Err(DmaError::WouldBlock))),
         }
     }
@@ -643,29 +825,105 @@ impl<B: AvBackend> Writer<B> {
     fn advance(&mut self) {
         let guard = self.epoch.pin();
         guard.flush();
-        self.unflushed = false;
     }
 
-    /// Take the tickets whose readers have gone, and remove what no lease holds any more.
-    /// Whether anything was removed.
+    /// If no deferral is out and tickets retired since the last one are still pending, defer one
+    /// closure that covers them all, and hand it to the collector. See "One deferral at a time".
+    fn defer_retired(&mut self) {
+        if self.in_flight.is_some() || self.pending.range(self.undeferred..).next().is_none() {
+            return;
+        }
+        self.in_flight = Some(self.undeferred..self.next_ticket);
+        self.undeferred = self.next_ticket;
+        let shared = Arc::clone(&self.shared);
+        let guard = self.epoch.pin();
+        guard.defer(move || {
+            // Release: pairs with the writer's Acquire swap, after which it removes.
+            shared.readers_gone.store(true, Ordering::Release);
+            shared.doorbell.ring();
+        });
+        // The closure waits in this thread's bag until it is flushed; flush so that readers'
+        // pins can collect it too.
+        guard.flush();
+    }
+
+    /// Apply the releases that code on this thread queued while the inbox was full.
+    fn own_releases(&mut self) {
+        let released = std::mem::take(&mut *crate::sync::lock(&self.shared.own_releases));
+        for client in released {
+            self.apply(Request::Release { client });
+        }
+    }
+
+    /// Take what the readers and leases reported: the outstanding deferral's tickets, whose
+    /// readers have gone, and awaited removals whose last lease was dropped; retry the failed
+    /// removals that are due. Whether anything was removed. Costs nothing per removal that is
+    /// still waiting.
     fn collect(&mut self) -> bool {
         let removes = self.stats.removes;
-        while let Ok(ticket) = self.reclaims.try_recv() {
-            self.readers_gone(ticket);
-        }
-        if !self.held.is_empty() {
-            let now = Instant::now();
-            let mut index = 0;
-            while index < self.held.len() {
-                let ticket = self.held[index];
-                if self.try_remove(ticket, now) {
-                    self.held.swap_remove(index);
-                } else {
-                    index += 1;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        // Acquire: pairs with the closure's Release; the closure ran after every reader pinned
+        // at the deferral unpinned.
+        if self.shared.readers_gone.swap(false, Ordering::Acquire) {
+            if let Some(range) = self.in_flight.take() {
+                scratch.clear();
+                scratch.extend(self.pending.range(range).map(|(&ticket, _)| ticket));
+                for &ticket in &scratch {
+                    self.readers_gone(ticket);
                 }
             }
         }
+        scratch.clear();
+        self.shared
+            .leases
+            .take_released(|fi_addr| scratch.push(fi_addr));
+        for &fi_addr in &scratch {
+            // A report for an entry revived (or already removed) since is stale.
+            let ticket = self
+                .entry(fi_addr)
+                .filter(|entry| !entry.is_live())
+                .map(|entry| entry.removal);
+            if let Some(ticket) = ticket {
+                self.lease_released(ticket);
+            }
+        }
+        scratch.clear();
+        self.scratch = scratch;
+        if let Some(&(first, _)) = self.retries.first() {
+            let now = Instant::now();
+            if first <= now || cfg!(dma_loom) {
+                while let Some(&(at, ticket)) = self.retries.first() {
+                    if now < at && cfg!(not(dma_loom)) {
+                        break;
+                    }
+                    self.retries.pop_first();
+                    if let Some(Pending {
+                        wait: Wait::Held { retry_at, .. },
+                        ..
+                    }) = self.pending.get_mut(&ticket)
+                    {
+                        *retry_at = None;
+                    }
+                    self.try_remove(ticket, now);
+                }
+            }
+        }
+        self.defer_retired();
         removes != self.stats.removes
+    }
+
+    /// The last lease of `ticket`'s entry was dropped: remove it if it was awaited.
+    fn lease_released(&mut self, ticket: u64) {
+        let awaited = matches!(
+            self.pending.get(&ticket),
+            Some(Pending {
+                wait: Wait::Held { awaited: true, .. },
+                ..
+            })
+        );
+        if awaited {
+            self.try_remove(ticket, Instant::now());
+        }
     }
 
     fn occupied(&self) -> usize {
@@ -831,8 +1089,21 @@ impl<B: AvBackend> Writer<B> {
             // bytes (a removal that failed left it in the AV too), so it can be published again
             // and its removal cancelled.
             self.evict_parked(client, fi_addr);
-            self.held.retain(|held| *held != removal);
-            self.pending.remove(&removal);
+            if let Some(Pending {
+                wait: Wait::Held {
+                    retry_at, awaited, ..
+                },
+                ..
+            }) = self.pending.remove(&removal)
+            {
+                if awaited {
+                    self.awaiting_leases -= 1;
+                    self.shared.leases.stop_awaiting(fi_addr);
+                }
+                if let Some(at) = retry_at {
+                    self.retries.remove(&(at, removal));
+                }
+            }
             if let Some(entry) = self.entry_mut(fi_addr) {
                 entry.removal = LIVE;
             }
@@ -990,21 +1261,8 @@ impl<B: AvBackend> Writer<B> {
         if let Some(entry) = self.entry_mut(fi_addr) {
             entry.removal = ticket;
         }
-        let reclaimed = self.reclaimed.clone();
-        let nudge = self.nudge.clone();
-        let guard = self.epoch.pin();
-        guard.defer(move || {
-            // The writer may have shut down, having removed everything itself.
-            let _ = reclaimed.send(ticket);
-            // Never waits: a full inbox means a busy writer, which collects at its next request.
-            // (Under loom the writer advances the epoch itself and collects after, so the models
-            // do without the extra request.)
-            if cfg!(not(dma_loom)) {
-                let _ = nudge.try_send(Request::Nudge);
-            }
-        });
-        // Handed to the collector at the end of the batch (`finish_batch`).
-        self.unflushed = true;
+        // Deferred at the end of the batch, with every other ticket retired since the last
+        // deferral (`defer_retired`).
     }
 
     /// Every reader that could have seen `ticket`'s entry has unpinned: remove it unless a lease
@@ -1020,39 +1278,59 @@ impl<B: AvBackend> Writer<B> {
         pending.wait = Wait::Held {
             retry_at: None,
             backoff: FIRST_RETRY,
+            awaited: false,
         };
-        if !self.try_remove(ticket, Instant::now()) {
-            self.held.push(ticket);
-        }
+        self.try_remove(ticket, Instant::now());
     }
 
-    /// Remove `ticket`'s entry if no lease holds it and no retry is due later; let in the
-    /// incarnation parked behind it. Whether it is gone from `pending`.
+    /// Remove `ticket`'s entry unless a lease holds it (then await the last one's report) or a
+    /// retry is due later; let in the incarnation parked behind it. Whether it is gone from
+    /// `pending`.
     fn try_remove(&mut self, ticket: u64, now: Instant) -> bool {
         let Some(pending) = self.pending.get_mut(&ticket) else {
             return true;
         };
-        let Wait::Held { retry_at, backoff } = pending.wait else {
+        let Wait::Held {
+            retry_at,
+            backoff,
+            awaited,
+        } = pending.wait
+        else {
             return false;
         };
-        if retry_at.is_some_and(|at| now < at && cfg!(not(dma_loom))) {
+        if retry_at.is_some() {
             return false;
         }
         let fi_addr = pending.fi_addr;
-        if self.shared.leases.held(fi_addr) {
+        if self.shared.leases.await_release(fi_addr) {
+            if !awaited {
+                pending.wait = Wait::Held {
+                    retry_at,
+                    backoff,
+                    awaited: true,
+                };
+                self.awaiting_leases += 1;
+            }
             return false;
+        }
+        if awaited {
+            self.awaiting_leases -= 1;
         }
         self.stats.removes += 1;
         if let Err(error) = self.backend.remove(fi_addr) {
             self.stats.failed_removes += 1;
+            let at = now + backoff;
             pending.wait = Wait::Held {
-                retry_at: Some(now + backoff),
+                retry_at: Some(at),
                 backoff: (backoff * 2).min(LAST_RETRY),
+                awaited: false,
             };
+            self.retries.insert((at, ticket));
             tracing::warn!(op = "remove_failed", fi_addr, %error, retry_in = ?backoff, "fi_av_remove failed; the entry stays counted and its identity blocked until a retry succeeds");
             return false;
         }
         tracing::debug!(op = "remove", fi_addr, "fi_av_remove");
+        self.shared.leases.stop_awaiting(fi_addr);
         self.pending.remove(&ticket);
         self.forget(fi_addr);
         if let Some(parked) = self.parked.remove(&fi_addr) {
@@ -1106,16 +1384,10 @@ impl<B: AvBackend> Writer<B> {
         }
     }
 
+    /// Publish the counters: O(1), and the tables' shrink checks.
     fn publish_stats(&mut self) {
         self.stats.pending_removals = self.pending.len() as u64;
-        let leases = &self.shared.leases;
-        let pending = &self.pending;
-        self.stats.removals_awaiting_leases = self
-            .held
-            .iter()
-            .filter_map(|ticket| pending.get(ticket))
-            .filter(|pending| leases.held(pending.fi_addr))
-            .count() as u64;
+        self.stats.removals_awaiting_leases = self.awaiting_leases;
         self.shared.counters.publish(&self.stats);
         self.shrink();
     }
@@ -1150,8 +1422,8 @@ impl<B: AvBackend> Writer<B> {
         if roomy(self.entries.capacity(), self.entries.len()) {
             self.entries.shrink_to(2 * self.entries.len());
         }
-        if roomy(self.held.capacity(), self.held.len()) {
-            self.held.shrink_to(2 * self.held.len());
+        if roomy(self.scratch.capacity(), self.pending.len()) {
+            self.scratch.shrink_to(2 * self.pending.len());
         }
     }
 
@@ -1159,7 +1431,8 @@ impl<B: AvBackend> Writer<B> {
     /// and every `Lease` borrows it), so everything is removed now, pending removals first.
     fn shutdown(&mut self) {
         let pending = std::mem::take(&mut self.pending);
-        self.held.clear();
+        self.retries.clear();
+        self.awaiting_leases = 0;
         for (_, pending) in pending {
             self.remove_at_shutdown(pending.fi_addr);
             self.forget(pending.fi_addr);
