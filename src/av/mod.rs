@@ -24,6 +24,14 @@ use crate::sys::fi_addr_t;
 /// Two implementations ship: [`FabricAv`], the endpoint's real libfabric AV,
 /// and, with the `model` feature, [`ModelAv`](crate::ModelAv), which has efa's address rules
 /// without an efa device.
+///
+/// # Calling back into the cache
+///
+/// Its methods run on the cache's writer thread. An implementation (or a `tracing` subscriber
+/// that sees the writer's events) may call its own cache, and no call deadlocks: those that would
+/// wait for the writer (a resolve or lease that misses, `lease`, `lease_within`) answer
+/// [`DmaError::InvalidArgument`] at once, `release` is queued without waiting, `quiesce` returns
+/// at once, and hits, `try_resolve` and `stats` work as anywhere.
 pub trait AvBackend: Send + 'static {
     /// How addresses are laid out, and so what identifies a peer.
     fn format(&self) -> AddressFormat;

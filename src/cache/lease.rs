@@ -196,7 +196,8 @@ impl LeaseCounts {
         {
             released.fetch_or(1 << (index % 64), Ordering::Release);
             summary.fetch_or(1 << (word % 64), Ordering::Release);
-            self.dirty.store(true, Ordering::Release);
+            // An exchange rather than a store, as for the deferral's flag (see the writer).
+            self.dirty.swap(true, Ordering::AcqRel);
         }
     }
 
@@ -276,7 +277,10 @@ impl LeaseCounts {
     #[cfg(any(test, feature = "model"))]
     pub(crate) fn force(&self, fi_addr: fi_addr_t, leases: u32) {
         if let Some(count) = self.slot(fi_addr) {
-            count.store(leases & COUNT, Ordering::Relaxed);
+            // Keep the writer's flag: it is the writer's, not the count's.
+            let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                Some(now & AWAITED | leases & COUNT)
+            });
         }
     }
 }

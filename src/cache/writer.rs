@@ -236,6 +236,9 @@ struct Quiescer {
     watermark: u64,
     /// How many of those were pending at the last round.
     waiting_on: usize,
+    /// How many deferrals had returned at the last round: one returning is progress too, since a
+    /// ticket retired while another deferral was out waits for that one first.
+    deferrals_seen: u64,
     /// Rounds in a row in which none of them was removed.
     stalled: u32,
     /// When one of them was last removed, or the request arrived.
@@ -431,6 +434,8 @@ pub(crate) struct Writer<B> {
     in_flight: Option<Range<u64>>,
     /// Tickets from here on have not been deferred yet.
     undeferred: u64,
+    /// How many deferrals have returned (their readers gone).
+    deferrals_returned: u64,
     /// Reused for lists of tickets and indices: at most the capacity.
     scratch: Vec<u64>,
     next_ticket: u64,
@@ -490,6 +495,7 @@ impl<B: AvBackend> Writer<B> {
             awaiting_leases: 0,
             in_flight: None,
             undeferred: 0,
+            deferrals_returned: 0,
             scratch: Vec::new(),
             next_ticket: 0,
             cache,
@@ -686,6 +692,7 @@ impl<B: AvBackend> Writer<B> {
                     patience,
                     watermark: self.next_ticket,
                     waiting_on: usize::MAX,
+                    deferrals_seen: self.deferrals_returned,
                     stalled: 0,
                     progress_at: Instant::now(),
                 });
@@ -719,7 +726,10 @@ impl<B: AvBackend> Writer<B> {
     fn round(&mut self) {
         for quiescer in &mut self.quiescing {
             let waiting_on = self.pending.range(..quiescer.watermark).count();
-            if waiting_on < quiescer.waiting_on {
+            if waiting_on < quiescer.waiting_on
+                || self.deferrals_returned != quiescer.deferrals_seen
+            {
+                quiescer.deferrals_seen = self.deferrals_returned;
                 quiescer.stalled = 0;
                 quiescer.progress_at = Instant::now();
             } else {
@@ -838,8 +848,11 @@ impl<B: AvBackend> Writer<B> {
         let shared = Arc::clone(&self.shared);
         let guard = self.epoch.pin();
         guard.defer(move || {
-            // Release: pairs with the writer's Acquire swap, after which it removes.
-            shared.readers_gone.store(true, Ordering::Release);
+            // Release: pairs with the writer's Acquire swap, after which it removes. A swap, not a
+            // store: under loom a plain store from inside crossbeam's collection was not seen by
+            // the writer's later swap (a model of `aba` failed that way), and an exchange costs the
+            // same on this rare path.
+            shared.readers_gone.swap(true, Ordering::AcqRel);
             shared.doorbell.ring();
         });
         // The closure waits in this thread's bag until it is flushed; flush so that readers'
@@ -866,6 +879,7 @@ impl<B: AvBackend> Writer<B> {
         // at the deferral unpinned.
         if self.shared.readers_gone.swap(false, Ordering::Acquire) {
             if let Some(range) = self.in_flight.take() {
+                self.deferrals_returned += 1;
                 scratch.clear();
                 scratch.extend(self.pending.range(range).map(|(&ticket, _)| ticket));
                 for &ticket in &scratch {

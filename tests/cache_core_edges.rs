@@ -1,0 +1,203 @@
+//! The cache core at its edges: a lease counter at its bound, a lease call that would wait on the
+//! caller's own lease, removals held by leases reported by the last drop.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+use testkit::{efa, opaque, tcp};
+
+/// An environment variable that tells a re-run of this binary to do the aborting half of a test.
+const ABORTING_CHILD: &str = "DMA_TEST_ABORTING_CHILD";
+
+#[test]
+fn a_lease_past_the_bound_is_refused_and_changes_nothing() {
+    let endpoint = tcp();
+    let cache = endpoint.peers();
+    let address = endpoint.local_address().expect("an address");
+    let pinned = cache.pin();
+    let peer = pinned.resolve(1, &address).expect("a miss");
+    let lease = pinned.lease(peer).expect("a lease");
+    let limit = AddressCache::<dma_libfabric::FabricAv>::LEASE_LIMIT;
+    cache.force_lease_count(peer.fi_addr(), limit);
+
+    let refused = pinned.lease(peer);
+    assert!(
+        matches!(&refused, Err(DmaError::InvalidArgument(why)) if why.contains("leases are out")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        u64::from(limit),
+        cache.stats().leases,
+        "the refusal took nothing"
+    );
+
+    // At the bound the entry is still held: released and quiesced, it stays in the AV.
+    drop(pinned);
+    cache.release(1);
+    cache.quiesce_with_patience(std::time::Duration::ZERO);
+    assert_eq!(1, cache.stats().removals_awaiting_leases);
+    assert_eq!(
+        Some(address.clone()),
+        endpoint.lookup(lease.fi_addr()).expect("lookup")
+    );
+
+    // Back to the one real lease, whose drop lets the removal run.
+    cache.force_lease_count(lease.fi_addr(), 1);
+    drop(lease);
+    cache.quiesce();
+    let stats = cache.stats();
+    assert_eq!(
+        (0, 0, 1),
+        (stats.leases, stats.pending_removals, stats.removes)
+    );
+}
+
+#[test]
+fn a_clone_past_the_bound_aborts_instead_of_wrapping() {
+    const NAME: &str = "a_clone_past_the_bound_aborts_instead_of_wrapping";
+    if std::env::var(ABORTING_CHILD).as_deref() == Ok(NAME) {
+        let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+        let lease = cache.lease(1, &opaque(1)).expect("a lease");
+        cache.force_lease_count(lease.fi_addr(), AddressCache::<ModelAv>::LEASE_LIMIT);
+        // Leaked clones got the counter here; one more must not carry on.
+        let clone = lease.clone();
+        std::mem::forget(clone);
+        println!("the clone returned");
+        return;
+    }
+    let output = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ABORTING_CHILD, NAME)
+        .output()
+        .expect("re-run this test binary");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stdout.contains("the clone returned"),
+        "the clone past the bound returned:\n{stdout}"
+    );
+    // SIGABRT, or libfabric's own signal handler (installed in this binary by the tests that
+    // open endpoints) reporting it and exiting with status 1.
+    let signal = std::os::unix::process::ExitStatusExt::signal(&output.status);
+    assert!(
+        signal == Some(SIGABRT) || stderr.contains(&format!("terminated with signal {SIGABRT}")),
+        "the child aborts: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+}
+
+/// The signal `std::process::abort` raises.
+const SIGABRT: i32 = 6;
+
+#[test]
+fn clones_below_the_bound_count_and_keep_the_entry() {
+    let av = ModelAv::new(AddressFormat::Opaque);
+    let cache = AddressCache::with_backend(av.clone());
+    let lease = cache.lease(1, &opaque(1)).expect("a lease");
+    let fi_addr = lease.fi_addr();
+    let clones: Vec<_> = (0..1_000).map(|_| lease.clone()).collect();
+    assert_eq!(1_001, cache.stats().leases);
+    drop(lease);
+    cache.release(1);
+    cache.quiesce_with_patience(std::time::Duration::ZERO);
+    assert_eq!(Some(opaque(1)), av.lookup(fi_addr), "the clones hold it");
+    drop(clones);
+    cache.quiesce();
+    assert!(av.is_empty(), "the last clone's drop let the removal run");
+}
+
+#[test]
+fn lease_on_a_thread_that_holds_the_old_incarnations_lease_refuses_instead_of_hanging() {
+    let av = ModelAv::new(AddressFormat::Efa);
+    let cache = AddressCache::with_backend(av.clone());
+    let old = cache.lease(1, &efa(1, 7, 1)).expect("the old incarnation");
+
+    // The same slot advertised with a new QKEY: its entry waits for the old one's removal, which
+    // waits for `old`, which this thread holds. Waiting would never end.
+    let refused = cache.lease(2, &efa(1, 7, 2));
+    assert!(
+        matches!(&refused, Err(DmaError::InvalidArgument(why)) if why.contains("lease this thread holds")),
+        "{refused:?}"
+    );
+
+    // Once this thread lets go, the queued request gets in and the same call answers.
+    drop(old);
+    let new = cache.lease(2, &efa(1, 7, 2)).expect("the new incarnation");
+    assert_eq!(Some(efa(1, 7, 2)), av.lookup(new.fi_addr()));
+    assert!(av.violations().is_empty(), "{:?}", av.violations());
+}
+
+#[test]
+fn lease_waits_for_an_old_incarnations_lease_held_on_another_thread() {
+    let av = ModelAv::new(AddressFormat::Efa);
+    let cache = AddressCache::with_backend(av.clone());
+    let evicted = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let (leased, held) = std::sync::mpsc::channel();
+        let cache = &cache;
+        let evicted = &evicted;
+        scope.spawn(move || {
+            let old = cache.lease(1, &efa(1, 7, 1)).expect("the old incarnation");
+            leased.send(old.fi_addr()).expect("the test waits");
+            // A completion thread: it drops its lease once the new incarnation is parked
+            // behind it, which the writer counts as an eviction.
+            while cache.stats().evictions == 0 {
+                std::thread::yield_now();
+            }
+            evicted.store(true, Ordering::Relaxed);
+            drop(old);
+        });
+        let old = held.recv().expect("the old lease");
+        let new = cache
+            .lease(2, &efa(1, 7, 2))
+            .expect("waited for the other thread");
+        assert!(evicted.load(Ordering::Relaxed), "it waited for the drop");
+        assert_eq!(
+            old,
+            new.fi_addr(),
+            "the new incarnation took the old index back"
+        );
+        assert_eq!(Some(efa(1, 7, 2)), av.lookup(new.fi_addr()));
+    });
+    assert!(av.violations().is_empty(), "{:?}", av.violations());
+}
+
+#[test]
+fn many_removals_held_by_leases_are_each_reported_by_their_last_drop() {
+    let av = ModelAv::new(AddressFormat::Opaque);
+    let cache = AddressCache::with_backend(av.clone());
+    let leases: Vec<_> = (0..2_000u32)
+        .map(|client| {
+            let lease = cache
+                .lease(u64::from(client), &testkit::sockaddr(client))
+                .expect("a lease");
+            (lease.clone(), lease)
+        })
+        .collect();
+    for client in 0..2_000 {
+        cache.release(client);
+    }
+    cache.quiesce_with_patience(std::time::Duration::ZERO);
+    assert_eq!(2_000, cache.stats().removals_awaiting_leases);
+    assert_eq!(2_000, cache.stats().pending_removals);
+
+    // Dropping one of each pair reports nothing: the other still holds.
+    let (firsts, seconds): (Vec<_>, Vec<_>) = leases.into_iter().unzip();
+    drop(firsts);
+    cache.quiesce_with_patience(std::time::Duration::ZERO);
+    assert_eq!(2_000, cache.stats().removals_awaiting_leases);
+
+    drop(seconds);
+    cache.quiesce();
+    let stats = cache.stats();
+    assert_eq!(
+        (0, 0, 0, 2_000),
+        (
+            stats.removals_awaiting_leases,
+            stats.pending_removals,
+            stats.leases,
+            stats.removes
+        )
+    );
+    assert!(av.is_empty());
+}
