@@ -178,13 +178,33 @@ fn a_peers_write_racing_the_drop_never_lands_in_unrelated_memory() {
     );
 }
 
-/// Issue 19, item 1, the mirror: a peer reads 8 MiB from a region; the target drops it while it
-/// is still answering, and fills an unrelated allocation of the same size with a pattern. The
-/// initiator must get the region's old bytes (or an error), never the pattern, and its read
-/// must complete.
+/// The most bytes two loopback tcp sockets can hold between a sender and a receiver that does
+/// not read: the sender's send buffer and the receiver's receive buffer at their largest
+/// (`tcp_wmem` and `tcp_rmem`'s third fields).
+fn socket_buffers() -> usize {
+    let largest = |path: &str| -> usize {
+        std::fs::read_to_string(path)
+            .expect(path)
+            .split_whitespace()
+            .nth(2)
+            .expect("three fields")
+            .parse()
+            .expect("a number")
+    };
+    largest("/proc/sys/net/ipv4/tcp_wmem") + largest("/proc/sys/net/ipv4/tcp_rmem")
+}
+
+/// Issue 19, item 1, the mirror: a peer reads a region; the target drops it while it is still
+/// answering, and fills an unrelated allocation of the same size with a pattern. The initiator
+/// must get the region's old bytes (or an error), never the pattern, and its read must complete.
+///
+/// The drop is mid-answer by construction: the initiator does not progress (does not read its
+/// socket) until after the drop, so at most what the two sockets hold has left the region by
+/// then, and the region is twice that. An `Ok` read was admitted before the drop (one arriving
+/// after it finds no key), so the rest of its answer left the region after the drop.
 ///
 /// Before: the answer went on from freed memory, and the initiator received the unrelated
-/// allocation's bytes with an `Ok` completion.
+/// allocation's bytes, or (memory unmapped) never completed.
 #[test]
 fn a_peers_read_racing_the_drop_never_returns_unrelated_memory() {
     if !in_child_process("a_peers_read_racing_the_drop_never_returns_unrelated_memory") {
@@ -192,53 +212,63 @@ fn a_peers_read_racing_the_drop_never_returns_unrelated_memory() {
     }
     const OLD: u8 = 0x5a;
     const UNRELATED: u8 = 0x33;
+    let len = (2 * socket_buffers()).max(LARGE);
     let mut raced = 0;
     for _ in 0..ATTEMPTS {
         let server = rma_endpoint();
         let client = rma_endpoint();
         connect(&server, &client);
         let address = client.local_address().expect("address");
-        let landing = server.register(LARGE).expect("server memory");
-        let exposed = client.register(LARGE).expect("client memory");
-        exposed.write_bytes(0, &vec![OLD; LARGE]).expect("fits");
+        let landing = server.register(len).expect("server memory");
+        let exposed = client.register(len).expect("client memory");
+        exposed.write_bytes(0, &vec![OLD; len]).expect("fits");
         let exposed_remote = exposed.remote();
-        let done = AtomicBool::new(false);
+        let (posted, dropped) = (AtomicBool::new(false), AtomicBool::new(false));
 
-        let (result, partial, unrelated) = std::thread::scope(|scope| {
+        let (result, unrelated) = std::thread::scope(|scope| {
             let reader = scope.spawn(|| {
                 let lease = server.peers().lease(1, &address).expect("a lease");
                 server
                     .read(
                         lease,
-                        landing.segment(0, LARGE).expect("segment"),
+                        landing.segment(0, len).expect("segment"),
                         exposed_remote,
                         3,
                     )
                     .expect("posted");
-                let completion = server.wait_for(3, PATIENCE);
-                done.store(true, Ordering::Release);
-                completion
+                posted.store(true, Ordering::Release);
+                // No progress (so no reading of the socket) until the target has dropped.
+                let deadline = Instant::now() + PATIENCE;
+                while !dropped.load(Ordering::Acquire) && Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
+                server.wait_for(3, PATIENCE)
             });
-            // The target answers until part of its answer has landed at the initiator, then
-            // drops the region and reuses the heap.
-            progress_until(&client, "the first bytes arrived", || {
-                OLD == byte_at(&landing, 0) || done.load(Ordering::Acquire)
+            progress_until(&client, "the read was posted", || {
+                posted.load(Ordering::Acquire)
             });
-            let partial = OLD != byte_at(&landing, LARGE - 1);
+            // The target takes the request and answers until the sockets are full.
+            for _ in 0..1000 {
+                progress(&client);
+            }
             drop(exposed);
-            assert!(client.parked_memory() >= LARGE, "parked, not freed");
-            let unrelated = vec![UNRELATED; LARGE];
-            progress_until(&client, "the read completed", || {
-                done.load(Ordering::Acquire)
-            });
+            assert!(client.parked_memory() >= len, "parked, not freed");
+            let unrelated = vec![UNRELATED; len];
+            dropped.store(true, Ordering::Release);
+            let deadline = Instant::now() + PATIENCE;
+            while !reader.is_finished() {
+                assert!(Instant::now() < deadline, "the read hangs");
+                progress(&client);
+                std::thread::yield_now();
+            }
             let completion = reader
                 .join()
                 .expect("the reading thread")
                 .expect("the read completed: nothing hangs");
-            (completion.result, partial, unrelated)
+            (completion.result, unrelated)
         });
-        assert_eq!(LARGE, unrelated.len());
-        let mut fetched = vec![0; LARGE];
+        assert_eq!(len, unrelated.len());
+        let mut fetched = vec![0; len];
         landing.read_bytes(0, &mut fetched).expect("in range");
         let leaked = fetched.iter().filter(|&&byte| UNRELATED == byte).count();
         assert_eq!(
@@ -248,15 +278,13 @@ fn a_peers_read_racing_the_drop_never_returns_unrelated_memory() {
         if result.is_ok() {
             let other = fetched.iter().filter(|&&byte| OLD != byte).count();
             assert_eq!(0, other, "an Ok read returns the region's old bytes");
-        }
-        raced += usize::from(partial);
-        if 0 < raced {
+            raced += 1;
             break;
         }
     }
     assert!(
         0 < raced,
-        "the region was never dropped mid-answer in {ATTEMPTS} attempts"
+        "no read was admitted before the drop in {ATTEMPTS} attempts"
     );
 }
 
