@@ -490,3 +490,18 @@ fn lengths_the_allocator_cannot_give_are_errors_not_aborts() {
     let region = endpoint.register(64).expect("registration still works");
     region.write_bytes(0, b"fine").expect("fits");
 }
+
+/// A region made by `register_shared` (which holds an `Arc` of its endpoint) is parked on drop
+/// like any other, and its memory is reused by a later registration of the same size class.
+#[test]
+fn a_shared_region_is_parked_like_any_other() {
+    let endpoint = std::sync::Arc::new(rma_endpoint());
+    for _ in 0..=QUARANTINE {
+        drop(endpoint.register_shared(4096).expect("registered"));
+    }
+    assert_eq!((QUARANTINE + 1) * 4096, endpoint.parked_memory());
+    let reused = endpoint.register_shared(4096).expect("registered");
+    assert_eq!(QUARANTINE * 4096, endpoint.parked_memory(), "one reused");
+    drop(endpoint); // the region still holds it
+    assert_eq!(4096, reused.len());
+}

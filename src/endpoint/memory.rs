@@ -15,7 +15,8 @@
 //! - `FI_MR_VIRT_ADDR`: a peer addresses the region by its virtual address; otherwise by its
 //!   offset from 0. [`MemoryRegion::remote`] gives whichever the provider wants.
 //! - `FI_MR_PROV_KEY`: the provider chooses the key (read back with `fi_mr_key`); otherwise the
-//!   endpoint requests one of its own, unique within the domain.
+//!   endpoint requests a random one of its own (see "Keys"), drawing again while the domain
+//!   answers that it is in use.
 //! - `FI_MR_LOCAL`: local buffers of an operation need their descriptor (`fi_mr_desc`). Every
 //!   local buffer of an RMA operation here is a registered region, and its descriptor is always
 //!   passed, so the bit is honoured whether or not it is set.
@@ -83,10 +84,12 @@
 //! gets the buffer zeroed, registered under a new random key (see "Keys").
 //!
 //! Reuse is sound for *memory*: a transfer admitted under the old registration can reach only
-//! bytes inside that buffer (the old region's length is at most the capacity), which the pool
-//! owns for as long as the provider may run, and which this crate only ever touches through
-//! byte copies (see "Contents"), never through a reference. No allocation outside the pool can
-//! be written or leaked, which is what issue 19 showed.
+//! bytes inside that buffer (the provider checked it against the old region, whose length is at
+//! most the capacity; libfabric's unchecked `addr + len`, in the README, is the one exception and
+//! needs a valid key), which the pool owns for as long as the provider may run, and which this
+//! crate only ever touches through byte copies (see "Contents"; the zeroing for the new region is
+//! one more), never through a reference. No allocation outside the pool can be written or
+//! leaked, which is what issue 19 showed.
 //!
 //! Reuse cannot be argued sound for the *contents* while the endpoint is open: no condition this
 //! process can observe proves that a peer's transfer admitted before the drop has finished (it
@@ -100,9 +103,10 @@
 //! registered until its peers have confirmed (on their own messages) that they are done with it.
 //!
 //! What parking costs: [`parked_memory`](crate::LibfabricEndpoint::parked_memory) bytes, until
-//! reused or until the endpoint drops. Per size class the pool holds at most the most regions of
-//! that class ever registered at once, plus [`QUARANTINE`]; so it is bounded by the peak of
-//! registered memory, plus the quarantine, plus 25% for the classes.
+//! reused or until the endpoint drops. A buffer is allocated only while its class has at most
+//! [`QUARANTINE`] parked, so a class never holds more buffers (alive and parked together) than
+//! the most regions of that class ever alive at once, plus [`QUARANTINE`]: parked memory is
+//! bounded by the peak of registered memory, plus the quarantine, plus 25% for the classes.
 //!
 //! # Keys
 //!
@@ -114,8 +118,10 @@
 //! system's random source (`getrandom(2)`, once per thread, then stepped for each new
 //! `RandomState`). No new dependency, no file descriptor, no failure path, a few nanoseconds per
 //! key, and the outputs are unpredictable to anyone who does not hold that key, which never
-//! leaves the process. (It is a keyed hash, not a CSPRNG: the defence it gives is against guessing, which
-//! is what a key is for here.)
+//! leaves the process. It is a keyed hash (SipHash-1-3 today), not a CSPRNG: the defence it gives
+//! is against guessing, which is what a key is for here. (Reading `/dev/urandom` per key would
+//! cost a file descriptor or three system calls per registration, and can fail; `getrandom(2)`
+//! through `libc` would be a new dependency.)
 //!
 //! # Contents
 //!

@@ -37,8 +37,9 @@
 //! [`LibfabricEndpoint::DRAIN_PATIENCE`]. Operations still in flight after that (a peer that
 //! never progresses, a provider that dropped a transfer without a completion) are abandoned: their
 //! registrations are closed, then the endpoint, which stops the provider touching their memory,
-//! and only then are their buffers freed and leases dropped, all before the address cache and the
-//! domain close. [`LibfabricEndpoint::drain_operations`] does the first step on demand.
+//! and only then are their buffers parked (freed once the domain has closed: see `memory`) and
+//! their leases dropped, all before the address cache and the domain close.
+//! [`LibfabricEndpoint::drain_operations`] does the first step on demand.
 //!
 //! # Lifetime erasure
 //!
