@@ -187,7 +187,10 @@ unsafe impl Send for Buffer {}
 impl Buffer {
     /// `capacity` fresh zeroed bytes, or an error when the system refuses them.
     fn allocate(capacity: usize) -> Result<Self, DmaError> {
-        let align = if capacity >= 4096 { 4096 } else { MIN_CAPACITY };
+        // Word alignment, no more: up to the allocator's own minimum, `std` answers
+        // `alloc_zeroed` with `calloc`, whose large blocks are fresh mappings, zero and untouched
+        // until used; a larger alignment would `memset` the whole capacity at once.
+        let align = std::mem::align_of::<u64>();
         let refused = || {
             DmaError::InvalidArgument(format!(
                 "could not allocate {capacity} bytes for a memory region: the system refused"
