@@ -239,15 +239,19 @@ impl Pool {
         })?;
         let reused = {
             let mut classes = self.classes.lock().unwrap_or_else(PoisonError::into_inner);
-            match classes.get_mut(&capacity) {
+            let reused = match classes.get_mut(&capacity) {
                 Some(parked) if parked.len() > QUARANTINE => parked.pop_front(),
                 _ => None,
+            };
+            if reused.is_some() {
+                // Under the lock, as `park`'s increment is, so the count never dips below 0.
+                self.parked.fetch_sub(capacity, Ordering::AcqRel);
             }
+            reused
         };
         let Some(buffer) = reused else {
             return Buffer::allocate(capacity);
         };
-        self.parked.fetch_sub(capacity, Ordering::AcqRel);
         // SAFETY: `len` is at most the buffer's capacity (its class's); the pool owns the bytes,
         // and a stale transfer writing them meanwhile only tears them (module docs).
         unsafe { ptr::write_bytes(buffer.start.as_ptr(), 0, len) };
@@ -257,12 +261,8 @@ impl Pool {
     /// Keep `buffer` until the endpoint closes, or until a later registration reuses it.
     fn park(&self, buffer: Buffer) {
         let capacity = buffer.capacity();
-        self.classes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(capacity)
-            .or_default()
-            .push_back(buffer);
+        let mut classes = self.classes.lock().unwrap_or_else(PoisonError::into_inner);
+        classes.entry(capacity).or_default().push_back(buffer);
         self.parked.fetch_add(capacity, Ordering::AcqRel);
     }
 }
