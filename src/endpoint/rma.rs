@@ -135,7 +135,7 @@ pub(super) struct Operations {
     /// `keys.hash_one(counter)`, a SipHash of a counter under a key `std` drew from the
     /// operating system's random source (see `memory`, "Keys").
     keys: RandomState,
-    /// The counter `next_key` hashes.
+    /// The counter `keys` hashes: a new input for every key drawn.
     next_key: AtomicU64,
     /// Keys a test wants requested first, in order.
     #[cfg(test)]
