@@ -15,7 +15,8 @@
 //! - `FI_MR_VIRT_ADDR`: a peer addresses the region by its virtual address; otherwise by its
 //!   offset from 0. [`MemoryRegion::remote`] gives whichever the provider wants.
 //! - `FI_MR_PROV_KEY`: the provider chooses the key (read back with `fi_mr_key`); otherwise the
-//!   endpoint requests one of its own, unique within the domain.
+//!   endpoint requests a random one of its own (see "Keys"), drawing again while the domain
+//!   answers that it is in use.
 //! - `FI_MR_LOCAL`: local buffers of an operation need their descriptor (`fi_mr_desc`). Every
 //!   local buffer of an RMA operation here is a registered region, and its descriptor is always
 //!   passed, so the bit is honoured whether or not it is set.
@@ -31,9 +32,96 @@
 //! [`register_shared`](crate::LibfabricEndpoint::register_shared)) holds an `Arc` of it, so it
 //! cannot outlive the domain it is registered in.
 //! Its memory and registration are shared (an `Arc`) with every operation in flight on it:
-//! dropping the `MemoryRegion` while a write or read is in flight leaves both alive until the
-//! operation's completion has been read, and only then closes the registration and frees the
-//! memory. No API path frees a buffer an operation may still touch.
+//! dropping the `MemoryRegion` while this endpoint's own write or read is in flight leaves both
+//! alive until the operation's completion has been read, and only then closes the registration.
+//! Its memory is then *parked* by the endpoint (next section), never freed while the endpoint is
+//! open.
+//!
+//! # Memory a peer may still reach: parking
+//!
+//! A peer's `fi_write` into a region, or `fi_read` from it, completes only at the peer: this
+//! endpoint never sees a completion for it, so no order of drops in this process can wait for
+//! it. What happens to such a transfer when the region's registration is closed is the
+//! provider's:
+//!
+//! - **Software providers** (tcp, sockets, and rxm over either; libfabric 1.17 and 2.6.0) check a
+//!   peer's transfer once, when its header arrives (`ofi_mr_verify`, in
+//!   `prov/tcp/src/xnet_progress.c`'s `xnet_handle_write` and `xnet_handle_read_req`), and keep
+//!   the buffer's address in the transfer (`rx_entry->iov`, the read response's `iov`). The data
+//!   then moves through those raw pointers over later progress calls, for as long as the peer
+//!   keeps sending or receiving. `fi_close` of the registration removes the key from the
+//!   domain's map, which refuses *new* transfers, but touches no transfer already admitted.
+//!   Measured on 1.17 (issue 19): 8 MiB written by a peer landed in an unrelated `Vec` allocated
+//!   after the region was dropped, and a peer's read was answered with unrelated memory.
+//! - **fi_mr(3)** (2.6.0 `man/fi_mr.3.md`, "fi_close") promises no more for any provider:
+//!   "Active or queued operations that reference a memory region being closed may attempt to
+//!   access an invalid memory region and fail [...] Applications are responsible for ensuring
+//!   that a MR is no longer needed prior to closing it." Only *new* accesses from a remote peer
+//!   are promised to fail.
+//! - **Hardware registration** (verbs, efa) would stop the NIC: `ibv_dereg_mr` destroys the
+//!   device's memory key before the kernel unpins the pages. But libfabric puts `fi_mr_reg`
+//!   behind its registration cache on both (2.6.0 `prov/verbs/src/verbs_mr.c`,
+//!   `vrb_mr_cache_reg`; its `fi_close` is `ofi_mr_cache_delete`, which may keep the device
+//!   registration, and so the old key, alive), efa emulates some RMA protocols in software
+//!   through its own copies, and `fi_efa(7)`'s `FI_EFA_TRACK_MR` only *warns* when an MR is
+//!   closed while operations still reference it. No libfabric document guarantees, for any
+//!   provider, that a closed registration's memory is no longer accessed.
+//!
+//! So on every provider the endpoint parks a dropped region's memory: the registration is
+//! closed at once (new transfers under its key fail at the peer), and the buffer goes to the
+//! endpoint's pool, which frees it only when the endpoint itself drops, after its `fid_ep`,
+//! queues, address vector, domain and fabric have been closed (the pool is owned by the
+//! endpoint's operations, a field declared after its handles): with the domain closed, no
+//! transfer of the provider's remains. There is no provider for which the endpoint frees at
+//! once, because none documents that it may.
+//!
+//! ## Reuse, and what it risks
+//!
+//! A server that registers and drops regions in a loop must not grow without bound, so a parked
+//! buffer is reused by a later registration of the same endpoint whose length falls in the
+//! same size class (buffers are allocated at a class's capacity: the length rounded up to a
+//! quarter of its power of two, so at most 25% larger, and at least 64 bytes). The new region
+//! gets the buffer zeroed, registered under a new random key (see "Keys").
+//!
+//! Reuse is sound for *memory*: a transfer admitted under the old registration can reach only
+//! bytes inside that buffer (the provider checked it against the old region, whose length is at
+//! most the capacity; libfabric's unchecked `addr + len`, in the README, is the one exception and
+//! needs a valid key), which the pool owns for as long as the provider may run, and which this
+//! crate only ever touches through byte copies (see "Contents"; the zeroing for the new region is
+//! one more), never through a reference. No allocation outside the pool can be written or
+//! leaked, which is what issue 19 showed.
+//!
+//! Reuse cannot be argued sound for the *contents* while the endpoint is open: no condition this
+//! process can observe proves that a peer's transfer admitted before the drop has finished (it
+//! finishes when the peer has sent, or drained, all its bytes, which a stalled peer never does).
+//! A stale transfer that is still moving bytes when its buffer is reused writes into, or reads
+//! from, the new region, although its key is not the new region's. As a mitigation, a parked
+//! buffer is reused only after [`QUARANTINE`] more buffers of its class have been parked after
+//! it (a quarantine by count, which needs no progress and no clock), so a drop followed at once
+//! by a registration of the same size never gets the buffer just dropped. That narrows the
+//! window; it does not close it. An application that needs the guarantee keeps a region
+//! registered until its peers have confirmed (on their own messages) that they are done with it.
+//!
+//! What parking costs: [`parked_memory`](crate::LibfabricEndpoint::parked_memory) bytes, until
+//! reused or until the endpoint drops. A buffer is allocated only while its class has at most
+//! [`QUARANTINE`] parked, so a class never holds more buffers (alive and parked together) than
+//! the most regions of that class ever alive at once, plus [`QUARANTINE`]: parked memory is
+//! bounded by the peak of registered memory, plus the quarantine, plus 25% for the classes.
+//!
+//! # Keys
+//!
+//! Where the endpoint chooses the key (no `FI_MR_PROV_KEY`), each registration requests a fresh
+//! random 64-bit key (retrying `-FI_ENOKEY`, a key already in use, up to [`KEY_ATTEMPTS`]
+//! times): one endpoint's descriptor is not valid at another whose regions have the same shape,
+//! and a peer cannot guess a key it was not given. The source is one `std` `RandomState` per
+//! endpoint hashing a counter: a SipHash under a 128-bit key that `std` draws from the operating
+//! system's random source (`getrandom(2)`, once per thread, then stepped for each new
+//! `RandomState`). No new dependency, no file descriptor, no failure path, a few nanoseconds per
+//! key, and the outputs are unpredictable to anyone who does not hold that key, which never
+//! leaves the process. It is a keyed hash (SipHash-1-3 today), not a CSPRNG: the defence it gives
+//! is against guessing, which is what a key is for here. (Reading `/dev/urandom` per key would
+//! cost a file descriptor or three system calls per registration, and can fail; `getrandom(2)`
+//! through `libc` would be a new dependency.)
 //!
 //! # Contents
 //!
@@ -44,18 +132,144 @@
 //! complete record from a torn one (a checksum, a sequence written last), as it must on any RDMA
 //! NIC.
 
+use std::alloc::{self, Layout};
+use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::marker::PhantomData;
-use std::ptr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::error::DmaError;
 use crate::sys;
 
+/// The longest region [`register`](crate::LibfabricEndpoint::register) accepts: 1 TiB.
+///
+/// libfabric's `fi_info` gives no limit on a registration's length: `domain_attr.mr_iov_limit`
+/// counts the pieces of one registration (1 on tcp), and `ep_attr.max_msg_size` bounds one
+/// transfer, not a region (`SIZE_MAX` on tcp;ofi_rxm; a larger region is still used in slices).
+/// So the bound is this documented ceiling, far above any buffer a data-transfer server
+/// registers and far below the sizes whose arithmetic overflows; a length under it that the
+/// system cannot allocate is an error too, never an abort.
+pub const MAX_REGION_LEN: usize = 1 << 40;
+
+/// How many more buffers of a size class are parked after a dropped region's before its memory
+/// is reused (see the module docs, "Reuse, and what it risks").
+pub const QUARANTINE: usize = 2;
+
+/// How many random keys registration tries when the provider answers `-FI_ENOKEY` (the key is
+/// in use in the domain) before it gives up with that error.
+pub const KEY_ATTEMPTS: usize = 8;
+
+/// The smallest buffer the pool allocates.
+const MIN_CAPACITY: usize = 64;
+
+/// The capacity of the size class of `len`: `len` rounded up to a quarter of its power of two
+/// (at least [`MIN_CAPACITY`]), so at most 25% more; `None` on overflow.
+fn capacity_for(len: usize) -> Option<usize> {
+    if len <= MIN_CAPACITY {
+        return Some(MIN_CAPACITY);
+    }
+    let top = usize::BITS - 1 - len.leading_zeros();
+    let step = 1_usize << top.saturating_sub(2);
+    len.checked_next_multiple_of(step)
+}
+
+/// Memory the pool owns: `capacity` bytes from `alloc::alloc_zeroed`, freed in `Drop`.
+struct Buffer {
+    start: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: a buffer is plain bytes owned by one holder at a time (a registration, or the pool).
+unsafe impl Send for Buffer {}
+
+impl Buffer {
+    /// `capacity` fresh zeroed bytes, or an error when the system refuses them.
+    fn allocate(capacity: usize) -> Result<Self, DmaError> {
+        // Word alignment, no more: up to the allocator's own minimum, `std` answers
+        // `alloc_zeroed` with `calloc`, whose large blocks are fresh mappings, zero and untouched
+        // until used; a larger alignment would `memset` the whole capacity at once.
+        let align = std::mem::align_of::<u64>();
+        let refused = || {
+            DmaError::InvalidArgument(format!(
+                "could not allocate {capacity} bytes for a memory region: the system refused"
+            ))
+        };
+        let layout = Layout::from_size_align(capacity, align).map_err(|_| refused())?;
+        // SAFETY: `layout` has a non-zero size (`capacity` is at least `MIN_CAPACITY`).
+        let start = unsafe { alloc::alloc_zeroed(layout) };
+        let start = NonNull::new(start).ok_or_else(refused)?;
+        Ok(Self { start, layout })
+    }
+
+    fn capacity(&self) -> usize {
+        self.layout.size()
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: `start` came from `alloc_zeroed` with exactly `layout`, and is freed only here.
+        unsafe { alloc::dealloc(self.start.as_ptr(), self.layout) };
+    }
+}
+
+/// The endpoint's parked memory: buffers of dropped regions, by capacity, oldest first. Owned by
+/// the endpoint's operations (declared after its handles), so the buffers are freed only after
+/// the endpoint, its queues and its domain have closed. See the module docs.
+#[derive(Default)]
+pub(crate) struct Pool {
+    classes: Mutex<BTreeMap<usize, VecDeque<Buffer>>>,
+    /// The bytes parked now: the capacities of every buffer in `classes`.
+    parked: AtomicUsize,
+}
+
+impl Pool {
+    /// Bytes parked now.
+    pub(crate) fn parked(&self) -> usize {
+        self.parked.load(Ordering::Acquire)
+    }
+
+    /// A buffer for a region of `len` bytes: a parked one of its class past the quarantine,
+    /// with its first `len` bytes zeroed, else a fresh one.
+    fn take(&self, len: usize) -> Result<Buffer, DmaError> {
+        let capacity = capacity_for(len).ok_or_else(|| {
+            DmaError::InvalidArgument(format!("a region of {len} bytes overflows its size class"))
+        })?;
+        let reused = {
+            let mut classes = self.classes.lock().unwrap_or_else(PoisonError::into_inner);
+            let reused = match classes.get_mut(&capacity) {
+                Some(parked) if parked.len() > QUARANTINE => parked.pop_front(),
+                _ => None,
+            };
+            if reused.is_some() {
+                // Under the lock, as `park`'s increment is, so the count never dips below 0.
+                self.parked.fetch_sub(capacity, Ordering::AcqRel);
+            }
+            reused
+        };
+        let Some(buffer) = reused else {
+            return Buffer::allocate(capacity);
+        };
+        // SAFETY: `len` is at most the buffer's capacity (its class's); the pool owns the bytes,
+        // and a stale transfer writing them meanwhile only tears them (module docs).
+        unsafe { ptr::write_bytes(buffer.start.as_ptr(), 0, len) };
+        Ok(buffer)
+    }
+
+    /// Keep `buffer` until the endpoint closes, or until a later registration reuses it.
+    fn park(&self, buffer: Buffer) {
+        let capacity = buffer.capacity();
+        let mut classes = self.classes.lock().unwrap_or_else(PoisonError::into_inner);
+        classes.entry(capacity).or_default().push_back(buffer);
+        self.parked.fetch_add(capacity, Ordering::AcqRel);
+    }
+}
+
 /// A registration and the memory it covers, shared by the [`MemoryRegion`] handle and every
-/// operation in flight on it. Dropping the last holder closes the registration and frees the
-/// memory.
+/// operation in flight on it. Dropping the last holder closes the registration and parks the
+/// memory in the endpoint's pool.
 pub(crate) struct Registration {
     /// The registration; null once closed.
     mr: AtomicPtr<sys::fid_mr>,
@@ -65,38 +279,53 @@ pub(crate) struct Registration {
     key: u64,
     /// What a peer adds an offset to: the virtual address under `FI_MR_VIRT_ADDR`, else 0.
     remote_base: u64,
-    /// The memory, from `Box::<[u8]>::into_raw`; freed in `Drop`.
+    /// The first byte of `memory`.
     buffer: *mut u8,
+    /// The registered length, at most `memory`'s capacity.
     len: usize,
+    /// The memory, handed back to `pool` in `Drop`; `None` only inside `Drop`.
+    memory: Option<Buffer>,
+    /// The endpoint's pool.
+    pool: Arc<Pool>,
     /// The domain it is registered in, so an endpoint refuses another endpoint's region.
     domain: *mut sys::fid_domain,
 }
 
 // SAFETY: the registration is an object of an `FI_THREAD_SAFE` domain, usable from any thread;
 // the memory is only touched through raw copies (module docs: its bytes are plain `u8`, for which
-// any value is valid) and freed once, by whichever holder drops last.
+// any value is valid) and handed to the pool once, by whichever holder drops last.
 unsafe impl Send for Registration {}
 // SAFETY: as for `Send`; shared access is copies of plain bytes and reads of fields that never
 // change after registration, and `mr` is an atomic.
 unsafe impl Sync for Registration {}
 
 impl Registration {
-    /// Register `len` bytes of fresh zeroed memory in `domain`, honouring `mr_mode`.
+    /// Register `len` bytes of zeroed memory from `pool` in `domain`, honouring `mr_mode`, under
+    /// a key from `keys` (unless the provider chooses it), drawing another while the provider
+    /// answers `-FI_ENOKEY`, up to [`KEY_ATTEMPTS`] keys.
     ///
     /// # Safety
     /// `domain` and `ep` are open and belong together; they stay open until the returned
-    /// registration has been dropped (the endpoint guarantees it: see `rma`).
+    /// registration has been dropped, and `pool` frees nothing before they close (the endpoint
+    /// guarantees both: see `rma`).
     pub(crate) unsafe fn new(
         domain: *mut sys::fid_domain,
         ep: *mut sys::fid_ep,
         mr_mode: i32,
-        requested_key: u64,
         len: usize,
+        pool: &Arc<Pool>,
+        keys: &mut dyn FnMut() -> u64,
     ) -> Result<Self, DmaError> {
         if 0 == len {
             return Err(DmaError::InvalidArgument(
                 "a memory region must be at least one byte long".into(),
             ));
+        }
+        if len > MAX_REGION_LEN {
+            return Err(DmaError::InvalidArgument(format!(
+                "a memory region of {len} bytes is longer than the {MAX_REGION_LEN}-byte bound \
+                 (MAX_REGION_LEN)"
+            )));
         }
         if 0 != mr_mode & sys::FI_MR_RAW as i32 {
             return Err(DmaError::InvalidArgument(
@@ -105,7 +334,8 @@ impl Registration {
                     .into(),
             ));
         }
-        let buffer = Box::into_raw(vec![0_u8; len].into_boxed_slice()).cast::<u8>();
+        let memory = pool.take(len)?;
+        let buffer = memory.start.as_ptr();
         let mut registration = Self {
             mr: AtomicPtr::new(ptr::null_mut()),
             desc: ptr::null_mut(),
@@ -113,29 +343,40 @@ impl Registration {
             remote_base: 0,
             buffer,
             len,
+            memory: Some(memory),
+            pool: Arc::clone(pool),
             domain,
         };
         let access =
             u64::from(sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE);
+        let provider_keys = 0 != mr_mode & sys::FI_MR_PROV_KEY as i32;
         let mut mr: *mut sys::fid_mr = ptr::null_mut();
-        // SAFETY: the domain is open (the caller's promise); `buffer` holds `len` bytes that live
-        // until `registration` drops, which closes the registration first; `mr` receives one
-        // object, owned by `registration` from here on (its `Drop` closes it).
-        let code = unsafe {
-            sys::fi_mr_reg(
-                domain,
-                buffer.cast_const().cast(),
-                len,
-                access,
-                0,
-                requested_key,
-                0,
-                &raw mut mr,
-                ptr::null_mut(),
-            )
-        };
-        if 0 != code {
-            return Err(DmaError::fabric("fi_mr_reg", code.into()));
+        let mut requested_key = 0;
+        for attempt in 1..=KEY_ATTEMPTS {
+            requested_key = if provider_keys { 0 } else { keys() };
+            // SAFETY: the domain is open (the caller's promise); `buffer` holds at least `len`
+            // bytes, owned by `registration` until it drops, which closes the registration
+            // first and then only parks them; `mr` receives one object, owned by `registration`
+            // from here on (its `Drop` closes it).
+            let code = unsafe {
+                sys::fi_mr_reg(
+                    domain,
+                    buffer.cast_const().cast(),
+                    len,
+                    access,
+                    0,
+                    requested_key,
+                    0,
+                    &raw mut mr,
+                    ptr::null_mut(),
+                )
+            };
+            if 0 == code {
+                break;
+            }
+            if code != -(sys::FI_ENOKEY as i32) || provider_keys || KEY_ATTEMPTS == attempt {
+                return Err(DmaError::fabric("fi_mr_reg", code.into()));
+            }
         }
         registration.mr = AtomicPtr::new(mr);
         if 0 != mr_mode & sys::FI_MR_ENDPOINT as i32 {
@@ -149,11 +390,7 @@ impl Registration {
         // SAFETY: `mr` is open; both calls read fields of it.
         let (desc, key) = unsafe { (sys::fi_mr_desc(mr), sys::fi_mr_key(mr)) };
         registration.desc = desc;
-        registration.key = if 0 != mr_mode & sys::FI_MR_PROV_KEY as i32 {
-            key
-        } else {
-            requested_key
-        };
+        registration.key = if provider_keys { key } else { requested_key };
         // FI_KEY_NOTAVAIL is `(uint64_t) -1`, a cast bindgen does not evaluate.
         if u64::MAX == registration.key {
             return Err(DmaError::InvalidArgument(
@@ -212,10 +449,11 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.close_registration();
-        // SAFETY: `buffer` and `len` came from `Box::<[u8]>::into_raw` of exactly `len` bytes in
-        // `new` and are freed only here; the registration is closed, and no operation is in
-        // flight on it (each holds a clone of the `Arc` this was inside).
-        drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(self.buffer, self.len)) });
+        // Parked, not freed: a peer's transfer admitted before the close may still move bytes
+        // through it (module docs); the pool frees it after the endpoint has closed.
+        if let Some(memory) = self.memory.take() {
+            self.pool.park(memory);
+        }
     }
 }
 
@@ -223,8 +461,9 @@ impl Drop for Registration {
 ///
 /// Made by [`LibfabricEndpoint::register`](crate::LibfabricEndpoint::register); it borrows that
 /// endpoint. Dropping it while an operation on it is in flight is safe: the memory and the
-/// registration live until the operation's completion has been read. See the
-/// [module docs](self).
+/// registration live until the operation's completion has been read. Its memory is then parked
+/// by the endpoint, not freed, since a peer's transfer may still reach it
+/// ([`parked_memory`](crate::LibfabricEndpoint::parked_memory)). See the [module docs](self).
 ///
 /// ```
 /// use dma_libfabric::{Configuration, LibfabricEndpoint, RemoteRegion};
@@ -452,17 +691,36 @@ impl RemoteRegion {
     /// `len` bytes at `offset` of this region.
     ///
     /// # Errors
-    /// [`DmaError::InvalidArgument`] for an empty range or one that does not fit.
+    /// [`DmaError::InvalidArgument`] for an empty range, one that does not fit, or one whose
+    /// address plus length overflows (libfabric's `ofi_mr_map_verify` adds them unchecked; see
+    /// the README's RMA section).
+    ///
+    /// ```
+    /// use dma_libfabric::RemoteRegion;
+    ///
+    /// // Built by hand (the fields are public), so `from_bytes` never checked it.
+    /// let wrapping = RemoteRegion { address: u64::MAX - 15, key: 1, len: 64 };
+    /// assert!(wrapping.slice(0, 8).is_ok(), "ends below 2^64");
+    /// assert!(wrapping.slice(8, 8).is_err(), "ends at 2^64: address + len overflows");
+    /// assert!(wrapping.slice(16, 8).is_err(), "starts past the end of the address space");
+    /// ```
     pub fn slice(&self, offset: u64, len: u64) -> Result<Self, DmaError> {
-        match offset.checked_add(len) {
-            Some(end) if 0 < len && end <= self.len => Ok(Self {
-                address: self.address.wrapping_add(offset),
-                key: self.key,
-                len,
-            }),
+        let end = offset.checked_add(len);
+        let address = self.address.checked_add(offset);
+        match (end, address) {
+            (Some(end), Some(address))
+                if 0 < len && end <= self.len && address.checked_add(len).is_some() =>
+            {
+                Ok(Self {
+                    address,
+                    key: self.key,
+                    len,
+                })
+            }
             _ => Err(DmaError::InvalidArgument(format!(
-                "{len} bytes at offset {offset} do not fit a {}-byte remote region",
-                self.len
+                "{len} bytes at offset {offset} do not fit a {}-byte remote region at {:#x}, or \
+                 their end overflows",
+                self.len, self.address
             ))),
         }
     }
@@ -491,21 +749,32 @@ mod tests {
         LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint")
     }
 
-    /// Register in `endpoint`'s domain as if the provider had asked for `mr_mode`.
+    /// Register 64 bytes in `endpoint`'s domain as if the provider had asked for `mr_mode`,
+    /// requesting `key`.
     fn register(
         endpoint: &LibfabricEndpoint,
         mr_mode: i32,
         key: u64,
     ) -> Result<Registration, DmaError> {
+        register_len(endpoint, mr_mode, key, 64)
+    }
+
+    fn register_len(
+        endpoint: &LibfabricEndpoint,
+        mr_mode: i32,
+        key: u64,
+        len: usize,
+    ) -> Result<Registration, DmaError> {
         // SAFETY: the endpoint's domain and endpoint are open, and outlive the registration,
-        // which the caller drops before the endpoint.
+        // which the caller drops before the endpoint; the pool is the endpoint's.
         unsafe {
             Registration::new(
                 endpoint.handles.domain,
                 endpoint.handles.ep,
                 mr_mode,
-                key,
-                64,
+                len,
+                &endpoint.operations.pool,
+                &mut || key,
             )
         }
     }
@@ -535,18 +804,104 @@ mod tests {
     }
 
     #[test]
-    fn raw_keys_and_empty_regions_are_refused_before_registering() {
+    fn raw_keys_empty_and_oversized_regions_are_refused_before_registering() {
         let endpoint = endpoint();
         assert!(matches!(
             register(&endpoint, sys::FI_MR_RAW as i32, 1 << 41),
             Err(DmaError::InvalidArgument(_))
         ));
-        // SAFETY: as in `register`.
-        let empty = unsafe {
-            Registration::new(endpoint.handles.domain, endpoint.handles.ep, 0, 1 << 41, 0)
-        };
-        assert!(matches!(empty, Err(DmaError::InvalidArgument(_))));
+        for len in [0, MAX_REGION_LEN + 1, usize::MAX] {
+            assert!(matches!(
+                register_len(&endpoint, 0, 1 << 41, len),
+                Err(DmaError::InvalidArgument(_))
+            ));
+        }
+        assert_eq!(0, endpoint.parked_memory(), "nothing was allocated");
         // Nothing was registered under the key: it is still free.
         register(&endpoint, 0, 1 << 41).expect("the key is free");
+    }
+
+    /// A requested key already in use in the domain is `-FI_ENOKEY`, and registration draws
+    /// another; it gives up after `KEY_ATTEMPTS`.
+    #[test]
+    fn a_key_in_use_is_retried_with_another() {
+        let endpoint = endpoint();
+        let taken = register(&endpoint, 0, 77).expect("registered");
+        endpoint
+            .operations
+            .forced_keys
+            .lock()
+            .expect("not poisoned")
+            .extend([77, 77, 78]);
+        let region = endpoint.register(64).expect("registered on the third key");
+        assert_eq!(78, region.remote().key);
+
+        endpoint
+            .operations
+            .forced_keys
+            .lock()
+            .expect("not poisoned")
+            .extend([77; KEY_ATTEMPTS]);
+        match endpoint.register(64) {
+            Err(DmaError::Fabric { call, code, .. }) => {
+                assert_eq!("fi_mr_reg", call);
+                assert_eq!(-i64::from(sys::FI_ENOKEY), code);
+            }
+            other => panic!("expected -FI_ENOKEY after {KEY_ATTEMPTS} keys: {other:?}"),
+        }
+        drop(taken);
+    }
+
+    #[test]
+    fn size_classes_round_up_by_at_most_a_quarter() {
+        assert_eq!(Some(64), capacity_for(1));
+        assert_eq!(Some(64), capacity_for(64));
+        assert_eq!(Some(80), capacity_for(65));
+        assert_eq!(Some(4096), capacity_for(4096));
+        assert_eq!(Some(5120), capacity_for(4097));
+        assert_eq!(Some(8 << 20), capacity_for(8 << 20));
+        assert_eq!(None, capacity_for(usize::MAX));
+        for len in [65, 100, 1000, 4097, 12_345, 1 << 20, (1 << 20) + 1, 3 << 30] {
+            let capacity = capacity_for(len).expect("no overflow");
+            assert!(
+                len <= capacity && capacity <= len + len / 4,
+                "{len} -> {capacity}"
+            );
+        }
+    }
+
+    /// A dropped region's memory is parked, reused only past the quarantine, and zeroed.
+    #[test]
+    fn dropped_memory_is_parked_then_reused_zeroed_past_the_quarantine() {
+        let endpoint = endpoint();
+        let mut starts = Vec::new();
+        for _ in 0..=QUARANTINE {
+            let region = endpoint.register(4096).expect("registered");
+            region.write_bytes(0, &[0xab; 4096]).expect("fits");
+            starts.push(region.inner.buffer as usize);
+            drop(region);
+        }
+        assert_eq!((QUARANTINE + 1) * 4096, endpoint.parked_memory());
+        let mut sorted = starts.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(
+            starts.len(),
+            sorted.len(),
+            "none reused inside the quarantine"
+        );
+
+        let reused = endpoint.register(4000).expect("registered");
+        assert_eq!(
+            starts[0], reused.inner.buffer as usize,
+            "the oldest is reused"
+        );
+        assert_eq!(QUARANTINE * 4096, endpoint.parked_memory());
+        let mut seen = vec![0xff; 4000];
+        reused.read_bytes(0, &mut seen).expect("in range");
+        assert!(
+            seen.iter().all(|&byte| 0 == byte),
+            "zeroed for its new owner"
+        );
     }
 }

@@ -37,8 +37,9 @@
 //! [`LibfabricEndpoint::DRAIN_PATIENCE`]. Operations still in flight after that (a peer that
 //! never progresses, a provider that dropped a transfer without a completion) are abandoned: their
 //! registrations are closed, then the endpoint, which stops the provider touching their memory,
-//! and only then are their buffers freed and leases dropped, all before the address cache and the
-//! domain close. [`LibfabricEndpoint::drain_operations`] does the first step on demand.
+//! and only then are their buffers parked (freed once the domain has closed: see `memory`) and
+//! their leases dropped, all before the address cache and the domain close.
+//! [`LibfabricEndpoint::drain_operations`] does the first step on demand.
 //!
 //! # Lifetime erasure
 //!
@@ -50,13 +51,15 @@
 
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
+use std::collections::hash_map::RandomState;
 use std::ffi::c_void;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::LibfabricEndpoint;
-use super::memory::{MemoryRegion, Registration, RemoteRegion, Segment};
+use super::memory::{MemoryRegion, Pool, Registration, RemoteRegion, Segment};
 use crate::cache::{Lease, Peer};
 use crate::error::DmaError;
 use crate::sys;
@@ -128,8 +131,18 @@ pub(super) struct Operations {
     ready: Mutex<VecDeque<(usize, Completion)>>,
     /// Posted and not yet reaped.
     in_flight: AtomicUsize,
-    /// The next key to request where the provider does not choose keys (no `FI_MR_PROV_KEY`).
+    /// Where the provider does not choose keys (no `FI_MR_PROV_KEY`): each key requested is
+    /// `keys.hash_one(counter)`, a SipHash of a counter under a key `std` drew from the
+    /// operating system's random source (see `memory`, "Keys").
+    keys: RandomState,
+    /// The counter `keys` hashes: a new input for every key drawn.
     next_key: AtomicU64,
+    /// Keys a test wants requested first, in order.
+    #[cfg(test)]
+    pub(super) forced_keys: Mutex<VecDeque<u64>>,
+    /// The memory of dropped regions (see `memory`, "parking"): dropped with the slab, after the
+    /// endpoint's handles have closed.
+    pub(super) pool: Arc<Pool>,
     /// `domain_attr.mr_mode`.
     mr_mode: i32,
     enabled: bool,
@@ -171,9 +184,29 @@ impl Operations {
             free: Mutex::new((0..count).rev().collect()),
             ready: Mutex::new(VecDeque::new()),
             in_flight: AtomicUsize::new(0),
-            next_key: AtomicU64::new(1),
+            keys: RandomState::new(),
+            next_key: AtomicU64::new(0),
+            #[cfg(test)]
+            forced_keys: Mutex::new(VecDeque::new()),
+            pool: Arc::new(Pool::default()),
             mr_mode,
             enabled,
+        }
+    }
+
+    /// A fresh random key to request (never `FI_KEY_NOTAVAIL`, `u64::MAX`).
+    pub(super) fn draw_key(&self) -> u64 {
+        #[cfg(test)]
+        if let Some(key) = lock(&self.forced_keys).pop_front() {
+            return key;
+        }
+        loop {
+            let key = self
+                .keys
+                .hash_one(self.next_key.fetch_add(1, Ordering::Relaxed));
+            if u64::MAX != key {
+                return key;
+            }
         }
     }
 
@@ -358,29 +391,71 @@ impl LibfabricEndpoint {
     pub const DRAIN_PATIENCE: Duration = Duration::from_secs(2);
 
     /// Register `len` bytes of fresh zeroed memory for RMA, honouring the provider's
-    /// memory-registration mode (see [`MemoryRegion`]).
+    /// memory-registration mode (see [`MemoryRegion`]). Where the provider does not choose keys,
+    /// the key is a fresh random 64-bit number. The memory comes from the endpoint's parked
+    /// memory when a buffer of its size class is past its quarantine, else from the allocator.
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] when the endpoint was opened without
-    /// [`Configuration::rma`](crate::Configuration::rma), for `len` 0, or for a provider that
-    /// asks for `FI_MR_RAW`; [`DmaError::Fabric`] when `fi_mr_reg`, `fi_mr_bind` or
-    /// `fi_mr_enable` fails. Nothing is left registered on an error.
+    /// [`Configuration::rma`](crate::Configuration::rma), for `len` 0 or above
+    /// [`MAX_REGION_LEN`](crate::endpoint::memory::MAX_REGION_LEN) (naming both), when the
+    /// system cannot allocate `len` bytes, or for a provider that asks for `FI_MR_RAW`;
+    /// [`DmaError::Fabric`] when `fi_mr_reg` (after
+    /// [`KEY_ATTEMPTS`](crate::endpoint::memory::KEY_ATTEMPTS) keys already in use),
+    /// `fi_mr_bind` or `fi_mr_enable` fails. Nothing is left registered on an error.
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    /// let Err(DmaError::InvalidArgument(reason)) = endpoint.register(1 << 44) else {
+    ///     panic!("16 TiB is above the bound");
+    /// };
+    /// assert!(reason.contains("17592186044416"), "{reason}");
+    /// # Ok::<(), DmaError>(())
+    /// ```
     pub fn register(&self, len: usize) -> Result<MemoryRegion<'_>, DmaError> {
         self.check_rma()?;
-        let key = self.operations.next_key.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the domain and the endpoint are open, and stay open until every registration
-        // is dropped: a `MemoryRegion` borrows this endpoint, and the clones held by operations
-        // are dropped by `Drop` before the handles close.
+        // is dropped: a `MemoryRegion` borrows this endpoint (or holds an `Arc` of it), and the
+        // clones held by operations are dropped by `Drop` before the handles close. The pool is
+        // the slab's, which is dropped after the handles close.
         let registration = unsafe {
             Registration::new(
                 self.handles.domain,
                 self.handles.ep,
                 self.operations.mr_mode,
-                key,
                 len,
+                &self.operations.pool,
+                &mut || self.operations.draw_key(),
             )
         }?;
         Ok(MemoryRegion::new(registration))
+    }
+
+    /// How many bytes of dropped regions' memory the endpoint holds now: memory a peer's
+    /// transfer admitted before the drop may still reach, so it is freed only when the endpoint
+    /// drops, and reused meanwhile by later registrations of the same size class (see the
+    /// [`memory`](crate::endpoint::memory) module docs, "parking"). Bounded by the peak of
+    /// registered memory, plus the quarantine of each size class.
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    /// assert_eq!(0, endpoint.parked_memory());
+    /// drop(endpoint.register(1 << 20)?);
+    /// assert_eq!(1 << 20, endpoint.parked_memory(), "parked, not freed");
+    /// for _ in 0..100 {
+    ///     drop(endpoint.register(1 << 20)?); // reuses parked memory past the quarantine
+    /// }
+    /// assert!(endpoint.parked_memory() <= 4 << 20, "{}", endpoint.parked_memory());
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn parked_memory(&self) -> usize {
+        self.operations.pool.parked()
     }
 
     /// [`register`](Self::register) for an endpoint shared through an `Arc`: the region keeps
