@@ -1,6 +1,7 @@
 //! Removals held by leases cost the writer nothing while it waits: it parks until the last lease
 //! of one is dropped, instead of waking on a tick to look at them all again. One test in its own
 //! binary, so that the process has one writer thread to watch.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
 use testkit::sockaddr;
@@ -33,7 +34,9 @@ fn scheduling(thread: &str) -> (char, u64) {
             .to_string()
     };
     let state = field("State:").chars().next().expect("a state");
-    let switches = field("voluntary_ctxt_switches:").parse::<u64>().expect("a count")
+    let switches = field("voluntary_ctxt_switches:")
+        .parse::<u64>()
+        .expect("a count")
         + field("nonvoluntary_ctxt_switches:")
             .parse::<u64>()
             .expect("a count");
@@ -45,10 +48,17 @@ fn a_writer_with_only_lease_held_removals_stays_parked() {
     let av = ModelAv::new(AddressFormat::Opaque);
     let cache = AddressCache::with_backend(av.clone());
     let leases: Vec<_> = (0..1_000)
-        .map(|client| cache.lease(client, &sockaddr(client as u32)).expect("a lease"))
+        .map(|client| {
+            cache
+                .lease(client, &sockaddr(client as u32))
+                .expect("a lease")
+        })
         .collect();
     let live = sockaddr(5_000);
-    cache.pin().resolve(5_000, &live).expect("a live entry to hit");
+    cache
+        .pin()
+        .resolve(5_000, &live)
+        .expect("a live entry to hit");
     for client in 0..1_000 {
         cache.release(client);
     }

@@ -2,6 +2,7 @@
 //! reacts to the writer's own events. Every call answers at once (an error, or applied without
 //! waiting); none deadlocks the writer. One test in its own binary, since it installs the
 //! process's global subscriber.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::cell::Cell;
 use std::sync::{Mutex, OnceLock};
@@ -55,7 +56,9 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CallsBack {
         answers.push("releases returned".to_string());
         answers.push(format!("stats: {}", cache.stats().entries));
         CALLING.with(|calling| calling.set(false));
-        ANSWERS.lock().expect("answers").extend(answers);
+        if let Ok(mut recorded) = ANSWERS.lock() {
+            recorded.extend(answers);
+        }
     }
 }
 
@@ -68,11 +71,17 @@ fn calls_from_the_writer_thread_answer_at_once_and_the_writer_goes_on() {
         Box::leak(Box::new(AddressCache::with_backend(av.clone())));
     CACHE.set(cache).expect("set once");
 
-    cache.pin().resolve(1, &efa(1, 7, 1)).expect("the old incarnation");
+    cache
+        .pin()
+        .resolve(1, &efa(1, 7, 1))
+        .expect("the old incarnation");
     // A new QKEY on the same slot: the writer warns of the eviction, and the layer calls back.
     assert_eq!(
         Err(DmaError::WouldBlock),
-        cache.pin().resolve(2, &efa(1, 7, 2)).map(|peer| peer.fi_addr())
+        cache
+            .pin()
+            .resolve(2, &efa(1, 7, 2))
+            .map(|peer| peer.fi_addr())
     );
     let answers = ANSWERS.lock().expect("answers").clone();
     assert_eq!(6, answers.len(), "{answers:?}");
