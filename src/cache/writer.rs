@@ -436,6 +436,8 @@ pub(crate) struct Writer<B> {
     undeferred: u64,
     /// How many deferrals have returned (their readers gone).
     deferrals_returned: u64,
+    /// Whether this batch retired an entry.
+    retired_in_batch: bool,
     /// Reused for lists of tickets and indices: at most the capacity.
     scratch: Vec<u64>,
     next_ticket: u64,
@@ -496,6 +498,7 @@ impl<B: AvBackend> Writer<B> {
             in_flight: None,
             undeferred: 0,
             deferrals_returned: 0,
+            retired_in_batch: false,
             scratch: Vec::new(),
             next_ticket: 0,
             cache,
@@ -714,6 +717,11 @@ impl<B: AvBackend> Writer<B> {
     /// End a batch: hand its retirements to the collector, publish the counters, then answer.
     fn finish_batch(&mut self) {
         self.own_releases();
+        if std::mem::take(&mut self.retired_in_batch) && self.in_flight.is_some() {
+            // The new tickets wait for the deferral that is out: move the epoch on for it, as a
+            // deferral of their own would have (one pin and flush a batch, no bag).
+            self.advance();
+        }
         self.defer_retired();
         // Counters first, so a caller reading them after its reply sees its request.
         self.publish_stats();
@@ -1275,6 +1283,7 @@ impl<B: AvBackend> Writer<B> {
         if let Some(entry) = self.entry_mut(fi_addr) {
             entry.removal = ticket;
         }
+        self.retired_in_batch = true;
         // Deferred at the end of the batch, with every other ticket retired since the last
         // deferral (`defer_retired`).
     }
