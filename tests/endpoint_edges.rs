@@ -82,8 +82,11 @@ fn exchange(
             }
             sent
         });
-        let message = receiver.receive(receive_timeout);
-        received.store(true, Ordering::Release);
+        let message = {
+            // Set even if `receive` panics (as it did for `Duration::MAX`), so the scope ends.
+            let _received = SetOnDrop(&received);
+            receiver.receive(receive_timeout)
+        };
         sending.join().expect("the sending thread").expect("sent");
         message
     })
@@ -104,16 +107,25 @@ fn with_progress<R>(peer: &LibfabricEndpoint, body: impl FnOnce() -> R) -> R {
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         scope.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
+            while !stop.load(Ordering::Acquire) {
                 peer.progress();
                 let _ = peer.try_receive();
                 std::thread::yield_now();
             }
         });
-        let result = body();
-        stop.store(true, Ordering::Relaxed);
-        result
+        // Set even if `body` panics (as the calls did for `Duration::MAX`), so the scope ends.
+        let _stop = SetOnDrop(&stop);
+        body()
     })
+}
+
+/// Sets its flag when dropped, unwinding included: what tells a helper thread to stop.
+struct SetOnDrop<'flag>(&'flag AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 /// Wait until `region` holds `expected` at 0, bounded by [`PATIENCE`] against a hang.
