@@ -275,7 +275,7 @@ impl Configuration {
     /// each of the endpoint's two queues, which the kernel backs only as entries are written.
     /// An endpoint never has more completions outstanding than its posted receives
     /// ([`receive_buffers`](Self::receive_buffers), at most the provider's `rx_attr.size`) and
-    /// RMA operations ([`MAX_OPERATIONS`](crate::MAX_OPERATIONS)) plus failed sends.
+    /// RMA operations ([`MAX_OPERATIONS`](crate::endpoint::MAX_OPERATIONS)) plus failed sends.
     ///
     /// ```
     /// use dma_libfabric::Configuration;

@@ -32,7 +32,14 @@
 //!   returns `None` after its own. A receive buffer
 //!   whose re-post fails is kept and posted again by a later
 //!   [`try_receive`](LibfabricEndpoint::try_receive) or [`progress`](LibfabricEndpoint::progress);
-//!   the message it held is returned all the same.
+//!   the message it held is returned all the same. Every timeout takes any `Duration`: one too
+//!   long for an `Instant` (`Duration::MAX`) is no deadline, and the call waits as long as its
+//!   own completion takes, rather than panic on the overflow.
+//! - **Every size is checked before libfabric or the allocator sees it**
+//!   ([`Configuration::validate`], then the provider's own limits once `fi_getinfo` has
+//!   answered), with a [`DmaError::InvalidArgument`] naming the value and the bound: libfabric
+//!   rounds queue and AV sizes up to a power of two and multiplies them without an overflow
+//!   check, so a size past the bound opened an endpoint that corrupted the heap, or crashed.
 //! - **Providers whose demands the endpoint cannot meet are refused at `open`**, with the reason
 //!   in [`DmaError::NoProvider`]: threading other than `FI_THREAD_SAFE` (the endpoint is `Sync`,
 //!   and the cache's writer thread inserts into the AV while other threads post; efa-direct is
