@@ -128,13 +128,13 @@ pub struct RxmSizing {
     /// (larger messages go by rendezvous). rxm's default is 16,384; the default here, 4,096,
     /// matches [`Configuration::receive_size`].
     pub buffer_size: Option<usize>,
-    /// `FI_OFI_RXM_TX_SIZE`: the largest transmit queue depth rxm offers, and what it gives
-    /// when the hints ask for none (rxm's default 2,048). [`Configuration::tx_size`] asks per
-    /// endpoint instead, and must not exceed it; the default leaves it alone.
+    /// `FI_OFI_RXM_TX_SIZE`: the transmit queue depth rxm gives when the hints ask for none
+    /// (rxm's default 2,048; at most its maximum, 16,384). [`Configuration::tx_size`] asks per
+    /// endpoint instead, up to that maximum; the default leaves it alone.
     pub tx_size: Option<usize>,
-    /// `FI_OFI_RXM_RX_SIZE`: the largest receive queue depth rxm offers, and what it gives when
-    /// the hints ask for none (rxm's default 2,048). [`Configuration::rx_size`] asks per
-    /// endpoint instead, and must not exceed it; the default leaves it alone.
+    /// `FI_OFI_RXM_RX_SIZE`: the receive queue depth rxm gives when the hints ask for none
+    /// (rxm's default 2,048; at most its maximum, 65,536). [`Configuration::rx_size`] asks per
+    /// endpoint instead, up to that maximum; the default leaves it alone.
     pub rx_size: Option<usize>,
     /// `FI_OFI_RXM_MSG_TX_SIZE`: the transmit depth of each connection rxm opens to a peer
     /// (rxm's default 128).
@@ -202,21 +202,28 @@ pub struct Configuration {
     pub bind: Option<String>,
     /// How many address-vector entries the endpoint may hold (`fi_av_attr.count`). The cache
     /// never grows the table past it, because libfabric up to 2.6 grows it without a lock.
+    /// From 1 to [`MAX_AV_CAPACITY`](Self::MAX_AV_CAPACITY).
     pub av_capacity: usize,
-    /// How many receive buffers stay posted.
+    /// How many receive buffers stay posted: at least 1, and at most `cq_size`, `rx_size` and
+    /// the provider's receive queue (`rx_attr.size`).
     pub receive_buffers: usize,
-    /// The size of each receive buffer, and so the largest message received.
+    /// The size of each receive buffer, and so the largest message received: from 1 to
+    /// [`MAX_RECEIVE_SIZE`](Self::MAX_RECEIVE_SIZE) and the provider's `ep_attr.max_msg_size`.
     pub receive_size: usize,
     /// The transmit queue depth asked of the provider (the `tx_attr.size` hint): how many sends
     /// may be outstanding before the provider answers `FI_EAGAIN`. `None` takes the provider's
-    /// default (rxm: 2,048 or `FI_OFI_RXM_TX_SIZE`; native tcp: 65,536). A provider that cannot
-    /// offer this much is turned down.
+    /// default (rxm: 2,048 or `FI_OFI_RXM_TX_SIZE`; native tcp: 65,536), and so does `Some(0)`.
+    /// More than the provider accepts (rxm: 16,384) is refused by
+    /// [`open`](crate::LibfabricEndpoint::open) with [`DmaError::InvalidArgument`] naming the
+    /// provider's bound.
     pub tx_size: Option<usize>,
     /// The receive queue depth asked of the provider (the `rx_attr.size` hint); at least
-    /// `receive_buffers`. `None` takes the provider's default.
+    /// `receive_buffers`. `None` takes the provider's default. More than the provider accepts
+    /// (rxm: 65,536) is refused as for [`tx_size`](Self::tx_size).
     pub rx_size: Option<usize>,
     /// The size of each completion queue (`fi_cq_attr.size`); at least `receive_buffers`, since
-    /// every posted receive may complete before the queue is read.
+    /// every posted receive may complete before the queue is read, and at most
+    /// [`MAX_CQ_SIZE`](Self::MAX_CQ_SIZE).
     pub cq_size: usize,
     /// Whether the endpoint does RMA: registers memory and posts `fi_write` and `fi_read`
     /// ([`LibfabricEndpoint::register`](crate::LibfabricEndpoint::register),
@@ -230,6 +237,146 @@ pub struct Configuration {
 }
 
 impl Configuration {
+    /// The most address-vector entries an endpoint may be opened for
+    /// ([`av_capacity`](Self::av_capacity)): 2^20, 1,048,576 peers.
+    ///
+    /// `fi_info` gives no limit for an address vector's size, so this is a ceiling of the
+    /// crate's own. Everything sized by the capacity is allocated up front, not as peers arrive:
+    /// the cache's index and its lease counters at `open`, and libfabric 1.17's table of
+    /// `count` entries (rounded up to a power of two) at the first insert. Measured on
+    /// tcp;ofi_rxm 1.17, an endpoint's resident memory after its first peer grows by about
+    /// 200 MiB at 2^20, 600 MiB at 2^22 and 2.2 GiB at 2^24; a capacity of `usize::MAX` panics in
+    /// the index's allocation, 2^40 aborts on it, and above 2^63 libfabric's power-of-two rounding
+    /// wraps to 0. A million peers is more than one endpoint of a data-transfer server
+    /// addresses on any fabric this crate targets.
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, DmaError};
+    ///
+    /// let too_many = Configuration {
+    ///     av_capacity: Configuration::MAX_AV_CAPACITY + 1,
+    ///     ..Configuration::default()
+    /// };
+    /// assert!(matches!(too_many.validate(), Err(DmaError::InvalidArgument(_))));
+    /// ```
+    pub const MAX_AV_CAPACITY: usize = 1 << 20;
+
+    /// The deepest completion queue an endpoint may ask for ([`cq_size`](Self::cq_size)): 2^22,
+    /// 4,194,304 entries.
+    ///
+    /// `fi_info` gives no limit for a completion queue's depth (`domain_attr.cq_cnt` is how many
+    /// queues, not how deep), and libfabric does not check the size it is given: its utility
+    /// queue (tcp, rxm, and most software providers) allocates `size` rounded up to a power of
+    /// two entries of 48 bytes with no overflow check, so a size above 2^58 wraps that product
+    /// and one above 2^63 rounds to 0, and the queue then writes past a small allocation (sizes
+    /// of `usize::MAX` and 2^63 + 1 opened an endpoint that later corrupted the heap; 2^60 and
+    /// 2^63 crashed). 2^22 is the depth of the deepest hardware queues (ConnectX reports a
+    /// `max_cqe` of 2^22 - 1), and costs libfabric's utility queue 192 MiB of address space for
+    /// each of the endpoint's two queues, which the kernel backs only as entries are written.
+    /// An endpoint never has more completions outstanding than its posted receives
+    /// ([`receive_buffers`](Self::receive_buffers), at most the provider's `rx_attr.size`) and
+    /// RMA operations ([`MAX_OPERATIONS`](crate::endpoint::MAX_OPERATIONS)) plus failed sends.
+    ///
+    /// ```
+    /// use dma_libfabric::Configuration;
+    ///
+    /// let deepest = Configuration { cq_size: Configuration::MAX_CQ_SIZE, ..Configuration::default() };
+    /// assert_eq!(Ok(()), deepest.validate());
+    /// ```
+    pub const MAX_CQ_SIZE: usize = 1 << 22;
+
+    /// The largest receive buffer an endpoint may post ([`receive_size`](Self::receive_size)):
+    /// 2^30 bytes, 1 GiB, unless the provider's own limit (`ep_attr.max_msg_size`) is lower.
+    ///
+    /// tcp;ofi_rxm reports a `max_msg_size` of `SIZE_MAX`, so this ceiling is the crate's own.
+    /// Every one of the [`receive_buffers`](Self::receive_buffers) is allocated at `open` and
+    /// stays posted for the endpoint's life, and [`receive`](crate::LibfabricEndpoint::receive)
+    /// copies each message into a fresh `Vec`: a message of more than a gibibyte is bulk data,
+    /// which belongs to RMA ([`rma`](Self::rma)), not to a two-sided receive. The buffers are
+    /// allocated fallibly: memory that cannot be had is an error from `open`, not an abort.
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, DmaError};
+    ///
+    /// let huge = Configuration { receive_size: 1 << 40, ..Configuration::default() };
+    /// let Err(DmaError::InvalidArgument(reason)) = huge.validate() else {
+    ///     panic!("a receive buffer past the bound");
+    /// };
+    /// assert!(reason.contains("1099511627776") && reason.contains("1073741824"), "{reason}");
+    /// ```
+    pub const MAX_RECEIVE_SIZE: usize = 1 << 30;
+
+    /// Check every size this configuration gives against its bounds, before anything reaches
+    /// libfabric or the allocator; [`LibfabricEndpoint::open`](crate::LibfabricEndpoint::open)
+    /// calls it first. What only the provider knows (its `tx_attr.size`, `rx_attr.size` and
+    /// `ep_attr.max_msg_size`) is checked by `open` once `fi_getinfo` has answered.
+    ///
+    /// The bounds: at least one provider; `av_capacity` from 1 to
+    /// [`MAX_AV_CAPACITY`](Self::MAX_AV_CAPACITY); `receive_buffers` at least 1, and at most
+    /// `cq_size` and `rx_size` (every posted receive may complete before the queue is read);
+    /// `receive_size` from 1 to [`MAX_RECEIVE_SIZE`](Self::MAX_RECEIVE_SIZE); `cq_size` at most
+    /// [`MAX_CQ_SIZE`](Self::MAX_CQ_SIZE).
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, DmaError};
+    ///
+    /// assert_eq!(Ok(()), Configuration::default().validate());
+    /// let huge = Configuration { cq_size: usize::MAX, ..Configuration::default() };
+    /// let Err(DmaError::InvalidArgument(reason)) = huge.validate() else {
+    ///     panic!("a queue deeper than the bound");
+    /// };
+    /// assert!(reason.contains(&usize::MAX.to_string()), "{reason}");
+    /// assert!(reason.contains(&Configuration::MAX_CQ_SIZE.to_string()), "{reason}");
+    /// ```
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] naming the first value out of bounds, the value and the
+    /// bound.
+    pub fn validate(&self) -> Result<(), DmaError> {
+        if self.providers.is_empty() {
+            return Err(DmaError::InvalidArgument("no providers configured".into()));
+        }
+        within(
+            "av_capacity",
+            self.av_capacity,
+            1,
+            Self::MAX_AV_CAPACITY,
+            "Configuration::MAX_AV_CAPACITY",
+        )?;
+        within(
+            "cq_size",
+            self.cq_size,
+            1,
+            Self::MAX_CQ_SIZE,
+            "Configuration::MAX_CQ_SIZE",
+        )?;
+        within(
+            "receive_size",
+            self.receive_size,
+            1,
+            Self::MAX_RECEIVE_SIZE,
+            "Configuration::MAX_RECEIVE_SIZE",
+        )?;
+        if 0 == self.receive_buffers {
+            return Err(DmaError::InvalidArgument(
+                "receive_buffers is 0, below the bound of 1: an endpoint keeps at least one \
+                 receive posted"
+                    .into(),
+            ));
+        }
+        if self.cq_size < self.receive_buffers
+            || self.rx_size.is_some_and(|size| size < self.receive_buffers)
+        {
+            return Err(DmaError::InvalidArgument(format!(
+                "receive_buffers is {}, and the queues must hold every posted receive: \
+                 cq_size is {} and rx_size {:?}; raise them to at least {} (rx_size: None \
+                 takes the provider's own depth)",
+                self.receive_buffers, self.cq_size, self.rx_size, self.receive_buffers
+            )));
+        }
+        Ok(())
+    }
+
     /// The `FI_OFI_RXM_*` variables and values [`rxm`](Self::rxm) asks for, for a launcher to
     /// set, or for [`apply_rxm_environment`](Self::apply_rxm_environment).
     pub fn rxm_environment(&self) -> Vec<(&'static str, String)> {
@@ -305,6 +452,22 @@ impl Default for Configuration {
             rma: false,
         }
     }
+}
+
+/// `Ok` when `low <= value <= high`, else an error naming the field, its value and the bound
+/// it crossed (`high` under the name `bound`).
+fn within(field: &str, value: usize, low: usize, high: usize, bound: &str) -> Result<(), DmaError> {
+    if value < low {
+        return Err(DmaError::InvalidArgument(format!(
+            "{field} is {value}, below the bound of {low}"
+        )));
+    }
+    if value > high {
+        return Err(DmaError::InvalidArgument(format!(
+            "{field} is {value}, above the bound of {high} ({bound})"
+        )));
+    }
+    Ok(())
 }
 
 /// The runtime libfabric's API version as `(major, minor)`: `fi_version()` of the library this
@@ -464,6 +627,100 @@ mod tests {
             matches!(applied, Err(DmaError::InvalidArgument(_))),
             "{applied:?}"
         );
+    }
+
+    /// Each bound refuses the value past it, naming both, and takes the value at it.
+    #[test]
+    fn every_size_is_checked_against_its_bounds() {
+        let at = |configuration: Configuration| assert_eq!(Ok(()), configuration.validate());
+        let past = |configuration: Configuration, value: usize, bound: usize| match configuration
+            .validate()
+        {
+            Err(DmaError::InvalidArgument(reason)) => {
+                assert!(
+                    reason.contains(&format!("is {value},")),
+                    "{value} in {reason}"
+                );
+                assert!(
+                    reason.contains(&format!("bound of {bound}")),
+                    "{bound} in {reason}"
+                );
+            }
+            other => panic!("expected InvalidArgument for {value}, got {other:?}"),
+        };
+        let base = Configuration::default;
+        at(Configuration {
+            av_capacity: Configuration::MAX_AV_CAPACITY,
+            ..base()
+        });
+        past(
+            Configuration {
+                av_capacity: Configuration::MAX_AV_CAPACITY + 1,
+                ..base()
+            },
+            Configuration::MAX_AV_CAPACITY + 1,
+            Configuration::MAX_AV_CAPACITY,
+        );
+        past(
+            Configuration {
+                av_capacity: 0,
+                ..base()
+            },
+            0,
+            1,
+        );
+        at(Configuration {
+            cq_size: Configuration::MAX_CQ_SIZE,
+            ..base()
+        });
+        past(
+            Configuration {
+                cq_size: usize::MAX,
+                ..base()
+            },
+            usize::MAX,
+            Configuration::MAX_CQ_SIZE,
+        );
+        at(Configuration {
+            receive_size: Configuration::MAX_RECEIVE_SIZE,
+            ..base()
+        });
+        past(
+            Configuration {
+                receive_size: Configuration::MAX_RECEIVE_SIZE + 1,
+                ..base()
+            },
+            Configuration::MAX_RECEIVE_SIZE + 1,
+            Configuration::MAX_RECEIVE_SIZE,
+        );
+        past(
+            Configuration {
+                receive_size: 0,
+                ..base()
+            },
+            0,
+            1,
+        );
+        past(
+            Configuration {
+                receive_buffers: 0,
+                ..base()
+            },
+            0,
+            1,
+        );
+        assert!(matches!(
+            Configuration {
+                providers: Vec::new(),
+                ..base()
+            }
+            .validate(),
+            Err(DmaError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            Configuration { receive_buffers: 513, ..base() }.validate(),
+            Err(DmaError::InvalidArgument(reason)) if reason.contains("513") && reason.contains("cq_size is 512")
+        ));
     }
 
     #[test]

@@ -32,7 +32,14 @@
 //!   returns `None` after its own. A receive buffer
 //!   whose re-post fails is kept and posted again by a later
 //!   [`try_receive`](LibfabricEndpoint::try_receive) or [`progress`](LibfabricEndpoint::progress);
-//!   the message it held is returned all the same.
+//!   the message it held is returned all the same. Every timeout takes any `Duration`: one too
+//!   long for an `Instant` (`Duration::MAX`) is no deadline, and the call waits as long as its
+//!   own completion takes, rather than panic on the overflow.
+//! - **Every size is checked before libfabric or the allocator sees it**
+//!   ([`Configuration::validate`], then the provider's own limits once `fi_getinfo` has
+//!   answered), with a [`DmaError::InvalidArgument`] naming the value and the bound: libfabric
+//!   rounds queue and AV sizes up to a power of two and multiplies them without an overflow
+//!   check, so a size past the bound opened an endpoint that corrupted the heap, or crashed.
 //! - **Providers whose demands the endpoint cannot meet are refused at `open`**, with the reason
 //!   in [`DmaError::NoProvider`]: threading other than `FI_THREAD_SAFE` (the endpoint is `Sync`,
 //!   and the cache's writer thread inserts into the AV while other threads post; efa-direct is
@@ -51,6 +58,7 @@
 //!   completion has been read; dropping the endpoint drains them, or abandons them after closing
 //!   the endpoint, before the cache and the domain close.
 
+mod deadline;
 mod handles;
 pub mod memory;
 mod receive;
@@ -60,8 +68,9 @@ use std::ffi::{CStr, CString};
 use std::mem::ManuallyDrop;
 use std::ptr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use self::deadline::Deadline;
 use self::handles::Handles;
 pub use self::memory::{MemoryRegion, RemoteRegion, Segment};
 use self::receive::ReceiveSlots;
@@ -169,10 +178,14 @@ impl LibfabricEndpoint {
     /// works: no such provider here, or one that asks for what the endpoint cannot honour yet
     /// (see the module docs: efa-direct and shm are refused); [`DmaError::Fabric`] when a later
     /// libfabric call fails, or a receive buffer still cannot be posted after
-    /// [`POST_PATIENCE`]; [`DmaError::InvalidArgument`] for an empty provider list, a zero
-    /// capacity or buffer count, a `cq_size` or `rx_size` below `receive_buffers`, a node with a
-    /// NUL byte, or more `receive_buffers` than the
-    /// provider's receive queue holds (`rx_attr.size`; 2048 on tcp;ofi_rxm), naming both numbers.
+    /// [`POST_PATIENCE`]; [`DmaError::InvalidArgument`] for a configuration
+    /// [`Configuration::validate`] refuses (an empty provider list, a size out of its bounds, a
+    /// `cq_size` or `rx_size` below `receive_buffers`), a node with a NUL byte, a `tx_size` or
+    /// `rx_size` deeper than the provider accepts (16,384 and 65,536 on tcp;ofi_rxm), more
+    /// `receive_buffers` than the provider's receive queue holds (`rx_attr.size`; 2048 on
+    /// tcp;ofi_rxm by default), a `receive_size` above its `ep_attr.max_msg_size`, or receive
+    /// buffers that cannot be allocated; each names the value and the bound, and each is found
+    /// before any libfabric object opens.
     ///
     /// ```
     /// use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
@@ -184,29 +197,7 @@ impl LibfabricEndpoint {
     /// assert!(reason.contains("1048576"), "{reason}");
     /// ```
     pub fn open(configuration: &Configuration, node: Option<&str>) -> Result<Self, DmaError> {
-        if configuration.providers.is_empty() {
-            return Err(DmaError::InvalidArgument("no providers configured".into()));
-        }
-        if 0 == configuration.av_capacity || 0 == configuration.receive_buffers {
-            return Err(DmaError::InvalidArgument(
-                "av_capacity and receive_buffers must be at least 1".into(),
-            ));
-        }
-        if configuration.cq_size < configuration.receive_buffers
-            || configuration
-                .rx_size
-                .is_some_and(|size| size < configuration.receive_buffers)
-        {
-            return Err(DmaError::InvalidArgument(format!(
-                "receive_buffers is {}, and the queues must hold every posted receive: \
-                 cq_size is {} and rx_size {:?}; raise them to at least {} (rx_size: None \
-                 takes the provider's own depth)",
-                configuration.receive_buffers,
-                configuration.cq_size,
-                configuration.rx_size,
-                configuration.receive_buffers
-            )));
-        }
+        configuration.validate()?;
         let node = node.or(configuration.bind.as_deref());
         let node = node
             .map(CString::new)
@@ -242,26 +233,28 @@ impl LibfabricEndpoint {
         node: Option<&CStr>,
     ) -> Result<Self, DmaError> {
         let mut handles = Handles::new();
-        let info = getinfo(configuration, provider, node)?;
+        let Some(info) =
+            getinfo_sized(configuration, provider, node, QueueSizes::of(configuration))?
+        else {
+            return Err(size_misfit(configuration, provider, node)
+                .unwrap_or_else(|| crate::configuration::no_data(provider)));
+        };
         handles.info = info;
 
         // SAFETY: `info` is the non-null list head fi_getinfo returned; its attribute pointers
         // are filled in by the provider for every entry.
-        let (description, demands) = unsafe { (describe(info), Demands::of(info)) };
-        if configuration.receive_buffers > demands.rx_size {
-            return Err(DmaError::InvalidArgument(format!(
-                "receive_buffers is {}, and {} posts at most {} receives (rx_attr.size): \
-                 lower Configuration::receive_buffers to {} or less",
-                configuration.receive_buffers,
-                description.provider,
-                demands.rx_size,
-                demands.rx_size
-            )));
+        let (description, demands, limits) =
+            unsafe { (describe(info), Demands::of(info), Limits::of(info)) };
+        if let Some(reason) = limits.misfit(configuration, &description.provider) {
+            return Err(DmaError::InvalidArgument(reason));
         }
         if let Some(reason) = refusal(provider, &demands) {
             return Err(DmaError::Unsupported(reason));
         }
         crate::configuration::check_chosen(provider, &description.provider)?;
+        // Before any libfabric object opens: memory that cannot be had is an error, not an abort.
+        let receives =
+            ReceiveSlots::new(configuration.receive_buffers, configuration.receive_size)?;
 
         // SAFETY: every call below receives objects opened just above and still open (owned by
         // `handles`, which closes them on any early return), out-pointers to fields of
@@ -357,7 +350,6 @@ impl LibfabricEndpoint {
         // SAFETY: `info` is the list head fi_getinfo returned, alive as long as `handles`.
         let operations =
             Box::new(unsafe { rma::Operations::new(info, configuration.rma, tx_cq_size) });
-        let receives = ReceiveSlots::new(configuration.receive_buffers, configuration.receive_size);
         // Unregistered in `Drop`, before `handles` closes the AV.
         let handed_out = av::register(handles.av, configuration.av_capacity);
         let backend = FabricAv::new(
@@ -524,7 +516,8 @@ impl LibfabricEndpoint {
 
     /// Send `message` to `peer` with `fi_inject`, retrying while the provider asks for progress,
     /// for at most `timeout` (a peer that has gone never accepts the connection, and a posting
-    /// thread should not wait long for it).
+    /// thread should not wait long for it). Any `Duration` is accepted: one too long for a
+    /// deadline (`Duration::MAX`) retries until the provider takes the message.
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] when `peer` was resolved by another endpoint's cache, or the
@@ -601,11 +594,11 @@ impl LibfabricEndpoint {
         message: &[u8],
         timeout: Duration,
     ) -> Result<(), DmaError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         loop {
             // SAFETY: the caller's promise is this function's.
             match unsafe { self.try_send_raw(fi_addr, message) } {
-                Err(DmaError::WouldBlock) if Instant::now() < deadline => {
+                Err(DmaError::WouldBlock) if !deadline.passed() => {
                     self.progress();
                     std::thread::yield_now();
                 }
@@ -712,17 +705,18 @@ impl LibfabricEndpoint {
         Ok(Some(message))
     }
 
-    /// Wait up to `timeout` for one received message, driving progress meanwhile.
+    /// Wait up to `timeout` for one received message, driving progress meanwhile. Any `Duration`
+    /// is accepted: one too long for a deadline (`Duration::MAX`) waits until a message arrives.
     ///
     /// # Errors
     /// As [`try_receive`](Self::try_receive).
     pub fn receive(&self, timeout: Duration) -> Result<Option<Vec<u8>>, DmaError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         loop {
             if let Some(message) = self.try_receive()? {
                 return Ok(Some(message));
             }
-            if Instant::now() >= deadline {
+            if deadline.passed() {
                 return Ok(None);
             }
             self.progress();
@@ -740,10 +734,10 @@ impl LibfabricEndpoint {
     /// Post slot `index` at `open`, retrying `-FI_EAGAIN` with progress for at most
     /// [`POST_PATIENCE`].
     fn post_patiently(&self, index: usize) -> Result<(), DmaError> {
-        let deadline = Instant::now() + POST_PATIENCE;
+        let deadline = Deadline::after(POST_PATIENCE);
         loop {
             match self.post_receive(index) {
-                Err(DmaError::WouldBlock) if Instant::now() < deadline => {
+                Err(DmaError::WouldBlock) if !deadline.passed() => {
                     self.progress();
                     std::thread::yield_now();
                 }
@@ -996,8 +990,6 @@ struct Demands {
     mr_mode: i32,
     /// `fi_info.addr_format`.
     addr_format: u32,
-    /// `rx_attr.size`: how many receives may be posted at once.
-    rx_size: usize,
 }
 
 impl Demands {
@@ -1012,9 +1004,54 @@ impl Demands {
                 threading: (*(*info).domain_attr).threading,
                 mr_mode: (*(*info).domain_attr).mr_mode,
                 addr_format: (*info).addr_format,
-                rx_size: (*(*info).rx_attr).size,
             }
         }
+    }
+}
+
+/// The provider's limits on what the configuration sizes, as the first entry of an `fi_info`
+/// gives them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Limits {
+    /// `rx_attr.size`: the receive queue's depth, and so the most receives posted at once.
+    rx_size: usize,
+    /// `ep_attr.max_msg_size`: the largest message.
+    max_msg_size: usize,
+}
+
+impl Limits {
+    /// What the first entry of `info` allows.
+    ///
+    /// # Safety
+    /// `info` is a non-null `fi_info` returned by `fi_getinfo`.
+    unsafe fn of(info: *const sys::fi_info) -> Self {
+        // SAFETY: fi_getinfo fills every attribute pointer of each entry it returns.
+        unsafe {
+            Self {
+                rx_size: (*(*info).rx_attr).size,
+                max_msg_size: (*(*info).ep_attr).max_msg_size,
+            }
+        }
+    }
+
+    /// What of `configuration` does not fit these limits of `provider`, naming the value and the
+    /// limit, if anything.
+    fn misfit(&self, configuration: &Configuration, provider: &str) -> Option<String> {
+        if configuration.receive_buffers > self.rx_size {
+            return Some(format!(
+                "receive_buffers is {}, and {provider} posts at most {} receives (rx_attr.size): \
+                 lower Configuration::receive_buffers to {} or less",
+                configuration.receive_buffers, self.rx_size, self.rx_size
+            ));
+        }
+        if configuration.receive_size > self.max_msg_size {
+            return Some(format!(
+                "receive_size is {}, above the bound of {} that {provider} offers \
+                 (ep_attr.max_msg_size): lower Configuration::receive_size to {} or less",
+                configuration.receive_size, self.max_msg_size, self.max_msg_size
+            ));
+        }
+        None
     }
 }
 
@@ -1050,13 +1087,122 @@ fn refusal(provider: Provider, demands: &Demands) -> Option<String> {
     (!reasons.is_empty()).then(|| format!("{provider} is refused: {}", reasons.join("; and ")))
 }
 
-/// `fi_getinfo` for a reliable-datagram, table-AV endpoint of `provider`, with the
-/// [`Hints`] it asks for and the configuration's queue sizes.
-fn getinfo(
+/// Queue depths to ask `fi_getinfo` for (`tx_attr.size`, `rx_attr.size`); 0 takes the
+/// provider's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct QueueSizes {
+    tx: usize,
+    rx: usize,
+}
+
+impl QueueSizes {
+    /// What `configuration` asks for.
+    fn of(configuration: &Configuration) -> Self {
+        Self {
+            tx: configuration.tx_size.unwrap_or(0),
+            rx: configuration.rx_size.unwrap_or(0),
+        }
+    }
+}
+
+/// One of an endpoint's two queues whose depth the configuration may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    Transmit,
+    Receive,
+}
+
+impl Queue {
+    /// The configuration's depth for this queue, if it asks for one.
+    fn asked(self, configuration: &Configuration) -> Option<usize> {
+        match self {
+            Self::Transmit => configuration.tx_size,
+            Self::Receive => configuration.rx_size,
+        }
+        .filter(|&size| size > 0)
+    }
+
+    /// Hints that ask `size` of this queue and the provider's default of the other.
+    fn sizes(self, size: usize) -> QueueSizes {
+        match self {
+            Self::Transmit => QueueSizes { tx: size, rx: 0 },
+            Self::Receive => QueueSizes { tx: 0, rx: size },
+        }
+    }
+
+    /// The configuration field and the `fi_info` attribute.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Transmit => ("tx_size", "tx_attr.size"),
+            Self::Receive => ("rx_size", "rx_attr.size"),
+        }
+    }
+}
+
+/// When `fi_getinfo` offered nothing for the configuration's queue depths, whether a depth is
+/// why, as an error naming the depth and the provider's bound: the largest depth its
+/// `fi_getinfo` accepts, found by bisection (at most 64 calls, on this error path only).
+///
+/// The provider's bound is not in any `fi_info` it returns: without a size hint rxm reports its
+/// default (2,048, or `FI_OFI_RXM_TX_SIZE`/`FI_OFI_RXM_RX_SIZE`), and accepts hints up to its
+/// maximum (16,384 for transmits and 65,536 for receives in libfabric 1.17 and 2.6.0, `RXM_TX_SIZE`
+/// and `RXM_RX_SIZE`), answering `-FI_ENODATA` past it rather than a shallower queue. `None`
+/// when neither depth is why (the provider offers nothing here at all, or offers each depth
+/// alone).
+fn size_misfit(
     configuration: &Configuration,
     provider: Provider,
     node: Option<&CStr>,
-) -> Result<*mut sys::fi_info, DmaError> {
+) -> Option<DmaError> {
+    let offers = |sizes| {
+        getinfo_sized(configuration, provider, node, sizes)
+            .ok()
+            .flatten()
+            .is_some_and(|info| {
+                // SAFETY: the list fi_getinfo returned, freed once, here; nothing else holds it.
+                unsafe { sys::fi_freeinfo(info) };
+                true
+            })
+    };
+    for queue in [Queue::Transmit, Queue::Receive] {
+        let Some(asked) = queue.asked(configuration) else {
+            continue;
+        };
+        if offers(queue.sizes(asked)) {
+            continue;
+        }
+        if !offers(queue.sizes(0)) {
+            return None;
+        }
+        let (mut accepted, mut refused) = (0, asked);
+        while refused - accepted > 1 {
+            let middle = accepted + (refused - accepted) / 2;
+            if offers(queue.sizes(middle)) {
+                accepted = middle;
+            } else {
+                refused = middle;
+            }
+        }
+        let (field, attribute) = queue.names();
+        return Some(DmaError::InvalidArgument(format!(
+            "{field} is {asked}, above the bound of {accepted} that {} offers (the deepest \
+             {attribute} its fi_getinfo accepts): lower Configuration::{field} to {accepted} or \
+             less, or None for the provider's default",
+            provider.name()
+        )));
+    }
+    None
+}
+
+/// `fi_getinfo` for a reliable-datagram, table-AV endpoint of `provider`, with the
+/// [`Hints`] it asks for and queue depths `sizes`; `None` when it offers nothing
+/// (`-FI_ENODATA`).
+fn getinfo_sized(
+    configuration: &Configuration,
+    provider: Provider,
+    node: Option<&CStr>,
+    sizes: QueueSizes,
+) -> Result<Option<*mut sys::fi_info>, DmaError> {
     // SAFETY: fi_allocinfo returns a zeroed info with its attribute structs allocated, or null.
     let hints = unsafe { sys::fi_allocinfo() };
     if hints.is_null() {
@@ -1081,8 +1227,8 @@ fn getinfo(
         (*(*hints).domain_attr).threading = wanted.threading;
         (*(*hints).domain_attr).av_type = sys::FI_AV_TABLE;
         (*(*hints).domain_attr).mr_mode = wanted.mr_mode;
-        (*(*hints).tx_attr).size = configuration.tx_size.unwrap_or(0);
-        (*(*hints).rx_attr).size = configuration.rx_size.unwrap_or(0);
+        (*(*hints).tx_attr).size = sizes.tx;
+        (*(*hints).rx_attr).size = sizes.rx;
         if configuration.rma {
             // RMA: registered memory honours FI_MR_ENDPOINT too (see `memory`); FI_MR_LOCAL is
             // not offered, because receive buffers are not registered.
@@ -1111,13 +1257,13 @@ fn getinfo(
         code
     };
     if code == -(sys::FI_ENODATA as i32) {
-        return Err(crate::configuration::no_data(provider));
+        return Ok(None);
     }
     check("fi_getinfo", code)?;
     if info.is_null() {
         return Err(DmaError::fabric("fi_getinfo", -(sys::FI_ENODATA as i64)));
     }
-    Ok(info)
+    Ok(Some(info))
 }
 
 /// Copy what the first entry of `info` says into owned strings.
@@ -1339,10 +1485,42 @@ mod tests {
             threading: sys::FI_THREAD_DOMAIN,
             mr_mode: (sys::FI_MR_LOCAL | sys::FI_MR_ALLOCATED) as i32,
             addr_format: sys::FI_ADDR_EFA,
-            rx_size: 8192,
         };
         let reason = refusal(Provider::EfaDirect, &efa_direct).expect("refused");
         for needle in ["efa-direct", "FI_MR_LOCAL", "FI_THREAD_SAFE", "Sync"] {
+            assert!(reason.contains(needle), "{needle} in {reason}");
+        }
+    }
+
+    /// A receive buffer larger than the provider's largest message (`ep_attr.max_msg_size`; tcp's
+    /// is `SIZE_MAX`, so this is shown here rather than on tcp) is refused, naming both numbers,
+    /// as are more buffers than its receive queue holds.
+    #[test]
+    fn sizes_past_the_providers_limits_are_refused_naming_them() {
+        let limits = Limits {
+            rx_size: 2048,
+            max_msg_size: 8192,
+        };
+        let fits = Configuration {
+            receive_size: 8192,
+            receive_buffers: 2048,
+            ..Configuration::default()
+        };
+        assert_eq!(None, limits.misfit(&fits, "efa"));
+        let too_large = Configuration {
+            receive_size: 8193,
+            ..fits.clone()
+        };
+        let reason = limits.misfit(&too_large, "efa").expect("refused");
+        for needle in ["8193", "8192", "max_msg_size", "efa"] {
+            assert!(reason.contains(needle), "{needle} in {reason}");
+        }
+        let too_many = Configuration {
+            receive_buffers: 2049,
+            ..fits
+        };
+        let reason = limits.misfit(&too_many, "efa").expect("refused");
+        for needle in ["2049", "2048", "rx_attr.size"] {
             assert!(reason.contains(needle), "{needle} in {reason}");
         }
     }
@@ -1356,7 +1534,6 @@ mod tests {
             threading: sys::FI_THREAD_SAFE,
             mr_mode: 0,
             addr_format: sys::FI_SOCKADDR_IN,
-            rx_size: 2048,
         };
         assert_eq!(None, refusal(Provider::Tcp, &tcp));
     }

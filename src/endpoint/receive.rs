@@ -10,10 +10,13 @@
 //! A slot whose re-post failed is not lost: its index waits in the slab's list of unposted
 //! slots, owned by nobody else, until a later `try_receive` or `progress` posts it again.
 
+use std::alloc::Layout;
 use std::cell::UnsafeCell;
+use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use crate::error::DmaError;
 use crate::sys;
 
 /// One receive buffer and the context libfabric may use while it is posted.
@@ -41,20 +44,33 @@ struct Unposted {
 }
 
 impl ReceiveSlots {
-    pub(super) fn new(count: usize, size: usize) -> Self {
-        let slots = (0..count)
-            .map(|_| ReceiveSlot {
+    /// `count` slots of `size` zeroed bytes each, allocated fallibly.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] naming the sizes when the memory cannot be had (the
+    /// allocator refused it, or it is more than an allocation may be); nothing stays allocated.
+    pub(super) fn new(count: usize, size: usize) -> Result<Self, DmaError> {
+        let too_much = || {
+            DmaError::InvalidArgument(format!(
+                "{count} receive buffers of {size} bytes cannot be allocated: lower \
+                 Configuration::receive_buffers or Configuration::receive_size"
+            ))
+        };
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(count).map_err(|_| too_much())?;
+        for _ in 0..count {
+            slots.push(ReceiveSlot {
                 context: UnsafeCell::new(sys::fi_context2::default()),
-                buffer: UnsafeCell::new(vec![0; size].into_boxed_slice()),
-            })
-            .collect();
-        Self {
-            slots,
+                buffer: UnsafeCell::new(zeroed(size).ok_or_else(too_much)?),
+            });
+        }
+        Ok(Self {
+            slots: slots.into_boxed_slice(),
             unposted: Box::new(Unposted {
                 slots: Mutex::new(Vec::new()),
                 count: AtomicUsize::new(0),
             }),
-        }
+        })
     }
 
     /// Keep slot `index`, whose re-post failed, for a later attempt. The caller owned it (it read
@@ -133,9 +149,70 @@ impl ReceiveSlot {
     }
 }
 
+/// `len` zeroed bytes on the heap, or `None` when the allocator cannot give them: zeroed by the
+/// allocator (`calloc`'s fresh pages), not written here, so a large buffer costs no resident
+/// memory until the provider fills it.
+fn zeroed(len: usize) -> Option<Box<[u8]>> {
+    if 0 == len {
+        return Some(Box::default());
+    }
+    let layout = Layout::array::<u8>(len).ok()?;
+    // SAFETY: `layout` has a non-zero size (`len` > 0).
+    let start = unsafe { std::alloc::alloc_zeroed(layout) };
+    if start.is_null() {
+        return None;
+    }
+    // SAFETY: `start` is a fresh allocation of the global allocator with the layout of `len`
+    // bytes, all initialised (zero), owned by nothing else: exactly what `Box<[u8]>` of that
+    // length frees with, so the box owns it.
+    Some(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(start, len)) })
+}
+
 // SAFETY: a slot is shared between threads only through libfabric's completion hand-off, which
 // gives it to exactly one thread at a time (see the module comment); the cells are never accessed
 // by two threads at once.
 unsafe impl Sync for ReceiveSlots {}
 // SAFETY: the slab owns plain memory; moving it between threads moves nothing thread-bound.
 unsafe impl Send for ReceiveSlots {}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+
+    use super::*;
+
+    /// Buffers no allocator can give (more than an allocation may be, more than any address
+    /// space) are an error naming the sizes, not an abort.
+    #[test]
+    fn buffers_that_cannot_be_allocated_are_an_error() {
+        for size in [usize::MAX, 1 << 63, 1 << 62] {
+            match ReceiveSlots::new(2, size) {
+                Err(DmaError::InvalidArgument(reason)) => {
+                    assert!(reason.contains(&size.to_string()), "{reason}");
+                }
+                Err(other) => panic!("expected InvalidArgument, got {other}"),
+                Ok(_) => panic!("{size} bytes allocated"),
+            }
+        }
+        assert!(ReceiveSlots::new(usize::MAX, 1).is_err());
+    }
+
+    #[test]
+    fn buffers_are_zeroed_and_of_the_size_asked() {
+        let slots = ReceiveSlots::new(3, 100).expect("allocated");
+        assert_eq!(3, slots.len());
+        let slot = slots.get(2).expect("a slot");
+        // SAFETY: never posted, and this thread owns the slab.
+        assert_eq!(vec![0; 100], unsafe { slot.received(100) });
+        assert_eq!(100, slot.buffer().1);
+        assert_eq!(
+            0,
+            ReceiveSlots::new(1, 0)
+                .expect("empty")
+                .get(0)
+                .expect("a slot")
+                .buffer()
+                .1
+        );
+    }
+}

@@ -56,7 +56,7 @@ use std::ffi::c_void;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::LibfabricEndpoint;
 use super::memory::{MemoryRegion, Pool, Registration, RemoteRegion, Segment};
@@ -344,11 +344,11 @@ impl Operations {
             // operations it holds, and a context it does not hold is -FI_ENOENT.
             let _ = unsafe { sys::fi_cancel(&raw mut (*ep).fid, slot.context.get().cast()) };
         }
-        let deadline = Instant::now() + patience;
+        let deadline = super::deadline::Deadline::after(patience);
         loop {
             self.reap(cq);
             let left = self.in_flight.load(Ordering::Acquire);
-            if 0 == left || Instant::now() >= deadline {
+            if 0 == left || deadline.passed() {
                 return left;
             }
             std::thread::yield_now();
@@ -500,7 +500,8 @@ impl LibfabricEndpoint {
         self.write_within(lease, source, target, id, Duration::from_secs(1))
     }
 
-    /// [`write`](Self::write), retrying backpressure for at most `timeout`.
+    /// [`write`](Self::write), retrying backpressure for at most `timeout`. Any `Duration` is
+    /// accepted: one too long for a deadline (`Duration::MAX`) retries until the post is taken.
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA, a lease of
@@ -540,7 +541,8 @@ impl LibfabricEndpoint {
         self.read_within(lease, destination, source, id, Duration::from_secs(1))
     }
 
-    /// [`read`](Self::read), retrying backpressure for at most `timeout`.
+    /// [`read`](Self::read), retrying backpressure for at most `timeout` (any `Duration`, as for
+    /// [`write_within`](Self::write_within)).
     ///
     /// # Errors
     /// As [`write_within`](Self::write_within).
@@ -642,12 +644,12 @@ impl LibfabricEndpoint {
             }
             Target::Unleased(fi_addr) => (fi_addr, None),
         };
-        let deadline = Instant::now() + timeout;
+        let deadline = super::deadline::Deadline::after(timeout);
         let index = loop {
             if let Some(index) = lock(&self.operations.free).pop() {
                 break index;
             }
-            if Instant::now() >= deadline {
+            if deadline.passed() {
                 return Err(DmaError::WouldBlock);
             }
             self.progress();
@@ -700,7 +702,7 @@ impl LibfabricEndpoint {
             if 0 == code {
                 return Ok(());
             }
-            let retry = code == -(sys::FI_EAGAIN as isize) && Instant::now() < deadline;
+            let retry = code == -(sys::FI_EAGAIN as isize) && !deadline.passed();
             if !retry {
                 // Not posted: the slot is still this thread's. Its lease and buffer go now.
                 // SAFETY: as above, the provider did not take the slot.
@@ -732,19 +734,20 @@ impl LibfabricEndpoint {
     /// Wait up to `timeout` for the completion of the operation posted with `id`, driving
     /// progress; other completions stay for [`poll_completions`](Self::poll_completions). For
     /// tests and simple callers: it scans the ready queue, so a completion another thread's
-    /// `poll_completions` already took is not seen here.
+    /// `poll_completions` already took is not seen here. Any `Duration` is accepted: one too
+    /// long for a deadline (`Duration::MAX`) waits until the completion arrives.
     ///
     /// # Errors
     /// [`DmaError::WouldBlock`] when it has not completed within `timeout` (it is still in
     /// flight).
     pub fn wait_for(&self, id: u64, timeout: Duration) -> Result<Completion, DmaError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = super::deadline::Deadline::after(timeout);
         loop {
             self.progress();
             if let Some(completion) = self.operations.take_ready(id) {
                 return Ok(completion);
             }
-            if Instant::now() >= deadline {
+            if deadline.passed() {
                 return Err(DmaError::WouldBlock);
             }
             std::thread::yield_now();
@@ -766,7 +769,8 @@ impl LibfabricEndpoint {
     /// has completed (cancelled ones with `FI_ECANCELED`) or `patience` has passed; their
     /// completions are then ready for [`poll_completions`](Self::poll_completions). Returns how
     /// many are still in flight. Dropping the endpoint does this with
-    /// [`DRAIN_PATIENCE`](Self::DRAIN_PATIENCE).
+    /// [`DRAIN_PATIENCE`](Self::DRAIN_PATIENCE). Any `Duration` is accepted: one too long for a
+    /// deadline (`Duration::MAX`) drives progress until every operation has completed.
     pub fn drain_operations(&self, patience: Duration) -> usize {
         // SAFETY: the endpoint and its transmit queue are open while `&self` lives.
         unsafe {
