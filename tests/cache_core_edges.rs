@@ -202,3 +202,28 @@ fn many_removals_held_by_leases_are_each_reported_by_their_last_drop() {
     );
     assert!(av.is_empty());
 }
+
+#[test]
+fn a_lease_taken_here_counts_here_until_dropped_wherever_it_went() {
+    let av = ModelAv::new(AddressFormat::Efa);
+    let cache = AddressCache::with_backend(av.clone());
+    let old = cache.lease(1, &efa(3, 5, 1)).expect("the old incarnation");
+    std::thread::scope(|scope| {
+        let (drop_now, signal) = std::sync::mpsc::channel::<()>();
+        let completion = scope.spawn(move || {
+            signal.recv().expect("the signal");
+            drop(old);
+        });
+        // Taken here, held there: this thread is refused, since it cannot be told from one that
+        // holds the lease itself.
+        assert!(matches!(
+            cache.lease(2, &efa(3, 5, 2)),
+            Err(DmaError::InvalidArgument(_))
+        ));
+        drop_now.send(()).expect("the completion thread");
+        completion.join().expect("dropped");
+    });
+    // Dropped over there: nothing taken here is alive, so the call waits and is admitted.
+    let new = cache.lease(2, &efa(3, 5, 2)).expect("admitted");
+    assert_eq!(Some(efa(3, 5, 2)), av.lookup(new.fi_addr()));
+}

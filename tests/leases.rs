@@ -120,32 +120,38 @@ fn a_new_efa_incarnation_waits_for_the_old_ones_leases() {
     let cache = AddressCache::with_backend(av.clone());
     let old = efa(1, 7, 1);
     let new = efa(1, 7, 2);
-    let lease = cache.lease(1, &old).expect("the old incarnation");
-    let old_index = lease.fi_addr();
-
-    // A new QKEY on the same GID and QPN: the old incarnation is evicted, the new one parked.
-    assert_eq!(
-        Err(DmaError::WouldBlock),
-        cache.pin().resolve(2, &new).map(|peer| peer.fi_addr())
-    );
-    cache.quiesce_with_patience(Duration::ZERO);
-    assert_eq!(Some(old.clone()), av.lookup(old_index), "held by the lease");
-    assert_eq!(1, av.len(), "the new incarnation is not in beside it");
-    assert_eq!(
-        Err(DmaError::WouldBlock),
-        cache
-            .lease_within(2, &new, Duration::from_millis(1))
-            .map(|lease| lease.fi_addr()),
-        "still parked behind the lease"
-    );
-
-    // The blocking lease waits for the drop instead of answering WouldBlock.
+    // A completion thread takes the old incarnation's lease and holds it until told to drop it:
+    // a lease this thread did not take, so the blocking `lease` below waits for it rather than
+    // refuse (see `AddressCache::lease`).
+    let (leased, taken) = mpsc::channel();
     let (dropped, drop_now) = mpsc::channel::<()>();
     std::thread::scope(|scope| {
+        let (cache, old) = (&cache, &old);
         scope.spawn(move || {
+            let lease = cache.lease(1, old).expect("the old incarnation");
+            leased.send(lease.fi_addr()).expect("the test");
             drop_now.recv().expect("the signal");
             drop(lease);
         });
+        let old_index = taken.recv().expect("the lease");
+
+        // A new QKEY on the same GID and QPN: the old incarnation is evicted, the new one parked.
+        assert_eq!(
+            Err(DmaError::WouldBlock),
+            cache.pin().resolve(2, &new).map(|peer| peer.fi_addr())
+        );
+        cache.quiesce_with_patience(Duration::ZERO);
+        assert_eq!(Some(old.clone()), av.lookup(old_index), "held by the lease");
+        assert_eq!(1, av.len(), "the new incarnation is not in beside it");
+        assert_eq!(
+            Err(DmaError::WouldBlock),
+            cache
+                .lease_within(2, &new, Duration::from_millis(1))
+                .map(|lease| lease.fi_addr()),
+            "still parked behind the lease"
+        );
+
+        // The blocking lease waits for the drop instead of answering WouldBlock.
         dropped.send(()).expect("the dropper");
         let fresh = cache
             .lease(2, &new)

@@ -285,54 +285,65 @@ impl LeaseCounts {
     }
 }
 
-// Leases taken on this thread less those dropped on it, per cache id: what
-// `AddressCache::lease` reads to refuse a wait on the caller's own lease. Entries at zero are
-// pruned whenever one is added, so the list holds only the caches this thread has leases out on.
+/// A thread's token for one cache: every lease taken on the thread holds a clone, wherever it is
+/// dropped, so `strong_count - 1` is how many leases taken here are still alive.
+#[cfg(not(dma_loom))]
+type Token = std::sync::Arc<()>;
+#[cfg(dma_loom)]
+type Token = ();
+
+// This thread's token per cache id. A token no lease holds any more is reused for the next cache
+// the thread leases from, so the list is as long as the number of caches with leases taken here
+// still alive, plus one.
 #[cfg(not(dma_loom))]
 std::thread_local! {
-    static HELD_HERE: RefCell<Vec<(u64, i64)>> = const { RefCell::new(Vec::new()) };
+    static TOKENS: RefCell<Vec<(u64, Token)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Count a lease taken (`+1`) or dropped (`-1`) on this thread for cache `cache`.
-fn note_here(cache: u64, change: i64) {
+/// This thread's token for cache `cache`, for a lease taken here. Allocates once per thread (a
+/// thread's first lease), as its first pin registers its epoch handle.
+fn token_here(cache: u64) -> Option<Token> {
     #[cfg(not(dma_loom))]
     {
-        let _ = HELD_HERE.try_with(|held| {
-            let Ok(mut held) = held.try_borrow_mut() else {
-                return;
-            };
-            if let Some((_, balance)) = held.iter_mut().find(|(id, _)| *id == cache) {
-                *balance += change;
-                return;
-            }
-            // Reuse a settled entry before growing: the list stays as long as the number of
-            // caches this thread holds leases of at once.
-            if let Some(settled) = held.iter_mut().find(|(_, balance)| *balance == 0) {
-                *settled = (cache, change);
-                return;
-            }
-            held.push((cache, change));
-        });
+        TOKENS
+            .try_with(|tokens| {
+                let mut tokens = tokens.try_borrow_mut().ok()?;
+                if let Some((_, token)) = tokens.iter().find(|(id, _)| *id == cache) {
+                    return Some(Token::clone(token));
+                }
+                if let Some(free) = tokens
+                    .iter_mut()
+                    .find(|(_, token)| 1 == Token::strong_count(token))
+                {
+                    free.0 = cache;
+                    return Some(Token::clone(&free.1));
+                }
+                let token = Token::new(());
+                tokens.push((cache, Token::clone(&token)));
+                Some(token)
+            })
+            .ok()
+            .flatten()
     }
     #[cfg(dma_loom)]
     {
-        let _ = (cache, change, RefCell::new(()));
+        let _ = (cache, RefCell::new(()));
+        None
     }
 }
 
-/// Whether this thread took leases of cache `cache` that it has not dropped: a lease moved to
-/// another thread still counts here, one received from another thread does not.
+/// Whether leases taken on this thread of cache `cache` are still alive, on this thread or
+/// wherever they were sent.
 pub(crate) fn held_here(cache: u64) -> bool {
     #[cfg(not(dma_loom))]
     {
-        HELD_HERE
-            .try_with(|held| {
-                held.try_borrow()
-                    .map(|held| {
-                        held.iter()
-                            .any(|(id, balance)| *id == cache && 0 < *balance)
-                    })
-                    .unwrap_or(false)
+        TOKENS
+            .try_with(|tokens| {
+                tokens.try_borrow().is_ok_and(|tokens| {
+                    tokens
+                        .iter()
+                        .any(|(id, token)| *id == cache && 1 < Token::strong_count(token))
+                })
             })
             .unwrap_or(false)
     }
@@ -388,16 +399,19 @@ pub struct Lease<'cache> {
     fi_addr: fi_addr_t,
     cache: u64,
     shared: &'cache Shared,
+    /// The token of the thread that took it (see `held_here`); dropped with it.
+    #[allow(dead_code)] // held for its count
+    taken_on: Option<Token>,
 }
 
 impl<'cache> Lease<'cache> {
     /// A lease on `fi_addr`, whose counter the caller has just incremented.
     pub(crate) fn new(fi_addr: fi_addr_t, cache: u64, shared: &'cache Shared) -> Self {
-        note_here(cache, 1);
         Self {
             fi_addr,
             cache,
             shared,
+            taken_on: token_here(cache),
         }
     }
 
@@ -432,7 +446,6 @@ impl Drop for Lease<'_> {
         self.shared
             .leases
             .release(self.fi_addr, &self.shared.doorbell);
-        note_here(self.cache, -1);
     }
 }
 

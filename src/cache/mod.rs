@@ -325,11 +325,12 @@ impl<B: AvBackend> AddressCache<B> {
     /// - when the entry must wait for an old incarnation's removal and the calling thread holds
     ///   a [`Lease`] of this cache, which that removal may be waiting for (a single-threaded
     ///   event loop that reads its own completions). A lease is `Send`, so which thread holds
-    ///   one cannot be known exactly; the rule is: leases taken on this thread and not dropped on
-    ///   it count, so a lease moved to another thread still counts here (the call fails rather
-    ///   than wait), and one received from another thread does not (the call waits, as it must
-    ///   when another thread's completion will drop it). The request stays queued: once the
-    ///   leases are dropped, `lease` again finds the entry;
+    ///   one cannot be known exactly. The rule: a lease counts for the thread that took it (with
+    ///   `Pinned::lease`, `lease`, or `clone`) for as long as it lives, wherever it was sent. So
+    ///   a thread that took a lease and handed it to a completion thread is refused until that
+    ///   thread drops it (an error where a wait would have ended: the safe side), and a thread
+    ///   waits for leases that other threads took (a wait that ends when they drop them). The
+    ///   request stays queued: once the leases are dropped, `lease` again finds the entry;
     /// - on the cache's writer thread (see [`AvBackend`]).
     ///
     /// ```
