@@ -23,32 +23,45 @@ fn miss(criterion: &mut Criterion) {
     let mut next = 0_u32;
 
     group.bench_function("ours_miss", |b| {
-        let cache = ours.peers();
-        b.iter_custom(|iters| {
-            let mut timed = Duration::ZERO;
-            let mut done = 0;
-            while done < iters {
-                let round = ROUND.min(iters - done);
-                for client in 0..round {
-                    next = next.wrapping_add(1) % 1_000_000;
-                    let address = sockaddr(next);
-                    let pinned = cache.pin();
-                    let started = Instant::now();
-                    let peer = pinned.resolve(client, &address).unwrap();
-                    timed += started.elapsed();
-                    black_box(peer.fi_addr());
-                }
-                // Untimed: let every entry go and wait for the removals.
-                for client in 0..round {
-                    cache.release(client);
-                }
-                cache.quiesce();
-                done += round;
-            }
-            timed
-        })
+        b.iter_custom(|iters| timed_misses(ours.peers(), iters, &mut next))
     });
     assert_eq!(0, ours.peers().stats().entries);
+
+    // The same misses with 10,000 live entries in the AV: what a bigger AV costs by itself, for
+    // the next row to be read against.
+    let live = tcp_endpoint(4 * ROUND as usize + HELD);
+    {
+        let pinned = live.peers().pin();
+        for client in 0..HELD as u64 {
+            pinned
+                .resolve(1_000_000 + client, &sockaddr(2_000_000 + client as u32))
+                .unwrap();
+        }
+    }
+    group.bench_function("ours_miss_10k_live_entries", |b| {
+        b.iter_custom(|iters| timed_misses(live.peers(), iters, &mut next))
+    });
+
+    // The same misses while 10,000 removals wait for their leases: the writer learns of a lease's
+    // last drop when it happens, so those removals cost a miss nothing (they used to be rescanned
+    // on every round).
+    let held = tcp_endpoint(4 * ROUND as usize + HELD);
+    let leases: Vec<_> = (0..HELD as u64)
+        .map(|client| {
+            held.peers()
+                .lease(1_000_000 + client, &sockaddr(2_000_000 + client as u32))
+                .unwrap()
+        })
+        .collect();
+    for client in 0..HELD as u64 {
+        held.peers().release(1_000_000 + client);
+    }
+    held.peers().quiesce_with_patience(Duration::ZERO);
+    assert_eq!(HELD as u64, held.peers().stats().removals_awaiting_leases);
+    group.bench_function("ours_miss_10k_removals_awaiting_leases", |b| {
+        b.iter_custom(|iters| timed_misses(held.peers(), iters, &mut next))
+    });
+    drop(leases);
 
     group.bench_function("bare_fi_av_insert", |b| {
         b.iter_custom(|iters| {
@@ -106,6 +119,37 @@ fn miss(criterion: &mut Criterion) {
         })
     });
     group.finish();
+}
+
+/// Removals held by leases in the second miss row.
+const HELD: usize = 10_000;
+
+/// `iters` misses on `cache`, timed one by one, in rounds of [`ROUND`] new clients each released
+/// and quiesced (untimed) after the round.
+fn timed_misses(cache: &dma_libfabric::AddressCache, iters: u64, next: &mut u32) -> Duration {
+    let mut timed = Duration::ZERO;
+    let mut done = 0;
+    while done < iters {
+        let round = ROUND.min(iters - done);
+        for client in 0..round {
+            *next = next.wrapping_add(1) % 1_000_000;
+            let address = sockaddr(*next);
+            let pinned = cache.pin();
+            let started = Instant::now();
+            let peer = pinned.resolve(client, &address).unwrap();
+            timed += started.elapsed();
+            black_box(peer.fi_addr());
+        }
+        // Untimed: let every entry go and wait for the removals. Without patience for what
+        // pinned readers hold back: nothing is pinned, and the removals that wait for leases in
+        // the third row would otherwise hold each quiesce for its whole patience.
+        for client in 0..round {
+            cache.release(client);
+        }
+        cache.quiesce_with_patience(Duration::ZERO);
+        done += round;
+    }
+    timed
 }
 
 fn main() {
