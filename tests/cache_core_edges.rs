@@ -227,3 +227,15 @@ fn a_lease_taken_here_counts_here_until_dropped_wherever_it_went() {
     let new = cache.lease(2, &efa(3, 5, 2)).expect("admitted");
     assert_eq!(Some(efa(3, 5, 2)), av.lookup(new.fi_addr()));
 }
+
+#[test]
+fn a_backend_with_an_absurd_capacity_is_used_up_to_the_bound() {
+    let av = ModelAv::with_layout(AddressFormat::Opaque, 16, usize::MAX);
+    let cache = AddressCache::with_backend(av.clone());
+    let peer = cache
+        .pin()
+        .resolve(1, &opaque(1))
+        .expect("a miss")
+        .fi_addr();
+    assert_eq!(Some(opaque(1)), av.lookup(peer));
+}

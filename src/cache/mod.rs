@@ -209,6 +209,10 @@ impl<B: AvBackend> std::fmt::Debug for AddressCache<B> {
 impl<B: AvBackend> AddressCache<B> {
     /// A cache over `backend`, with its writer thread started.
     ///
+    /// It holds at most [`AvBackend::capacity`] entries, and at most
+    /// [`Configuration::MAX_AV_CAPACITY`](crate::Configuration::MAX_AV_CAPACITY) whatever the
+    /// backend says: the index and the lease counters are allocated up front for every index.
+    ///
     /// ```
     /// use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
     ///
@@ -221,7 +225,7 @@ impl<B: AvBackend> AddressCache<B> {
     pub fn with_backend(backend: B) -> Self {
         let format = backend.format();
         let address_len = backend.address_len();
-        let shared = Arc::new(Shared::new(backend.capacity()));
+        let shared = Arc::new(Shared::new(writer::usable_capacity(&backend)));
         let epochs = Epochs::new();
         let (requests, inbox) = bounded(INBOX_BOUND);
         let id = next_cache_id();

@@ -451,6 +451,17 @@ pub(crate) struct Writer<B> {
     replies: Vec<(Answer, Result<fi_addr_t, DmaError>)>,
 }
 
+/// How many entries the cache keeps in `backend`: its capacity, up to
+/// [`Configuration::MAX_AV_CAPACITY`](crate::Configuration::MAX_AV_CAPACITY), since the index and
+/// the lease counters are allocated up front for every index. A backend that reports more (a
+/// model AV built by hand) is used up to that bound; an index past it is refused as outside the
+/// table.
+pub(crate) fn usable_capacity(backend: &impl AvBackend) -> usize {
+    backend
+        .capacity()
+        .min(crate::configuration::Configuration::MAX_AV_CAPACITY)
+}
+
 /// The inbox has been closed: the cache is gone.
 struct Stopped;
 
@@ -484,7 +495,7 @@ impl<B: AvBackend> Writer<B> {
         Self {
             format: backend.format(),
             address_len: backend.address_len(),
-            capacity: backend.capacity(),
+            capacity: usable_capacity(&backend),
             backend,
             shared,
             entries: Vec::new(),
