@@ -65,6 +65,14 @@ pub enum DmaError {
     /// again under a later pin finds its result.
     #[error("the operation would block; it has been queued")]
     WouldBlock,
+    /// The writer's inbox is full ([`AddressCache::INBOX_BOUND`](crate::AddressCache::INBOX_BOUND)
+    /// requests), so [`Pinned::try_resolve`](crate::Pinned::try_resolve) queued nothing and
+    /// changed nothing. Try again (a later `try_resolve` queues the miss once the writer has made
+    /// room), or call [`Pinned::resolve`](crate::Pinned::resolve), which waits for room.
+    #[error(
+        "the address cache's writer is busy: its inbox is full and nothing was queued; try again"
+    )]
+    Busy,
 }
 
 impl DmaError {

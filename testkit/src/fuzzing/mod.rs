@@ -10,8 +10,8 @@
 //! there, when anything is wrong:
 //!
 //! - [`check_address`]: arbitrary bytes under each [`AddressFormat`]. Parsing never panics,
-//!   wrong lengths are [`DmaError::InvalidAddress`] before any AV call, and the identity is the
-//!   prefix of the format's length (efa: 18 of 32).
+//!   wrong lengths and all-zero addresses are [`DmaError::InvalidAddress`] before any AV call,
+//!   and the identity is the prefix of the format's length (efa: 18 of 32).
 //! - [`check_cache_ops`]: a sequence of resolves, queued resolves, releases, pins held over later
 //!   steps, unpins, quiesces, leases (taken under a held pin or with `lease_within`, cloned, held
 //!   over later steps and dropped) and spells of failing `fi_av_remove` against an
@@ -98,7 +98,8 @@ pub fn check_address(data: &[u8]) {
         };
         let valid = !bytes.is_empty()
             && bytes.len() == address_len
-            && (AddressFormat::Opaque == format || EFA_ADDRESS_LEN == address_len);
+            && (AddressFormat::Opaque == format || EFA_ADDRESS_LEN == address_len)
+            && bytes.iter().any(|&byte| 0 != byte);
         let identity_len = match format {
             AddressFormat::Efa => EFA_IDENTITY_LEN,
             AddressFormat::Opaque => address_len,
