@@ -248,7 +248,9 @@ fn allocations_per_million_hits_under_unbounded_churn() {
     });
     eprintln!(
         "allocations_per_million_hits_under_unbounded_churn: {allocated} allocations on the reader \
-         in {rounds_run} pin-and-hit rounds, while another thread ran {cycles} release/resolve cycles"
+         in {rounds_run} pin-and-hit rounds, while another thread ran {cycles} release/resolve \
+         cycles ({:.2} per 1,000 cycles)",
+        allocated as f64 * 1_000.0 / cycles.max(1) as f64
     );
     assert_eq!(ROUNDS, rounds_run);
     assert!(cycles > 0, "the churn ran alongside");
