@@ -21,9 +21,16 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// A global allocator that counts the bytes live, and their peak, and forwards every call to
 /// the system allocator.
 ///
-/// ```ignore
+/// ```
 /// #[global_allocator]
 /// static HEAP: testkit::fuzzing::heap::Counting = testkit::fuzzing::heap::Counting;
+///
+/// fn main() {
+///     let baseline = testkit::fuzzing::heap::Baseline::take(8).expect("installed");
+///     let grown = vec![0_u8; 1 << 10];
+///     assert_eq!(None, baseline.exceeded(), "1 KiB is within the bound");
+///     drop(grown);
+/// }
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Counting;
