@@ -431,7 +431,9 @@ fn resolve_timed<'p>(
     let started = Instant::now();
     let (peer, hit) = match pinned.try_resolve(id, address) {
         Ok(peer) => (Ok(peer), true),
-        Err(DmaError::WouldBlock) => (pinned.resolve(id, address), false),
+        // Queued (WouldBlock) or not (Busy: the inbox is full): either way the blocking
+        // resolve waits for the entry, queuing it if it was not.
+        Err(DmaError::WouldBlock | DmaError::Busy) => (pinned.resolve(id, address), false),
         Err(error) => (Err(error), false),
     };
     let took = started.elapsed().as_nanos() as u64;

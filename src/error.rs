@@ -34,7 +34,8 @@ pub enum DmaError {
         /// Each provider tried, with why it was turned down.
         tried: String,
     },
-    /// An address that cannot be handed to `fi_av_insert`: empty, or not the provider's length.
+    /// An address that cannot be handed to `fi_av_insert`: empty, not the provider's length, or
+    /// all zero bytes (what a peer advertises before `fi_getname` has run, on every provider).
     #[error("invalid address: {0}")]
     InvalidAddress(String),
     /// The address vector holds as many entries as it was opened for.
@@ -62,9 +63,18 @@ pub enum DmaError {
     #[error("the address cache is closed: its writer thread has stopped")]
     Closed,
     /// The call would have had to wait. A queued resolve has been handed to the writer; resolving
-    /// again under a later pin finds its result.
+    /// again under a later pin finds its result. (When nothing could be queued,
+    /// [`Pinned::try_resolve`](crate::Pinned::try_resolve) answers [`DmaError::Busy`] instead.)
     #[error("the operation would block; it has been queued")]
     WouldBlock,
+    /// The writer's inbox is full ([`AddressCache::INBOX_BOUND`](crate::AddressCache::INBOX_BOUND)
+    /// requests), so [`Pinned::try_resolve`](crate::Pinned::try_resolve) queued nothing and
+    /// changed nothing. Try again (a later `try_resolve` queues the miss once the writer has made
+    /// room), or call [`Pinned::resolve`](crate::Pinned::resolve), which waits for room.
+    #[error(
+        "the address cache's writer is busy: its inbox is full and nothing was queued; try again"
+    )]
+    Busy,
 }
 
 impl DmaError {

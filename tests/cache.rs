@@ -223,7 +223,10 @@ fn a_failed_insert_reaches_the_caller_and_changes_nothing() {
     // Refused before libfabric sees it: a wrong family would break 1.17's AV for good.
     let mut bad_family = sockaddr(2);
     bad_family[0..2].copy_from_slice(&0xffff_u16.to_ne_bytes());
-    for bad in [bad_family, vec![0; 16]] {
+    // Family 0 (AF_UNSPEC) with a port and a host: a sockaddr, not an all-zero address, which
+    // the cache refuses before even the writer sees it (tests/cache_edges.rs).
+    let unspec = testkit::sockaddr_parts(0, 7, [127, 0, 0, 1]);
+    for bad in [bad_family, unspec] {
         let error = cache
             .pin()
             .resolve(1, &bad)

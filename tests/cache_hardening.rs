@@ -41,17 +41,29 @@ fn a_flood_of_queued_misses_is_bounded_by_the_inbox() {
         },
     });
     std::thread::scope(|scope| {
-        let first = scope.spawn(|| cache.pin().resolve(0, &[0; 16]).map(|peer| peer.fi_addr()));
+        let first = scope.spawn(|| {
+            cache
+                .pin()
+                .resolve(0, &[0xa5; 16])
+                .map(|peer| peer.fi_addr())
+        });
         inside
             .recv()
             .expect("the writer is held inside its first insert");
-        // The writer takes nothing more: every try_resolve below queues, until the inbox is full.
-        let flood = 3 * AddressCache::<ModelAv>::INBOX_BOUND;
+        // The writer takes nothing more: every try_resolve below queues, until the inbox is
+        // full; then each answers Busy, queuing nothing.
+        let bound = AddressCache::<ModelAv>::INBOX_BOUND;
+        let flood = 3 * bound;
         for client in 1..=flood as u64 {
             let mut address = [0_u8; 16];
             address[..8].copy_from_slice(&client.to_ne_bytes());
+            let expected = if client as usize <= bound {
+                DmaError::WouldBlock
+            } else {
+                DmaError::Busy
+            };
             assert_eq!(
-                Err(DmaError::WouldBlock),
+                Err(expected),
                 cache
                     .pin()
                     .try_resolve(client, &address)

@@ -4,8 +4,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 use testkit::fuzzing;
+
+/// Counts the heap, so `cache_ops` inputs are checked against the cache's heap bound here too.
+#[global_allocator]
+static HEAP: fuzzing::heap::Counting = fuzzing::heap::Counting;
+
+/// The tests of this binary take turns: the heap count is the whole process's.
+fn turn() -> MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Every file of `fuzz/corpus/<target>/`, sorted, so failures name the same file every run.
 fn corpus(target: &str) -> Vec<PathBuf> {
@@ -23,6 +34,7 @@ fn corpus(target: &str) -> Vec<PathBuf> {
 }
 
 fn replay(target: &str, check: fn(&[u8])) {
+    let _turn = turn();
     for file in corpus(target) {
         let data = std::fs::read(&file).unwrap();
         let outcome = std::panic::catch_unwind(|| check(&data));
@@ -37,6 +49,7 @@ fn replay(target: &str, check: fn(&[u8])) {
 
 /// Deterministic pseudo-random inputs (xorshift64*), of lengths up to `max_len`.
 fn random(check: fn(&[u8]), seed: u64, count: usize, max_len: usize) {
+    let _turn = turn();
     let mut state = seed | 1;
     let mut next = move || {
         state ^= state >> 12;

@@ -2,7 +2,9 @@
 //!
 //! `fi_av_insert` reads as many bytes as the provider's address length whatever slice it is
 //! given, so every address is checked against that length before any libfabric call: an address
-//! of any other length (empty included) is [`DmaError::InvalidAddress`].
+//! of any other length (empty included) is [`DmaError::InvalidAddress`]. So is an address of
+//! all zero bytes, on every format: it is what a peer advertises before `fi_getname` has run
+//! (seen during rolling restarts), never a real peer, and on efa it would be inserted as one.
 //!
 //! On efa an address is not only an identifier: it is `raw[16]` (the GID), `qpn: u16`,
 //! `pad: u16`, `qkey: u32` and 8 bytes of pointer. The device hands a closed endpoint's QPN to the
@@ -63,14 +65,29 @@ impl AddressFormat {
     /// long (and, for efa, that the provider's length is efa's).
     ///
     /// # Errors
-    /// [`DmaError::InvalidAddress`] for an empty address or one of any other length.
+    /// [`DmaError::InvalidAddress`] for an empty address, one of any other length, or one of all
+    /// zero bytes.
     pub fn identity(self, address: &[u8], address_len: usize) -> Result<&[u8], DmaError> {
         let identity_len = self.identity_len(address, address_len)?;
         Ok(&address[..identity_len])
     }
 
-    /// How many leading bytes of a checked `address` name its peer.
+    /// How many leading bytes of a checked `address` name its peer: every check a new address
+    /// takes before it goes near the AV (the writer runs it on each miss, `FabricAv::insert`
+    /// again), the all-zero refusal included.
     pub(crate) fn identity_len(
+        self,
+        address: &[u8],
+        address_len: usize,
+    ) -> Result<usize, DmaError> {
+        let identity_len = self.layout_identity_len(address, address_len)?;
+        refuse_unset(address)?;
+        Ok(identity_len)
+    }
+
+    /// [`identity_len`](Self::identity_len) by length alone, whatever the bytes: what every
+    /// address of `address_len` bytes gets, so the cache can work it out once, with a probe.
+    pub(crate) fn layout_identity_len(
         self,
         address: &[u8],
         address_len: usize,
@@ -91,6 +108,27 @@ impl AddressFormat {
             Self::Efa => Ok(EFA_IDENTITY_LEN),
             Self::Opaque => Ok(address_len),
         }
+    }
+}
+
+/// Refuse an address of all zero bytes: what a peer advertises before `fi_getname` has run
+/// (Mooncake saw it during rolling restarts), never a real peer on any provider. On efa it would
+/// be a GID of zeros, inserted as a peer; on tcp a `sockaddr` of family 0.
+///
+/// Cheap on a real address: the scan stops at its first non-zero byte (a `sockaddr`'s family, an
+/// efa GID's `fe80` prefix).
+///
+/// # Errors
+/// [`DmaError::InvalidAddress`] when every byte of `address` is zero.
+pub(crate) fn refuse_unset(address: &[u8]) -> Result<(), DmaError> {
+    if address.iter().all(|&byte| byte == 0) {
+        Err(DmaError::InvalidAddress(format!(
+            "the address is {} zero bytes: a peer that has not been given its address yet \
+             (fi_getname has not run), not a peer",
+            address.len()
+        )))
+    } else {
+        Ok(())
     }
 }
 
@@ -167,9 +205,9 @@ mod tests {
                 "{len} bytes: {error:?}"
             );
         }
-        assert!(AddressFormat::Efa.identity(&[0; 32], 32).is_ok());
+        assert!(AddressFormat::Efa.identity(&[7; 32], 32).is_ok());
         assert!(
-            AddressFormat::Efa.identity(&[0; 16], 16).is_err(),
+            AddressFormat::Efa.identity(&[7; 16], 16).is_err(),
             "efa is 32 bytes whatever the provider says"
         );
     }
@@ -183,6 +221,32 @@ mod tests {
             Some(&[1_u8; 16][..]),
             AddressFormat::Opaque.identity(&[1; 16], 16).ok()
         );
+    }
+
+    #[test]
+    fn an_all_zero_address_is_refused_on_every_format() {
+        for (format, len) in [
+            (AddressFormat::Efa, EFA_ADDRESS_LEN),
+            (AddressFormat::Opaque, SOCKADDR_IN_LEN),
+            (AddressFormat::Opaque, SOCKADDR_IN6_LEN),
+            (AddressFormat::Opaque, 1),
+        ] {
+            let zero = vec![0; len];
+            match format.identity(&zero, len) {
+                Err(DmaError::InvalidAddress(why)) => assert!(why.contains("zero"), "{why}"),
+                other => panic!("{format:?}, {len} zero bytes: {other:?}"),
+            }
+            // One byte set anywhere makes it an address; the layout alone never refuses it.
+            for set in [0, len - 1] {
+                let mut address = zero.clone();
+                address[set] = 1;
+                assert!(
+                    format.identity(&address, len).is_ok(),
+                    "{format:?} byte {set}"
+                );
+            }
+            assert!(format.layout_identity_len(&zero, len).is_ok());
+        }
     }
 
     #[test]

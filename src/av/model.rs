@@ -224,6 +224,11 @@ impl AvBackend for ModelAv {
             table.violations.push(breach);
             return Err(invalid("fi_av_insert"));
         }
+        if address.iter().all(|&byte| byte == 0) {
+            let breach = "insert of an all-zero address, which the cache must refuse first";
+            table.violations.push(breach.into());
+            return Err(invalid("fi_av_insert"));
+        }
         let identity = table.identity(address).to_vec();
         let existing = table.slots.iter().enumerate().find_map(|(index, slot)| {
             slot.as_ref()

@@ -150,9 +150,12 @@ impl Core {
             .map_err(|_| DmaError::Closed)
     }
 
-    /// `address`, checked, as a request carries it: inline, so a miss allocates no key.
+    /// `address`, checked, as a request carries it: inline, so a miss allocates no key. Only a
+    /// miss gets here, so this is where an all-zero address is refused (a hit never finds one:
+    /// the writer's own check keeps it out of the index).
     fn stored(&self, address: &[u8]) -> Result<StoredAddress, DmaError> {
         let identity_len = self.identity_len(address)?;
+        crate::address::refuse_unset(address)?;
         Ok(StoredAddress::new(address, identity_len))
     }
 
@@ -470,7 +473,7 @@ impl<B: AvBackend> AddressCache<B> {
     /// How many requests (misses, releases, quiesces) the writer's inbox holds. A sender that
     /// finds it full waits for room ([`Pinned::resolve`], [`release`](Self::release),
     /// [`quiesce`](Self::quiesce), [`lease`](Self::lease)), or queues nothing and answers
-    /// [`DmaError::WouldBlock`] ([`Pinned::try_resolve`]). So a flood of queued misses costs at
+    /// [`DmaError::Busy`] ([`Pinned::try_resolve`], whose `WouldBlock` always means queued). So a flood of queued misses costs at
     /// most this many requests of memory, however fast it comes.
     pub const INBOX_BOUND: usize = INBOX_BOUND;
 
@@ -575,7 +578,7 @@ impl<B: AvBackend> AddressCache<B> {
 /// that length.
 fn identity_len_for(format: AddressFormat, address_len: usize) -> Option<usize> {
     let probe = vec![0; address_len];
-    format.identity_len(&probe, address_len).ok()
+    format.layout_identity_len(&probe, address_len).ok()
 }
 
 /// A fresh cache id. Ids are never reused: a `u64` counter does not wrap in practice.
@@ -686,22 +689,35 @@ impl<'cache> Pinned<'cache> {
     }
 
     /// As [`resolve`](Self::resolve), but never blocks: a miss is queued for the writer and
-    /// returns [`DmaError::WouldBlock`]; a later resolve under a later pin finds the entry.
+    /// answers [`DmaError::WouldBlock`], which means *queued*: once the writer has applied it
+    /// (after [`AddressCache::quiesce`], say), a resolve under a later pin finds the entry.
     ///
-    /// When the writer's inbox is full ([`AddressCache`] bounds it), nothing is queued and the
-    /// answer is `WouldBlock` too: a later `try_resolve` queues it.
+    /// When the writer's inbox is full ([`AddressCache::INBOX_BOUND`]), nothing is queued and
+    /// nothing changes: the answer is [`DmaError::Busy`], and a later `try_resolve` queues the
+    /// miss once the writer has made room (or [`resolve`](Self::resolve) waits for room).
     ///
     /// # Errors
-    /// As `resolve`. A queued miss that failed (a full AV, a failed `fi_av_insert`) is logged by
-    /// the writer and recorded: the next `try_resolve` of the same client and address returns
-    /// that error (once; the one after queues a new attempt), so a queued miss never answers
-    /// `WouldBlock` for ever.
+    /// - [`DmaError::WouldBlock`]: the miss was queued (see above).
+    /// - [`DmaError::Busy`]: the inbox is full; nothing was queued.
+    /// - [`DmaError::InvalidAddress`] for an address of the wrong length or of all zero bytes,
+    ///   before anything is queued.
+    /// - [`DmaError::Closed`] when the writer has stopped.
+    /// - A queued miss that failed (a full AV, a failed `fi_av_insert`) is logged by the writer
+    ///   and recorded: the next `try_resolve` of the same client and address returns that error
+    ///   (once; the one after queues a new attempt), so a queued miss never answers `WouldBlock`
+    ///   for ever.
     ///
     /// ```
     /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
     ///
     /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
-    /// assert_eq!(Err(DmaError::WouldBlock), cache.pin().try_resolve(1, &[1; 16]).map(|p| p.fi_addr()));
+    /// let queued = loop {
+    ///     match cache.pin().try_resolve(1, &[1; 16]).map(|peer| peer.fi_addr()) {
+    ///         Err(DmaError::Busy) => continue, // nothing was queued: ask again
+    ///         other => break other,
+    ///     }
+    /// };
+    /// assert_eq!(Err(DmaError::WouldBlock), queued);
     /// cache.quiesce(); // the queued miss has been applied
     /// assert!(cache.pin().try_resolve(1, &[1; 16]).is_ok());
     /// ```
@@ -718,9 +734,8 @@ impl<'cache> Pinned<'cache> {
             address: self.core.stored(address)?,
             reply: Reply::Queued,
         }) {
-            // Full: nothing was queued; a later try_resolve queues it once the writer has caught
-            // up.
-            Ok(()) | Err(TrySendError::Full) => Err(DmaError::WouldBlock),
+            Ok(()) => Err(DmaError::WouldBlock),
+            Err(TrySendError::Full) => Err(DmaError::Busy),
             Err(TrySendError::Disconnected) => Err(DmaError::Closed),
         }
     }

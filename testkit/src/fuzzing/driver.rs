@@ -715,10 +715,16 @@ pub(crate) struct ModelObserver {
     pub(crate) address_len: usize,
     cursor: usize,
     table: BTreeMap<u64, Vec<u8>>,
+    /// The heap as the input started, where the binary counts it.
+    heap: Option<super::heap::Baseline>,
 }
 
 impl ModelObserver {
-    pub(crate) fn new(av: dma_libfabric::ModelAv, address_len: usize) -> Self {
+    pub(crate) fn new(
+        av: dma_libfabric::ModelAv,
+        address_len: usize,
+        heap: Option<super::heap::Baseline>,
+    ) -> Self {
         let format = dma_libfabric::AvBackend::format(&av);
         Self {
             av,
@@ -726,6 +732,17 @@ impl ModelObserver {
             address_len,
             cursor: 0,
             table: BTreeMap::new(),
+            heap,
+        }
+    }
+
+    /// The heap bound: whatever the steps did, the heap never grew past it.
+    fn check_heap(&self, log: &str) {
+        if let Some(grown) = self.heap.as_ref().and_then(super::heap::Baseline::exceeded) {
+            let bound = self.heap.as_ref().map_or(0, super::heap::Baseline::bound);
+            fail(&format!(
+                "the heap grew {grown} B above the empty cache, past the bound of {bound} B\nsteps:\n{log}"
+            ));
         }
     }
 
@@ -762,6 +779,7 @@ impl Observer for ModelObserver {
     }
 
     fn after_step(&mut self, held: &[(u64, usize)], log: &str) {
+        self.check_heap(log);
         let violations = self.av.violations();
         if !violations.is_empty() {
             fail(&format!(

@@ -10,15 +10,16 @@
 //! there, when anything is wrong:
 //!
 //! - [`check_address`]: arbitrary bytes under each [`AddressFormat`]. Parsing never panics,
-//!   wrong lengths are [`DmaError::InvalidAddress`] before any AV call, and the identity is the
-//!   prefix of the format's length (efa: 18 of 32).
+//!   wrong lengths and all-zero addresses are [`DmaError::InvalidAddress`] before any AV call,
+//!   and the identity is the prefix of the format's length (efa: 18 of 32).
 //! - [`check_cache_ops`]: a sequence of resolves, queued resolves, releases, pins held over later
 //!   steps, unpins, quiesces, leases (taken under a held pin or with `lease_within`, cloned, held
 //!   over later steps and dropped) and spells of failing `fi_av_remove` against an
 //!   [`AddressCache`] over [`ModelAv`], with efa or opaque addresses from a small space. After
 //!   every step the answer is checked against the [reference](mod@reference) model and the five
 //!   invariants of DESIGN.md: every peer held under a live pin and every lease maps, in the AV,
-//!   to its address; the lease count is the harness's.
+//!   to its address; the lease count is the harness's; and, where the binary counts the heap
+//!   ([`heap::Counting`]), the heap never grew more than [`heap::bound`] above the empty cache.
 //! - [`check_tcp_av`]: the same sequences against a real tcp endpoint's AV, with sockaddrs from
 //!   a small space that mixes in bad families, zero ports and garbage, and arbitrary 16-byte
 //!   inputs. Nothing crashes, `LibfabricEndpoint::lookup` agrees with the cache, invalid input
@@ -29,6 +30,7 @@
 //! when a removal whose readers have gone (and whose leases were dropped) runs, and when a failed
 //! one is retried; the reference model accounts for both (see its docs).
 
+pub mod heap;
 pub mod ops;
 pub mod reference;
 
@@ -98,7 +100,8 @@ pub fn check_address(data: &[u8]) {
         };
         let valid = !bytes.is_empty()
             && bytes.len() == address_len
-            && (AddressFormat::Opaque == format || EFA_ADDRESS_LEN == address_len);
+            && (AddressFormat::Opaque == format || EFA_ADDRESS_LEN == address_len)
+            && bytes.iter().any(|&byte| 0 != byte);
         let identity_len = match format {
             AddressFormat::Efa => EFA_IDENTITY_LEN,
             AddressFormat::Opaque => address_len,
@@ -189,6 +192,7 @@ pub fn run_cache_ops(data: &[u8]) -> String {
     let capacity = input.capacity();
     let av = ModelAv::with_layout(format, address_len, capacity);
     let cache = AddressCache::with_backend(av.clone());
+    let heap = heap::Baseline::take(capacity);
     let rules = Rules {
         format,
         address_len,
@@ -204,7 +208,7 @@ pub fn run_cache_ops(data: &[u8]) -> String {
         Address::Exact(bytes) => ops::exact(bytes, address_len),
         Address::Raw(bytes) => bytes.clone(),
     };
-    let observer = ModelObserver::new(av, address_len);
+    let observer = ModelObserver::new(av, address_len, heap);
     let log = Driver::new(&cache, rules, observer, &materialize).run(&input.ops);
     format!("efa: {}, capacity {capacity}\n{log}", input.efa)
 }

@@ -86,12 +86,22 @@ pub struct Rules {
 }
 
 impl Rules {
-    /// The identity of a checked address: efa's first 18 bytes, or all of them.
+    /// The identity of a checked address: efa's first 18 bytes, or all of them; `None` for an
+    /// address the cache must refuse with `DmaError::InvalidAddress`. Worked out here, not with
+    /// the library's own check, so the two are compared: an empty address, one of another
+    /// length than the provider's, an efa one that is not 32 bytes, and one of all zero bytes
+    /// (a peer that has not run `fi_getname` yet) are invalid on every format.
     pub fn identity(&self, address: &[u8]) -> Option<Vec<u8>> {
-        self.format
-            .identity(address, self.address_len)
-            .ok()
-            .map(<[u8]>::to_vec)
+        let identity_len = match self.format {
+            AddressFormat::Efa => dma_libfabric::address::EFA_IDENTITY_LEN,
+            AddressFormat::Opaque => self.address_len,
+        };
+        let valid = !address.is_empty()
+            && address.len() == self.address_len
+            && (AddressFormat::Opaque == self.format
+                || dma_libfabric::address::EFA_ADDRESS_LEN == self.address_len)
+            && address.iter().any(|&byte| 0 != byte);
+        valid.then(|| address[..identity_len].to_vec())
     }
 }
 

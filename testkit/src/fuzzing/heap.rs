@@ -1,0 +1,115 @@
+//! The heap bound the `cache_ops` target checks after every step of every input: a counting
+//! global allocator, and the bound itself.
+//!
+//! A binary that wants the check installs [`Counting`] as its global allocator (the `cache_ops`
+//! fuzz target and `tests/fuzz_corpus.rs` do); without it, [`Baseline::take`] answers `None` and
+//! nothing is checked. The count is the whole process's, so a binary that runs inputs on several
+//! threads at once must take turns (`tests/fuzz_corpus.rs` does).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+
+use dma_libfabric::{AddressCache, ModelAv};
+
+/// Bytes live on the heap, every thread's.
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+/// The most [`LIVE`] has been since the last [`Baseline::take`].
+static PEAK: AtomicIsize = AtomicIsize::new(0);
+/// Whether [`Counting`] is the global allocator (it has allocated once).
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// A global allocator that counts the bytes live, and their peak, and forwards every call to
+/// the system allocator.
+///
+/// ```
+/// #[global_allocator]
+/// static HEAP: testkit::fuzzing::heap::Counting = testkit::fuzzing::heap::Counting;
+///
+/// fn main() {
+///     let baseline = testkit::fuzzing::heap::Baseline::take(8).expect("installed");
+///     let grown = vec![0_u8; 1 << 10];
+///     assert_eq!(None, baseline.exceeded(), "1 KiB is within the bound");
+///     drop(grown);
+/// }
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counting;
+
+fn grew(bytes: isize) {
+    let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged; the counters are atomics,
+// which neither allocate nor re-enter the allocator.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        INSTALLED.store(true, Ordering::Relaxed);
+        grew(layout.size() as isize);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: `pointer` came from `alloc` with this layout.
+        unsafe { System.dealloc(pointer, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        INSTALLED.store(true, Ordering::Relaxed);
+        grew(layout.size() as isize);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, size: usize) -> *mut u8 {
+        grew(size as isize - layout.size() as isize);
+        // SAFETY: `pointer` came from `alloc` with `layout`; `size` is the caller's.
+        unsafe { System.realloc(pointer, layout, size) }
+    }
+}
+
+/// How far above the empty cache its heap may grow, whatever readers, leases and retries do:
+/// every structure the writer keeps is bounded by the AV's capacity and the inbox bound (issue
+/// 18, item 2). Generous for now, as in `tests/soak.rs`: 1 KiB per AV entry, 256 B per inbox
+/// slot, and 1 MiB of slack (this thread's epoch handle and reply channel, the harness's log
+/// and model worlds).
+pub fn bound(capacity: usize) -> isize {
+    (capacity * 1024 + AddressCache::<ModelAv>::INBOX_BOUND * 256 + (1 << 20)) as isize
+}
+
+/// The heap as an input starts, once its cache is built.
+#[derive(Debug, Clone, Copy)]
+pub struct Baseline {
+    empty: isize,
+    bound: isize,
+}
+
+impl Baseline {
+    /// The heap now, with the bound for a cache of `capacity` entries; `None` unless
+    /// [`Counting`] is the global allocator. The peak starts again from here.
+    pub fn take(capacity: usize) -> Option<Self> {
+        if !INSTALLED.load(Ordering::Relaxed) {
+            return None;
+        }
+        let empty = LIVE.load(Ordering::Relaxed);
+        PEAK.store(empty, Ordering::Relaxed);
+        Some(Self {
+            empty,
+            bound: bound(capacity),
+        })
+    }
+
+    /// How many bytes the heap has grown above the baseline at most, if that is more than the
+    /// bound.
+    pub fn exceeded(&self) -> Option<isize> {
+        let grown = PEAK.load(Ordering::Relaxed) - self.empty;
+        (grown > self.bound).then_some(grown)
+    }
+
+    /// The bound, in bytes above the baseline.
+    pub fn bound(&self) -> isize {
+        self.bound
+    }
+}

@@ -1,0 +1,387 @@
+//! A soak of the cache's edges (issue 18): long-lived pins while other threads churn,
+//! release/revive cycles under a pin, `lease_within` retry loops against a parked efa
+//! incarnation, and removals held by leases. None may grow the cache's heap past
+//! [`HEAP_BOUND`] above the empty cache, and once everything is released, dropped and quiesced,
+//! the heap is back within 16 B per former entry of the empty cache.
+//!
+//! Its own test binary, because it installs a counting global allocator. The tests in it take
+//! turns ([`serial`]), so each one's count is its own. Bounded iteration counts, no sleeps, no
+//! timing: a few seconds in debug.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::{Mutex, MutexGuard, mpsc};
+use std::time::Duration;
+
+use common::{efa, sockaddr};
+use dma_libfabric::sys::fi_addr_t;
+use dma_libfabric::{AddressCache, AddressFormat, AvBackend, DmaError};
+use testkit::efa_numbered;
+
+/// Counts the bytes live on the heap, every thread's, and the highest that count has been.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+static PEAK: AtomicIsize = AtomicIsize::new(0);
+
+fn grew(bytes: isize) {
+    let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged; the counters are atomics,
+// which neither allocate nor re-enter the allocator.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        grew(layout.size() as isize);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: `pointer` came from `alloc` with this layout.
+        unsafe { System.dealloc(pointer, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        grew(layout.size() as isize);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, size: usize) -> *mut u8 {
+        grew(size as isize - layout.size() as isize);
+        // SAFETY: `pointer` came from `alloc` with `layout`; `size` is the caller's.
+        unsafe { System.realloc(pointer, layout, size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// The AV's capacity in every scenario.
+const CAPACITY: usize = 4096;
+
+/// How far above the empty cache its heap may grow, whatever readers, leases and retries do.
+/// Every structure the writer keeps is bounded by the AV's capacity and the inbox bound (issue
+/// 18, item 2), so the bound is one term for each plus slack, generous for now (the lead will
+/// tighten it): 1 KiB per AV entry (an entry, its holders, its index registration, its pending
+/// removal and deferral), 256 B per inbox slot (a request and its reply), and 1 MiB for what is
+/// not the cache's (the threads' epoch handles and reply channels, the test's own vectors).
+const HEAP_BOUND: isize =
+    (CAPACITY * 1024 + AddressCache::<FixedAv>::INBOX_BOUND * 256 + (1 << 20)) as isize;
+
+/// What may stay allocated, per entry the cache held, once it is empty again.
+const LEFT_PER_FORMER_ENTRY: isize = 16;
+
+/// The tests of this binary take turns: the counter is the whole process's.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// An `FI_AV_TABLE` (the lowest free index first) whose storage is allocated once, up front, so
+/// every byte the count sees move after the cache is built is the cache's.
+struct FixedAv {
+    format: AddressFormat,
+    address_len: usize,
+    slots: Vec<Option<[u8; 32]>>,
+}
+
+impl FixedAv {
+    fn new(format: AddressFormat, address_len: usize) -> Self {
+        assert!(address_len <= 32);
+        Self {
+            format,
+            address_len,
+            slots: vec![None; CAPACITY],
+        }
+    }
+}
+
+impl AvBackend for FixedAv {
+    fn format(&self) -> AddressFormat {
+        self.format
+    }
+    fn address_len(&self) -> usize {
+        self.address_len
+    }
+    fn capacity(&self) -> usize {
+        CAPACITY
+    }
+    fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
+        let Some(index) = self.slots.iter().position(Option::is_none) else {
+            return Err(DmaError::Capacity { capacity: CAPACITY });
+        };
+        let mut stored = [0; 32];
+        stored[..address.len()].copy_from_slice(address);
+        self.slots[index] = Some(stored);
+        Ok(index as fi_addr_t)
+    }
+    fn remove(&mut self, fi_addr: fi_addr_t) -> Result<(), DmaError> {
+        match self.slots.get_mut(fi_addr as usize) {
+            Some(slot @ Some(_)) => {
+                *slot = None;
+                Ok(())
+            }
+            _ => Err(DmaError::InvalidArgument(format!(
+                "fi_av_remove of {fi_addr}, which is not in the AV"
+            ))),
+        }
+    }
+}
+
+/// The heap's size as the scenario starts: the empty cache, built, and this thread's epoch
+/// handle and reply channel made (what any thread that uses the cache has). The peak starts here
+/// too.
+fn baseline<B: AvBackend>(cache: &AddressCache<B>) -> isize {
+    drop(cache.pin());
+    cache.quiesce();
+    let empty = live();
+    PEAK.store(empty, Ordering::Relaxed);
+    empty
+}
+
+/// The most the heap has grown above `empty` since [`baseline`], checked against the bound.
+fn assert_bounded(empty: isize, what: &str) {
+    let grown = PEAK.load(Ordering::Relaxed) - empty;
+    assert!(
+        grown <= HEAP_BOUND,
+        "{what}: the heap grew {grown} B above the empty cache, past the bound of {HEAP_BOUND} B"
+    );
+}
+
+/// Every client gone, every lease and pin dropped, quiesced: the AV and the index are empty,
+/// and the heap is back within 16 B per former entry of `empty`: per entry of the fullest the
+/// AV has been, which is every test's [`CAPACITY`] (each fills it once).
+fn assert_back_to_empty(cache: &AddressCache<FixedAv>, empty: isize) {
+    let former_entries = CAPACITY;
+    cache.quiesce_with_patience(Duration::ZERO);
+    // crossbeam-epoch frees what it retired (the exited threads' handles, its own queue's
+    // nodes) in the collection a pin runs every 128 pins: let it catch up.
+    for _ in 0..4 {
+        for _ in 0..256 {
+            drop(cache.pin());
+        }
+        cache.quiesce_with_patience(Duration::ZERO);
+    }
+    let stats = cache.stats();
+    assert_eq!(
+        (0, 0, 0, 0),
+        (
+            stats.entries,
+            stats.clients,
+            stats.pending_removals,
+            stats.leases
+        ),
+        "{stats:?}"
+    );
+    assert_eq!(0, cache.indexed());
+    let left = live() - empty;
+    assert!(
+        left <= LEFT_PER_FORMER_ENTRY * former_entries as isize,
+        "{left} B still allocated after {former_entries} entries came and went"
+    );
+}
+
+/// Fill the AV but for `keep` slots with clients `first..`, then release them all: each entry
+/// comes and goes once, so the writer's structures have held a nearly full AV.
+fn fill_and_release<B: AvBackend>(
+    cache: &AddressCache<B>,
+    address: fn(u32) -> Vec<u8>,
+    first: u32,
+    keep: usize,
+) {
+    let count = (CAPACITY - keep) as u32;
+    {
+        let pinned = cache.pin();
+        for n in first..first + count {
+            pinned.resolve(u64::from(n), &address(n)).expect("room");
+        }
+    }
+    for n in first..first + count {
+        cache.release(u64::from(n));
+    }
+    cache.quiesce();
+}
+
+/// Enough cycles that ~2.8 KB each (the growth issue 18 measured) would pass [`HEAP_BOUND`]
+/// many times over.
+const REVIVE_CYCLES: u32 = 20_000;
+
+#[test]
+fn a_long_pin_over_release_revive_cycles_and_churn_stays_bounded() {
+    let _turn = serial();
+    let cache = AddressCache::with_backend(FixedAv::new(AddressFormat::Opaque, 16));
+    let empty = baseline(&cache);
+    fill_and_release(&cache, sockaddr, 1_000, 2);
+    let shared = sockaddr(1);
+    cache.pin().resolve(1, &shared).expect("the shared entry");
+    {
+        // This thread holds one pin throughout, while another churns.
+        let long = cache.pin();
+        let seen = long.resolve(1, &shared).expect("a hit").fi_addr();
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    // Release and revive: each release retires the entry (its last client goes),
+                    // each resolve revives it before its removal could run.
+                    for cycle in 0..REVIVE_CYCLES {
+                        let (gone, back) = if 0 == cycle % 2 { (1, 2) } else { (2, 1) };
+                        cache.release(gone);
+                        cache.pin().resolve(back, &shared).expect("revived");
+                    }
+                    // New clients come and go: each removal waits for the long pin, until the
+                    // AV is full of them and the cache answers Capacity.
+                    for n in 0..4 * CAPACITY as u32 {
+                        let address = sockaddr(10_000 + n);
+                        match cache.pin().resolve(u64::from(10_000 + n), &address) {
+                            Ok(_) | Err(DmaError::Capacity { .. }) => {}
+                            Err(other) => panic!("churn: {other:?}"),
+                        }
+                        cache.release(u64::from(10_000 + n));
+                    }
+                })
+                .join()
+                .expect("the churning thread");
+        });
+        assert_eq!(
+            seen,
+            long.resolve(1, &shared).expect("still a hit").fi_addr()
+        );
+        assert_bounded(empty, "release/revive and churn under a long pin");
+    }
+    cache.release(1);
+    cache.release(2);
+    assert_back_to_empty(&cache, empty);
+}
+
+/// Enough retries that ~31.5 B each (the growth issue 18 measured) would pass [`HEAP_BOUND`].
+const LEASE_RETRIES: u32 = 400_000;
+
+#[test]
+fn lease_within_retries_against_a_parked_incarnation_stay_bounded() {
+    let _turn = serial();
+    let cache = AddressCache::with_backend(FixedAv::new(AddressFormat::Efa, 32));
+    let empty = baseline(&cache);
+    let (old, new) = (efa(1, 7, 1), efa(1, 7, 2));
+    let new = &new;
+    let (leased, held) = mpsc::sync_channel(0);
+    let (done, release) = mpsc::sync_channel::<()>(0);
+    let cache = &cache;
+    // Everything moves in, so a failed assertion drops `done` and the holder stops waiting.
+    std::thread::scope(move |scope| {
+        // Another thread holds the old incarnation's lease until told to drop it.
+        let holder = scope.spawn(move || {
+            let lease = cache.lease(1, &old).expect("the old incarnation");
+            leased.send(()).expect("the test");
+            let _ = release.recv();
+            drop(lease);
+        });
+        held.recv().expect("the holder leased the old incarnation");
+        for retry in 0..LEASE_RETRIES {
+            match cache.lease_within(2, new, Duration::ZERO) {
+                Err(DmaError::WouldBlock) => {}
+                other => panic!("retry {retry}: the new incarnation waits, {other:?}"),
+            }
+        }
+        assert_eq!(1, cache.stats().leases);
+        assert_bounded(empty, "lease_within retries");
+        done.send(()).expect("the holder");
+        holder.join().expect("the holder");
+    });
+    let lease = cache
+        .lease(2, new)
+        .expect("admitted once the old lease is gone");
+    drop(lease);
+    cache.release(1);
+    cache.release(2);
+    cache.quiesce();
+    assert_bounded(empty, "lease_within retries, then admission");
+    fill_and_release(cache, efa_numbered, 1_000, 0);
+    assert_back_to_empty(cache, empty);
+}
+
+/// Cycles of the churn that runs while removals wait for leases, on each of two threads.
+const LEASED_CHURN: u32 = 10_000;
+
+/// How many removals wait for leases meanwhile.
+const LEASED: u32 = 512;
+
+#[test]
+fn removals_held_by_leases_stay_bounded() {
+    let _turn = serial();
+    let cache = AddressCache::with_backend(FixedAv::new(AddressFormat::Opaque, 16));
+    let empty = baseline(&cache);
+    let held = LEASED;
+    // Leased and released: every one of those removals waits for its lease.
+    // Taken from a pin, as a posting thread does, so no rule about a thread's own leases applies.
+    let leases: Vec<_> = (0..held)
+        .map(|n| {
+            let pinned = cache.pin();
+            let peer = pinned.resolve(u64::from(n), &sockaddr(n)).expect("room");
+            pinned.lease(peer).expect("a lease")
+        })
+        .collect();
+    for n in 0..held {
+        cache.release(u64::from(n));
+    }
+    cache.quiesce();
+    assert_eq!(u64::from(held), cache.stats().removals_awaiting_leases);
+    // Meanwhile, clients on the other half come and go, on two threads, with a pin held on a
+    // third for the first half of the churn.
+    let (pinned, go) = mpsc::sync_channel(0);
+    let (halfway, unpin) = mpsc::sync_channel::<()>(0);
+    let cache = &cache;
+    // Everything moves in, so a failed assertion drops `halfway` and the pin holder stops
+    // waiting.
+    std::thread::scope(move |scope| {
+        scope.spawn(move || {
+            let long = cache.pin();
+            pinned.send(()).expect("the test");
+            let _ = unpin.recv();
+            drop(long);
+        });
+        go.recv().expect("the long pin is taken");
+        let churners: Vec<_> = (0..2_u32)
+            .map(|thread| {
+                let halfway = halfway.clone();
+                scope.spawn(move || {
+                    for cycle in 0..LEASED_CHURN {
+                        if 0 == thread && LEASED_CHURN / 2 == cycle {
+                            let _ = halfway.send(());
+                        }
+                        let n = 100_000 + thread * 1_000 + cycle % 50;
+                        match cache.pin().resolve(u64::from(n), &sockaddr(n)) {
+                            Ok(_) | Err(DmaError::Capacity { .. }) => {}
+                            Err(other) => panic!("churn: {other:?}"),
+                        }
+                        cache.release(u64::from(n));
+                    }
+                })
+            })
+            .collect();
+        drop(halfway);
+        for churner in churners {
+            churner.join().expect("a churning thread");
+        }
+    });
+    cache.quiesce();
+    assert_eq!(u64::from(held), cache.stats().removals_awaiting_leases);
+    assert_bounded(empty, "removals held by leases, under churn");
+    drop(leases);
+    cache.quiesce();
+    // Every slot of the AV filled once, so the writer's structures have held a full AV.
+    fill_and_release(cache, sockaddr, 1_000_000, 0);
+    assert_back_to_empty(cache, empty);
+}
