@@ -173,9 +173,6 @@ pub(crate) type Index = PapayaIndex;
 #[cfg(dma_loom)]
 pub(crate) type Index = LockedIndex;
 
-/// A reader's guard on the index in this build.
-pub(crate) type IndexGuard<'a> = <Index as RegistrationIndex>::Guard<'a>;
-
 /// The concurrent index: papaya, pre-sized to the AV's capacity so the hot path meets no resize
 /// in steady state.
 #[cfg(not(dma_loom))]

@@ -74,7 +74,7 @@ use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 use self::epoch::Epochs;
-use self::index::{IndexGuard, RegistrationIndex};
+use self::index::RegistrationIndex;
 pub use self::lease::Lease;
 use self::reply::Outcome;
 pub use self::stats::CacheStats;
@@ -274,7 +274,6 @@ impl<B: AvBackend> AddressCache<B> {
     pub fn pin(&self) -> Pinned<'_> {
         Pinned {
             epoch: self.core.epochs.pin(),
-            index: self.core.shared.index.guard(),
             core: &self.core,
         }
     }
@@ -631,14 +630,14 @@ impl<B: AvBackend> Drop for AddressCache<B> {
     }
 }
 
-/// A reader's pin on a cache: the epoch that holds back removals, and the index's memory guard.
+/// A reader's pin on a cache: the epoch that holds back removals. (The index's own memory guard is
+/// taken per probe, so a pin held for long holds back no index memory.)
 ///
 /// Not `Send`: a pin belongs to the thread that took it.
 pub struct Pinned<'cache> {
     /// Held for its `Drop`, which unpins: every `Peer` borrows this `Pinned`, so none outlives it.
     #[allow(dead_code)]
     epoch: epoch::EpochPin,
-    index: IndexGuard<'cache>,
     core: &'cache Core,
 }
 
@@ -777,14 +776,18 @@ impl<'cache> Pinned<'cache> {
     }
 
     /// The hot path: one probe, no allocation, no lock, no shared write.
+    ///
+    /// The index's own memory guard (papaya's) is taken for the probe alone, not for the life of
+    /// the pin: the `fi_addr_t` it reads is a copy, kept valid by the epoch pin, and a papaya
+    /// guard held as long as a `Pinned` would keep every index node retired meanwhile alive, so a
+    /// pin held for a minute over churn would grow the heap without bound.
     #[inline]
     fn hit(&self, client: u64, address: &[u8]) -> Result<Option<Peer<'_>>, DmaError> {
         let identity_len = self.core.identity_len(address)?;
-        Ok(self
-            .core
-            .shared
-            .index
-            .get(&self.index, client, identity_len, address)
+        let index = &self.core.shared.index;
+        let guard = index.guard();
+        Ok(index
+            .get(&guard, client, identity_len, address)
             .map(|fi_addr| self.peer(fi_addr)))
     }
 
