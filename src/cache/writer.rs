@@ -62,7 +62,13 @@
 //! capacity); `clients` holds one item per client registered or parked, each on one of those
 //! entries; a parked incarnation keeps at most one waiter per client (a newer request from the
 //! same client answers the older one `WouldBlock`); `replies` and the quiescers at most one per
-//! request of a batch. The tables shrink once they empty well below their peak.
+//! request of a batch. The tables shrink once they empty well below their peak. In bytes: the
+//! cache's heap stays within `C` × 384 B + [`INBOX_BOUND`] × 64 B of the empty cache, plus what
+//! each thread that uses it registers once (an epoch handle, a reply channel), however long a
+//! reader stays pinned (the index's own guard is taken per probe, so a pin holds back no index
+//! memory either) and however many releases, revives and retries go by. `tests/soak.rs` checks
+//! that bound with a counting allocator (its peaks, at `C` = 4,096: 795 KB under a long pin over
+//! 20,000 revives and churn, against 1.8 MB), and the `cache_ops` fuzz target after every step.
 //!
 //! # Calls from the writer thread
 //!

@@ -70,13 +70,12 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
-/// How far above the empty cache its heap may grow, whatever readers, leases and retries do:
-/// every structure the writer keeps is bounded by the AV's capacity and the inbox bound (issue
-/// 18, item 2). Generous for now, as in `tests/soak.rs`: 1 KiB per AV entry, 256 B per inbox
-/// slot, and 1 MiB of slack (this thread's epoch handle and reply channel, the harness's log
-/// and model worlds).
+/// How far above the empty cache its heap may grow, whatever readers, leases and retries do: the
+/// bound the writer's module docs state (384 B per AV entry and 64 B per inbox slot, as
+/// `tests/soak.rs` checks), plus 1 MiB of slack for what is not the cache's (this thread's epoch
+/// handle and reply channel, the harness's log and the model AV's event list).
 pub fn bound(capacity: usize) -> isize {
-    (capacity * 1024 + AddressCache::<ModelAv>::INBOX_BOUND * 256 + (1 << 20)) as isize
+    (capacity * 384 + AddressCache::<ModelAv>::INBOX_BOUND * 64 + (1 << 20)) as isize
 }
 
 /// The heap as an input starts, once its cache is built.
