@@ -36,13 +36,23 @@
 //!    evicts the old incarnation (and every client on it), whose removal runs *before* the new
 //!    incarnation's insert. The new one waits, parked, without stalling other requests.
 //! 4. Once every client is released and the cache is quiesced, the AV and the index are empty.
-//! 5. Bad input (an address of the wrong length, empty) is a [`DmaError`] before any AV call,
+//! 5. Bad input (an address of the wrong length, empty, or all zero bytes: a peer that advertised
+//!    before its endpoint had an address) is a [`DmaError`] before any AV call,
 //!    and changes nothing. So is a full AV: the cache never holds more than
 //!    [`AvBackend::capacity`] entries, counting those awaiting removal.
 //! 6. Nothing grows without bound: the writer's inbox holds at most
 //!    [`AddressCache::INBOX_BOUND`] requests, and `quiesce` answers once the requests before it
 //!    are applied and their removals have run, however busy the inbox is after it. A queued miss
-//!    that failed reports its error to the next `try_resolve` (never `WouldBlock` for ever).
+//!    that failed reports its error to the next `try_resolve` (never `WouldBlock` for ever). The
+//!    cache's heap stays within a bound set by the AV's capacity and the inbox bound however long
+//!    a reader stays pinned and whatever is released, revived or retried (the writer's module
+//!    docs give it in bytes), and a lease counter cannot wrap ([`AddressCache::LEASE_LIMIT`]).
+//! 7. No call waits on itself: [`AddressCache::lease`] refuses, rather than wait, when the wait
+//!    would be on a pin or a lease of the calling thread, and a call made on the writer's own
+//!    thread (a `tracing` subscriber, an [`AvBackend`]) never waits for the writer.
+//! 8. A hit allocates nothing and takes no lock, even while other threads churn: what a reader's
+//!    `pin()` may run on the writer's behalf (crossbeam's collection of the one outstanding
+//!    deferral) only exchanges a flag and rings the writer's doorbell.
 //!
 //! # Why a resolve under a pin can be told to wait
 //!
@@ -655,7 +665,8 @@ impl<'cache> Pinned<'cache> {
     /// that only changes the QKEY of a slot others hold evicts them.
     ///
     /// # Errors
-    /// - [`DmaError::InvalidAddress`] for an address of the wrong length; nothing changes.
+    /// - [`DmaError::InvalidAddress`] for an address of the wrong length or of all zero bytes;
+    ///   nothing changes.
     /// - [`DmaError::Capacity`] when a new entry would exceed the AV's capacity; nothing changes.
     /// - [`DmaError::WouldBlock`] when the address is a new incarnation of a slot whose old one
     ///   must leave the AV first (see the module docs): resolve again under a later pin.
