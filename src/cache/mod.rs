@@ -52,7 +52,11 @@
 //!    thread (a `tracing` subscriber, an [`AvBackend`]) never waits for the writer.
 //! 8. A hit allocates nothing and takes no lock, even while other threads churn: what a reader's
 //!    `pin()` may run on the writer's behalf (crossbeam's collection of the one outstanding
-//!    deferral) only exchanges a flag and rings the writer's doorbell.
+//!    deferral) only exchanges a flag and rings the writer's doorbell. One cost is crossbeam's
+//!    own and remains: a pin that collects a bag hands its queue node back through the reader's
+//!    own bag, and every 64 such nodes that reader allocates one 2,072-byte node to push its bag
+//!    (`tests/hit_path.rs` measures it: 110 allocations in 12 million hits while another thread
+//!    churned 20,000 release/resolve cycles; with fewer than 64 grace periods, none).
 //!
 //! # Why a resolve under a pin can be told to wait
 //!
