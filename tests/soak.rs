@@ -1,7 +1,7 @@
 //! A soak of the cache's edges (issue 18): long-lived pins while other threads churn,
 //! release/revive cycles under a pin, `lease_within` retry loops against a parked efa
 //! incarnation, and removals held by leases. None may grow the cache's heap past
-//! [`HEAP_BOUND`] above the empty cache, and once everything is released, dropped and quiesced,
+//! [`heap_bound`] above the empty cache, and once everything is released, dropped and quiesced,
 //! the heap is back within 16 B per former entry of the empty cache.
 //!
 //! Its own test binary, because it installs a counting global allocator. The tests in it take
@@ -11,8 +11,6 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::{Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
@@ -20,65 +18,22 @@ use common::{efa, sockaddr};
 use dma_libfabric::sys::fi_addr_t;
 use dma_libfabric::{AddressCache, AddressFormat, AvBackend, DmaError};
 use testkit::efa_numbered;
-
-/// Counts the bytes live on the heap, every thread's, and the highest that count has been.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-static PEAK: AtomicIsize = AtomicIsize::new(0);
-
-fn grew(bytes: isize) {
-    let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
-    PEAK.fetch_max(live, Ordering::Relaxed);
-}
-
-// SAFETY: every call is forwarded to the system allocator unchanged; the counters are atomics,
-// which neither allocate nor re-enter the allocator.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        grew(layout.size() as isize);
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: `pointer` came from `alloc` with this layout.
-        unsafe { System.dealloc(pointer, layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        grew(layout.size() as isize);
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, size: usize) -> *mut u8 {
-        grew(size as isize - layout.size() as isize);
-        // SAFETY: `pointer` came from `alloc` with `layout`; `size` is the caller's.
-        unsafe { System.realloc(pointer, layout, size) }
-    }
-}
+use testkit::fuzzing::heap;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn live() -> isize {
-    LIVE.load(Ordering::Relaxed)
-}
+static GLOBAL: heap::Counting = heap::Counting;
 
 /// The AV's capacity in every scenario.
 const CAPACITY: usize = 4096;
 
 /// How far above the empty cache its heap may grow, whatever readers, leases and retries do: the
-/// bound the writer's module docs state ("Bounds"), for this capacity. 384 B per AV entry (an
-/// entry, its holders, its index registration and papaya's node, its pending removal, its parked
-/// incarnation and waiter), 64 B per inbox slot (what a batch's replies and a request's answer
-/// hold), and 256 KiB for what is not the cache's (the threads' epoch handles and reply channels,
-/// the test's own vectors). Measured peaks: 795 KB (long pin over revives and churn), 280 KB
-/// (lease retries), 241 KB (removals held by leases), against 1.8 MB here.
-const HEAP_BOUND: isize =
-    (CAPACITY * 384 + AddressCache::<FixedAv>::INBOX_BOUND * 64 + (256 << 10)) as isize;
+/// bound the writer's module docs state ("Bounds"; `heap::cache_bound`: 384 B per AV entry, 64 B
+/// per inbox slot), and 256 KiB for what is not the cache's (the threads' epoch handles and reply
+/// channels, the test's own vectors). Measured peaks: 795 KB (long pin over revives and churn),
+/// 280 KB (lease retries), 241 KB (removals held by leases), against 1.8 MB here.
+fn heap_bound() -> isize {
+    heap::cache_bound(CAPACITY) + (256 << 10)
+}
 
 /// What may stay allocated, per entry the cache held, once it is empty again.
 const LEFT_PER_FORMER_ENTRY: isize = 16;
@@ -145,27 +100,25 @@ impl AvBackend for FixedAv {
 /// The heap's size as the scenario starts: the empty cache, built, and this thread's epoch
 /// handle and reply channel made (what any thread that uses the cache has). The peak starts here
 /// too.
-fn baseline<B: AvBackend>(cache: &AddressCache<B>) -> isize {
+fn baseline<B: AvBackend>(cache: &AddressCache<B>) -> heap::Baseline {
     drop(cache.pin());
     cache.quiesce();
-    let empty = live();
-    PEAK.store(empty, Ordering::Relaxed);
-    empty
+    heap::Baseline::take(CAPACITY).expect("the counting allocator is installed")
 }
 
 /// The most the heap has grown above `empty` since [`baseline`], checked against the bound.
-fn assert_bounded(empty: isize, what: &str) {
-    let grown = PEAK.load(Ordering::Relaxed) - empty;
+fn assert_bounded(empty: &heap::Baseline, what: &str) {
+    let (grown, bound) = (empty.peak(), heap_bound());
     assert!(
-        grown <= HEAP_BOUND,
-        "{what}: the heap grew {grown} B above the empty cache, past the bound of {HEAP_BOUND} B"
+        grown <= bound,
+        "{what}: the heap grew {grown} B above the empty cache, past the bound of {bound} B"
     );
 }
 
 /// Every client gone, every lease and pin dropped, quiesced: the AV and the index are empty,
 /// and the heap is back within 16 B per former entry of `empty`: per entry of the fullest the
 /// AV has been, which is every test's [`CAPACITY`] (each fills it once).
-fn assert_back_to_empty(cache: &AddressCache<FixedAv>, empty: isize) {
+fn assert_back_to_empty(cache: &AddressCache<FixedAv>, empty: &heap::Baseline) {
     let former_entries = CAPACITY;
     cache.quiesce_with_patience(Duration::ZERO);
     // crossbeam-epoch frees what it retired (the exited threads' handles, its own queue's
@@ -188,7 +141,7 @@ fn assert_back_to_empty(cache: &AddressCache<FixedAv>, empty: isize) {
         "{stats:?}"
     );
     assert_eq!(0, cache.indexed());
-    let left = live() - empty;
+    let left = empty.now();
     assert!(
         left <= LEFT_PER_FORMER_ENTRY * former_entries as isize,
         "{left} B still allocated after {former_entries} entries came and went"
@@ -216,7 +169,7 @@ fn fill_and_release<B: AvBackend>(
     cache.quiesce();
 }
 
-/// Enough cycles that ~2.8 KB each (the growth issue 18 measured) would pass [`HEAP_BOUND`]
+/// Enough cycles that ~2.8 KB each (the growth issue 18 measured) would pass [`heap_bound`]
 /// many times over.
 const REVIVE_CYCLES: u32 = 20_000;
 
@@ -260,14 +213,14 @@ fn a_long_pin_over_release_revive_cycles_and_churn_stays_bounded() {
             seen,
             long.resolve(1, &shared).expect("still a hit").fi_addr()
         );
-        assert_bounded(empty, "release/revive and churn under a long pin");
+        assert_bounded(&empty, "release/revive and churn under a long pin");
     }
     cache.release(1);
     cache.release(2);
-    assert_back_to_empty(&cache, empty);
+    assert_back_to_empty(&cache, &empty);
 }
 
-/// Enough retries that ~31.5 B each (the growth issue 18 measured) would pass [`HEAP_BOUND`].
+/// Enough retries that ~31.5 B each (the growth issue 18 measured) would pass [`heap_bound`].
 const LEASE_RETRIES: u32 = 400_000;
 
 #[test]
@@ -297,7 +250,7 @@ fn lease_within_retries_against_a_parked_incarnation_stay_bounded() {
             }
         }
         assert_eq!(1, cache.stats().leases);
-        assert_bounded(empty, "lease_within retries");
+        assert_bounded(&empty, "lease_within retries");
         done.send(()).expect("the holder");
         holder.join().expect("the holder");
     });
@@ -308,9 +261,9 @@ fn lease_within_retries_against_a_parked_incarnation_stay_bounded() {
     cache.release(1);
     cache.release(2);
     cache.quiesce();
-    assert_bounded(empty, "lease_within retries, then admission");
+    assert_bounded(&empty, "lease_within retries, then admission");
     fill_and_release(cache, efa_numbered, 1_000, 0);
-    assert_back_to_empty(cache, empty);
+    assert_back_to_empty(cache, &empty);
 }
 
 /// Cycles of the churn that runs while removals wait for leases, on each of two threads.
@@ -379,10 +332,10 @@ fn removals_held_by_leases_stay_bounded() {
     });
     cache.quiesce();
     assert_eq!(u64::from(held), cache.stats().removals_awaiting_leases);
-    assert_bounded(empty, "removals held by leases, under churn");
+    assert_bounded(&empty, "removals held by leases, under churn");
     drop(leases);
     cache.quiesce();
     // Every slot of the AV filled once, so the writer's structures have held a full AV.
     fill_and_release(cache, sockaddr, 1_000_000, 0);
-    assert_back_to_empty(cache, empty);
+    assert_back_to_empty(cache, &empty);
 }

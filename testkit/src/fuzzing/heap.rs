@@ -70,12 +70,22 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
-/// How far above the empty cache its heap may grow, whatever readers, leases and retries do: the
-/// bound the writer's module docs state (384 B per AV entry and 64 B per inbox slot, as
-/// `tests/soak.rs` checks), plus 1 MiB of slack for what is not the cache's (this thread's epoch
-/// handle and reply channel, the harness's log and the model AV's event list).
+/// The cache's own heap bound for an AV of `capacity` entries, as the writer's module docs state
+/// it: 384 B per entry and 64 B per inbox slot above the empty cache.
+pub fn cache_bound(capacity: usize) -> isize {
+    (capacity * 384 + AddressCache::<ModelAv>::INBOX_BOUND * 64) as isize
+}
+
+/// What the fuzz driver checks after every step: [`cache_bound`] plus 1 MiB for what is not the
+/// cache's (this thread's epoch handle and reply channel, the harness's log and the model AV's
+/// event list).
 pub fn bound(capacity: usize) -> isize {
-    (capacity * 384 + AddressCache::<ModelAv>::INBOX_BOUND * 64 + (1 << 20)) as isize
+    cache_bound(capacity) + (1 << 20)
+}
+
+/// Bytes live on the heap now, every thread's (0 unless [`Counting`] is the global allocator).
+pub fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
 }
 
 /// The heap as an input starts, once its cache is built.
@@ -103,8 +113,18 @@ impl Baseline {
     /// How many bytes the heap has grown above the baseline at most, if that is more than the
     /// bound.
     pub fn exceeded(&self) -> Option<isize> {
-        let grown = PEAK.load(Ordering::Relaxed) - self.empty;
+        let grown = self.peak();
         (grown > self.bound).then_some(grown)
+    }
+
+    /// The most the heap has grown above the baseline since it was taken.
+    pub fn peak(&self) -> isize {
+        PEAK.load(Ordering::Relaxed) - self.empty
+    }
+
+    /// How far the heap is above the baseline now.
+    pub fn now(&self) -> isize {
+        live() - self.empty
     }
 
     /// The bound, in bytes above the baseline.
