@@ -7,9 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
 use testkit::{efa, opaque, tcp};
 
-/// An environment variable that tells a re-run of this binary to do the aborting half of a test.
-const ABORTING_CHILD: &str = "DMA_TEST_ABORTING_CHILD";
-
 #[test]
 fn a_lease_past_the_bound_is_refused_and_changes_nothing() {
     let endpoint = tcp();
@@ -55,8 +52,8 @@ fn a_lease_past_the_bound_is_refused_and_changes_nothing() {
 
 #[test]
 fn a_clone_past_the_bound_aborts_instead_of_wrapping() {
-    const NAME: &str = "a_clone_past_the_bound_aborts_instead_of_wrapping";
-    if std::env::var(ABORTING_CHILD).as_deref() == Ok(NAME) {
+    let Some(output) = testkit::child_output("a_clone_past_the_bound_aborts_instead_of_wrapping")
+    else {
         let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
         let lease = cache.lease(1, &opaque(1)).expect("a lease");
         cache.force_lease_count(lease.fi_addr(), AddressCache::<ModelAv>::LEASE_LIMIT);
@@ -65,12 +62,7 @@ fn a_clone_past_the_bound_aborts_instead_of_wrapping() {
         std::mem::forget(clone);
         println!("the clone returned");
         return;
-    }
-    let output = std::process::Command::new(std::env::current_exe().expect("this test binary"))
-        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
-        .env(ABORTING_CHILD, NAME)
-        .output()
-        .expect("re-run this test binary");
+    };
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
