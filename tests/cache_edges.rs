@@ -9,22 +9,8 @@ use std::time::Duration;
 
 use common::{sockaddr, tcp};
 use dma_libfabric::{AddressCache, AddressFormat, AvBackend, DmaError, ModelAv};
+use testkit::Gate;
 use testkit::{Observed, Observer, efa_numbered};
-
-/// Holds the writer inside its first insert until the test says go, so the inbox really fills.
-struct Gate {
-    go: Option<mpsc::Receiver<()>>,
-    entered: mpsc::SyncSender<()>,
-}
-
-impl Observer for Gate {
-    fn before_insert(&mut self, _: &[u8]) {
-        if let Some(go) = self.go.take() {
-            let _ = self.entered.send(());
-            let _ = go.recv();
-        }
-    }
-}
 
 /// A writer that cannot keep up: every insert waits for a token from the test, until the test
 /// drops its sender (then they all go through).

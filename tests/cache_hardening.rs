@@ -10,23 +10,8 @@ use std::time::Duration;
 
 use common::{efa, sockaddr, tcp_with_capacity};
 use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
-use testkit::{Observed, Observer};
-
-/// Holds the writer inside its first insert until the test says go, so the test can fill its
-/// inbox.
-struct Gate {
-    go: Option<mpsc::Receiver<()>>,
-    entered: mpsc::SyncSender<()>,
-}
-
-impl Observer for Gate {
-    fn before_insert(&mut self, _: &[u8]) {
-        if let Some(go) = self.go.take() {
-            let _ = self.entered.send(());
-            go.recv().expect("the go-ahead");
-        }
-    }
-}
+use testkit::Gate;
+use testkit::Observed;
 
 #[test]
 fn a_flood_of_queued_misses_is_bounded_by_the_inbox() {

@@ -23,6 +23,7 @@ use std::time::Duration;
 use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, MemoryRegion, Operation};
 
 use common::{in_child_process, tcp};
+use testkit::{rma_tcp, with_progress};
 
 /// Long enough for any completion on loopback; a bound against hangs, not a timing assertion.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -92,33 +93,6 @@ fn exchange(
     })
 }
 
-/// An RMA endpoint on loopback.
-fn rma_endpoint() -> LibfabricEndpoint {
-    let configuration = Configuration {
-        rma: true,
-        ..Configuration::default()
-    };
-    LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("an RMA endpoint on tcp")
-}
-
-/// Run `body` while another thread drives `peer`'s progress (the target of RMA lands and answers
-/// it only while it reads its queues).
-fn with_progress<R>(peer: &LibfabricEndpoint, body: impl FnOnce() -> R) -> R {
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while !stop.load(Ordering::Acquire) {
-                peer.progress();
-                let _ = peer.try_receive();
-                std::thread::yield_now();
-            }
-        });
-        // Set even if `body` panics (as the calls did for `Duration::MAX`), so the scope ends.
-        let _stop = SetOnDrop(&stop);
-        body()
-    })
-}
-
 /// Sets its flag when dropped, unwinding included: what tells a helper thread to stop.
 struct SetOnDrop<'flag>(&'flag AtomicBool);
 
@@ -154,8 +128,8 @@ struct Rma {
 
 impl Rma {
     fn new() -> Self {
-        let server = rma_endpoint();
-        let client = rma_endpoint();
+        let server = rma_tcp();
+        let client = rma_tcp();
         let address = client.local_address().expect("address");
         Self {
             server,

@@ -9,35 +9,10 @@ use dma_libfabric::{
     Completion, Configuration, DmaError, LibfabricEndpoint, MemoryRegion, Operation, RemoteRegion,
     sys,
 };
+use testkit::{rma_tcp, with_progress};
 
 /// Long enough for any completion on loopback; a bound against hangs, not a timing assertion.
 const PATIENCE: Duration = Duration::from_secs(20);
-
-fn rma_endpoint() -> LibfabricEndpoint {
-    let configuration = Configuration {
-        rma: true,
-        ..Configuration::default()
-    };
-    LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("an RMA endpoint on tcp")
-}
-
-/// Run `body` while another thread drives `peer`'s progress (tcp progresses manually: the target
-/// of a write accepts the connection and lands the data only while it reads its queues).
-fn with_progress<R>(peer: &LibfabricEndpoint, body: impl FnOnce() -> R) -> R {
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                peer.progress();
-                let _ = peer.try_receive();
-                std::thread::yield_now();
-            }
-        });
-        let result = body();
-        stop.store(true, Ordering::Relaxed);
-        result
-    })
-}
 
 /// Wait until `region` holds `expected` at `offset` (data lands when the target progresses,
 /// which may be after the initiator's completion).
@@ -59,7 +34,7 @@ fn wait_for_bytes(region: &dma_libfabric::MemoryRegion<'_>, offset: usize, expec
 
 #[test]
 fn registration_follows_the_providers_mr_mode_and_needs_rma_configured() {
-    let endpoint = rma_endpoint();
+    let endpoint = rma_tcp();
     let mr_mode = endpoint.mr_mode();
     let region = endpoint.register(4096).expect("registered");
     let remote = region.remote();
@@ -90,7 +65,7 @@ fn registration_follows_the_providers_mr_mode_and_needs_rma_configured() {
 
 #[test]
 fn bad_segments_and_descriptors_are_clear_errors() {
-    let endpoint = rma_endpoint();
+    let endpoint = rma_tcp();
     let region = endpoint.register(64).expect("registered");
     assert!(matches!(
         region.segment(60, 8),
@@ -132,8 +107,8 @@ fn bad_segments_and_descriptors_are_clear_errors() {
 
 #[test]
 fn a_write_lands_in_the_peers_memory_and_completes_once_with_its_id() {
-    let server = rma_endpoint();
-    let client = rma_endpoint();
+    let server = rma_tcp();
+    let client = rma_tcp();
     let target = client.register(256).expect("client memory");
     let source = server.register(256).expect("server memory");
     source.write_bytes(0, b"record: client 1").expect("fits");
@@ -176,8 +151,8 @@ fn a_write_lands_in_the_peers_memory_and_completes_once_with_its_id() {
 
 #[test]
 fn a_read_fetches_the_peers_memory() {
-    let server = rma_endpoint();
-    let client = rma_endpoint();
+    let server = rma_tcp();
+    let client = rma_tcp();
     let exposed = client.register(64).expect("client memory");
     exposed.write_bytes(8, b"the peer's bytes").expect("fits");
     let landing = server.register(64).expect("server memory");
@@ -207,8 +182,8 @@ fn a_read_fetches_the_peers_memory() {
 
 #[test]
 fn many_writes_complete_through_poll_completions_from_another_thread_while_others_progress() {
-    let server = rma_endpoint();
-    let client = rma_endpoint();
+    let server = rma_tcp();
+    let client = rma_tcp();
     let target = client.register(8 * 1000).expect("client memory");
     let source = server.register(8 * 1000).expect("server memory");
     let address = client.local_address().expect("address");
@@ -277,8 +252,8 @@ fn many_writes_complete_through_poll_completions_from_another_thread_while_other
 
 #[test]
 fn a_full_slab_is_backpressure_until_completions_are_taken() {
-    let server = rma_endpoint();
-    let client = rma_endpoint();
+    let server = rma_tcp();
+    let client = rma_tcp();
     let target = client.register(8).expect("client memory");
     let source = server.register(8).expect("server memory");
     let address = client.local_address().expect("address");
@@ -350,8 +325,8 @@ fn connect(server: &LibfabricEndpoint, client: &LibfabricEndpoint, client_id: u6
 fn a_read_with_a_bad_key_completes_with_an_error_and_drops_the_lease() {
     // tcp completes a write once it is sent, so a bad key shows on a read, which the target
     // refuses (and drops the connection).
-    let server = rma_endpoint();
-    let client = rma_endpoint();
+    let server = rma_tcp();
+    let client = rma_tcp();
     let exposed = client.register(64).expect("client memory");
     let landing = server.register(64).expect("server memory");
     let address = client.local_address().expect("address");
@@ -382,9 +357,9 @@ fn a_read_with_a_bad_key_completes_with_an_error_and_drops_the_lease() {
 
 #[test]
 fn a_peer_that_goes_away_under_a_read_gives_an_error_completion() {
-    let server = rma_endpoint();
+    let server = rma_tcp();
     let landing = server.register(64).expect("server memory");
-    let client = rma_endpoint();
+    let client = rma_tcp();
     let exposed = client.register(64).expect("client memory");
     let address = client.local_address().expect("address");
     connect(&server, &client, 1);
@@ -401,9 +376,9 @@ fn a_peer_that_goes_away_under_a_read_gives_an_error_completion() {
 
 #[test]
 fn a_foreign_lease_or_segment_is_refused_and_changes_nothing() {
-    let server = rma_endpoint();
-    let other = rma_endpoint();
-    let client = rma_endpoint();
+    let server = rma_tcp();
+    let other = rma_tcp();
+    let client = rma_tcp();
     let address = client.local_address().expect("address");
     let target = client.register(64).expect("client memory");
     let source = server.register(64).expect("server memory");
@@ -452,8 +427,8 @@ fn a_foreign_lease_or_segment_is_refused_and_changes_nothing() {
 
 #[test]
 fn dropping_a_region_with_a_read_in_flight_keeps_it_until_the_completion() {
-    let server = rma_endpoint();
-    let client = rma_endpoint();
+    let server = rma_tcp();
+    let client = rma_tcp();
     let exposed = client.register(64).expect("client memory");
     exposed.write_bytes(0, b"survives").expect("fits");
     let address = client.local_address().expect("address");
@@ -507,11 +482,11 @@ fn post_reads(
 
 #[test]
 fn dropping_an_endpoint_with_operations_in_flight_drains_or_abandons_them() {
-    let client = rma_endpoint();
+    let client = rma_tcp();
     let exposed = client.register(64).expect("client memory");
     let address = client.local_address().expect("address");
     {
-        let server = rma_endpoint();
+        let server = rma_tcp();
         connect(&server, &client, 1);
         let landing = server.register(64).expect("server memory");
         post_reads(&server, &address, &landing, &exposed, 0..4);
@@ -522,7 +497,7 @@ fn dropping_an_endpoint_with_operations_in_flight_drains_or_abandons_them() {
         // DRAIN_PATIENCE, closing the endpoint before freeing their memory and leases.
     }
     // With a peer that progresses, they drain instead, and the leases go.
-    let server = rma_endpoint();
+    let server = rma_tcp();
     connect(&server, &client, 1);
     let landing = server.register(64).expect("server memory");
     post_reads(&server, &address, &landing, &exposed, 0..4);
@@ -539,11 +514,11 @@ fn dropping_an_endpoint_with_operations_in_flight_drains_or_abandons_them() {
 
 #[test]
 fn a_peer_that_never_connects_is_bounded_backpressure_and_leaves_nothing_in_flight() {
-    let server = rma_endpoint();
+    let server = rma_tcp();
     let source = server.register(64).expect("server memory");
     // A client that closed before the first write: rxm asks to retry while it tries to connect.
     let (address, remote) = {
-        let client = rma_endpoint();
+        let client = rma_tcp();
         let target = client.register(64).expect("client memory");
         (client.local_address().expect("address"), target.remote())
     };

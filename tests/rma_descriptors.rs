@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dma_libfabric::{Configuration, LibfabricEndpoint};
+use testkit::rma_tcp;
 
 fn open_descriptors() -> usize {
     std::fs::read_dir("/proc/self/fd")
@@ -13,21 +13,13 @@ fn open_descriptors() -> usize {
         .count()
 }
 
-fn rma_endpoint() -> LibfabricEndpoint {
-    let configuration = Configuration {
-        rma: true,
-        ..Configuration::default()
-    };
-    LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("an RMA endpoint on tcp")
-}
-
 /// A server connects to a client, then posts reads to it while it no longer progresses, so
 /// none completes, and is dropped with them in flight (abandoned after `DRAIN_PATIENCE`).
 fn abandon_reads() {
-    let client = rma_endpoint();
+    let client = rma_tcp();
     let target = client.register(64).expect("client memory");
     let address = client.local_address().expect("address");
-    let server = rma_endpoint();
+    let server = rma_tcp();
     let source = server.register(64).expect("server memory");
     source.write_bytes(0, &[0xab; 8]).expect("fits");
     let lease = server.peers().lease(1, &address).expect("a lease");

@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dma_libfabric::endpoint::memory::{MAX_REGION_LEN, QUARANTINE};
-use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, MemoryRegion, RemoteRegion};
+use dma_libfabric::{DmaError, LibfabricEndpoint, MemoryRegion, RemoteRegion};
 use testkit::{Random, in_child_process};
+use testkit::{rma_tcp, with_progress};
 
 /// Long enough for any completion on loopback; a bound against hangs, not a timing assertion.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -21,34 +22,10 @@ const LARGE: usize = 8 << 20;
 /// How many times a racing test sets up the race before it gives up on hitting it.
 const ATTEMPTS: usize = 5;
 
-fn rma_endpoint() -> LibfabricEndpoint {
-    let configuration = Configuration {
-        rma: true,
-        ..Configuration::default()
-    };
-    LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("an RMA endpoint on tcp")
-}
-
 /// One round of the target's progress: the transmit queue and the receive queue.
 fn progress(endpoint: &LibfabricEndpoint) {
     endpoint.progress();
     let _ = endpoint.try_receive();
-}
-
-/// Run `body` while another thread drives `peer`'s progress (tcp progresses manually).
-fn with_progress<R>(peer: &LibfabricEndpoint, body: impl FnOnce() -> R) -> R {
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                progress(peer);
-                std::thread::yield_now();
-            }
-        });
-        let result = body();
-        stop.store(true, Ordering::Relaxed);
-        result
-    })
 }
 
 fn byte_at(region: &MemoryRegion<'_>, offset: usize) -> u8 {
@@ -112,8 +89,8 @@ fn a_peers_write_racing_the_drop_never_lands_in_unrelated_memory() {
     }
     let mut raced = 0;
     for _ in 0..ATTEMPTS {
-        let server = rma_endpoint();
-        let client = rma_endpoint();
+        let server = rma_tcp();
+        let client = rma_tcp();
         connect(&server, &client);
         let address = client.local_address().expect("address");
         let source = server.register(LARGE).expect("server memory");
@@ -215,8 +192,8 @@ fn a_peers_read_racing_the_drop_never_returns_unrelated_memory() {
     let len = (2 * socket_buffers()).max(LARGE);
     let mut raced = 0;
     for _ in 0..ATTEMPTS {
-        let server = rma_endpoint();
-        let client = rma_endpoint();
+        let server = rma_tcp();
+        let client = rma_tcp();
         connect(&server, &client);
         let address = client.local_address().expect("address");
         let landing = server.register(len).expect("server memory");
@@ -310,7 +287,7 @@ fn a_register_drop_loop_stays_bounded_in_parked_and_resident_memory() {
     }
     const SIZES: [usize; 7] = [1, 100, 4096, 5000, 65_536, 100_000, 1 << 20];
     const ALIVE: usize = 4;
-    let endpoint = rma_endpoint();
+    let endpoint = rma_tcp();
     let mut random = Random::new(19);
     // Each class holds at most ALIVE live regions plus QUARANTINE parked ones; classes are at
     // most 25% above the length, and at least 64 bytes.
@@ -355,9 +332,9 @@ fn a_register_drop_loop_stays_bounded_in_parked_and_resident_memory() {
 /// the write landed.
 #[test]
 fn a_write_with_another_clients_descriptor_does_not_land() {
-    let server = rma_endpoint();
-    let client_a = rma_endpoint();
-    let client_b = rma_endpoint();
+    let server = rma_tcp();
+    let client_a = rma_tcp();
+    let client_b = rma_tcp();
     let region_a = client_a.register(4096).expect("A's first region");
     let region_b = client_b.register(4096).expect("B's first region");
     assert_eq!(
@@ -467,7 +444,7 @@ fn lengths_the_allocator_cannot_give_are_errors_not_aborts() {
     if !in_child_process("lengths_the_allocator_cannot_give_are_errors_not_aborts") {
         return;
     }
-    let endpoint = rma_endpoint();
+    let endpoint = rma_tcp();
     for len in [usize::MAX, 1 << 44, MAX_REGION_LEN + 1] {
         match endpoint.register(len) {
             Err(DmaError::InvalidArgument(reason)) => {
@@ -495,7 +472,7 @@ fn lengths_the_allocator_cannot_give_are_errors_not_aborts() {
 /// like any other, and its memory is reused by a later registration of the same size class.
 #[test]
 fn a_shared_region_is_parked_like_any_other() {
-    let endpoint = std::sync::Arc::new(rma_endpoint());
+    let endpoint = std::sync::Arc::new(rma_tcp());
     for _ in 0..=QUARANTINE {
         drop(endpoint.register_shared(4096).expect("registered"));
     }

@@ -76,6 +76,40 @@ pub fn tcp() -> LibfabricEndpoint {
     tcp_with_capacity(Configuration::default().av_capacity)
 }
 
+/// A real tcp endpoint on loopback with RMA asked for (`Configuration::rma`).
+pub fn rma_tcp() -> LibfabricEndpoint {
+    let configuration = Configuration {
+        rma: true,
+        ..Configuration::default()
+    };
+    LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("an RMA endpoint on tcp")
+}
+
+/// Run `body` while another thread drives `peer`'s progress (tcp progresses manually: the target
+/// of RMA accepts the connection and lands or answers it only while it reads its queues). The
+/// helper thread stops when `body` returns or panics.
+pub fn with_progress<R>(peer: &LibfabricEndpoint, body: impl FnOnce() -> R) -> R {
+    /// Sets its flag when dropped, unwinding included.
+    struct StopOnDrop<'flag>(&'flag std::sync::atomic::AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                peer.progress();
+                let _ = peer.try_receive();
+                std::thread::yield_now();
+            }
+        });
+        let _stop = StopOnDrop(&stop);
+        body()
+    })
+}
+
 /// A real tcp endpoint on loopback whose AV was opened for `capacity` entries.
 pub fn tcp_with_capacity(capacity: usize) -> LibfabricEndpoint {
     let configuration = Configuration {
@@ -231,4 +265,23 @@ pub fn child_output(name: &str) -> Option<std::process::Output> {
             .output()
             .expect("re-run this test binary"),
     )
+}
+
+/// An [`Observer`] that holds the writer inside its first insert until the test says go: it
+/// signals `entered` from there, then waits on `go`. So a test can fill the writer's inbox.
+#[derive(Debug)]
+pub struct Gate {
+    /// Taken by the first insert, which waits on it.
+    pub go: Option<std::sync::mpsc::Receiver<()>>,
+    /// Signalled once the writer is inside its first insert.
+    pub entered: std::sync::mpsc::SyncSender<()>,
+}
+
+impl Observer for Gate {
+    fn before_insert(&mut self, _: &[u8]) {
+        if let Some(go) = self.go.take() {
+            let _ = self.entered.send(());
+            let _ = go.recv();
+        }
+    }
 }
