@@ -41,6 +41,16 @@ const RXM_TX_BOUND: usize = 16_384;
 /// The deepest receive queue tcp;ofi_rxm accepts (`rx_attr.size`; `RXM_RX_SIZE`).
 const RXM_RX_BOUND: usize = 65_536;
 
+/// Sizes that crashed one way or another before they were checked: beyond any bound.
+const OVERSIZED: [usize; 4] = [usize::MAX, (1 << 63) + 1, 1 << 60, 1 << 40];
+
+/// For each of `values`, open `configure(value)` and expect a refusal naming it and `bound`.
+fn refuses_each(values: &[usize], bound: usize, configure: impl Fn(usize) -> Configuration) {
+    for &value in values {
+        refused(&configure(value), value, bound);
+    }
+}
+
 /// Open `configuration` on loopback and expect a refusal naming `value` and `bound`.
 fn refused(configuration: &Configuration, value: usize, bound: usize) {
     match LibfabricEndpoint::open(configuration, Some("127.0.0.1")) {
@@ -150,20 +160,11 @@ fn a_cq_size_above_the_bound_is_refused_and_one_at_the_bound_opens() {
     if !in_child_process("a_cq_size_above_the_bound_is_refused_and_one_at_the_bound_opens") {
         return;
     }
-    for cq_size in [
-        usize::MAX,
-        (1 << 63) + 1,
-        1 << 63,
-        1 << 60,
-        1 << 40,
-        MAX_CQ_SIZE + 1,
-    ] {
-        let configuration = Configuration {
-            cq_size,
-            ..Configuration::default()
-        };
-        refused(&configuration, cq_size, MAX_CQ_SIZE);
-    }
+    let values = [&OVERSIZED[..], &[1 << 63, MAX_CQ_SIZE + 1]].concat();
+    refuses_each(&values, MAX_CQ_SIZE, |cq_size| Configuration {
+        cq_size,
+        ..Configuration::default()
+    });
     opens_and_receives(&Configuration {
         cq_size: MAX_CQ_SIZE,
         ..Configuration::default()
@@ -177,19 +178,11 @@ fn an_av_capacity_above_the_bound_is_refused_and_one_at_the_bound_opens() {
     if !in_child_process("an_av_capacity_above_the_bound_is_refused_and_one_at_the_bound_opens") {
         return;
     }
-    for av_capacity in [
-        usize::MAX,
-        (1 << 63) + 1,
-        1 << 60,
-        1 << 40,
-        MAX_AV_CAPACITY + 1,
-    ] {
-        let configuration = Configuration {
-            av_capacity,
-            ..Configuration::default()
-        };
-        refused(&configuration, av_capacity, MAX_AV_CAPACITY);
-    }
+    let values = [&OVERSIZED[..], &[MAX_AV_CAPACITY + 1]].concat();
+    refuses_each(&values, MAX_AV_CAPACITY, |av_capacity| Configuration {
+        av_capacity,
+        ..Configuration::default()
+    });
     let endpoint = LibfabricEndpoint::open(
         &Configuration {
             av_capacity: MAX_AV_CAPACITY,
@@ -213,19 +206,11 @@ fn a_receive_size_above_the_bound_or_zero_is_refused_and_one_at_the_bound_opens(
     ) {
         return;
     }
-    for receive_size in [
-        usize::MAX,
-        (1 << 63) + 1,
-        1 << 60,
-        1 << 40,
-        MAX_RECEIVE_SIZE + 1,
-    ] {
-        let configuration = Configuration {
-            receive_size,
-            ..Configuration::default()
-        };
-        refused(&configuration, receive_size, MAX_RECEIVE_SIZE);
-    }
+    let values = [&OVERSIZED[..], &[MAX_RECEIVE_SIZE + 1]].concat();
+    refuses_each(&values, MAX_RECEIVE_SIZE, |receive_size| Configuration {
+        receive_size,
+        ..Configuration::default()
+    });
     refused(
         &Configuration {
             receive_size: 0,
@@ -248,15 +233,12 @@ fn receive_buffers_beyond_every_queue_are_refused_by_the_queues_bound() {
     if !in_child_process("receive_buffers_beyond_every_queue_are_refused_by_the_queues_bound") {
         return;
     }
-    for receive_buffers in [usize::MAX, (1 << 63) + 1, 1 << 60, 1 << 40] {
-        let configuration = Configuration {
-            receive_buffers,
-            cq_size: receive_buffers,
-            rx_size: Some(receive_buffers),
-            ..Configuration::default()
-        };
-        refused(&configuration, receive_buffers, MAX_CQ_SIZE);
-    }
+    refuses_each(&OVERSIZED, MAX_CQ_SIZE, |receive_buffers| Configuration {
+        receive_buffers,
+        cq_size: receive_buffers,
+        rx_size: Some(receive_buffers),
+        ..Configuration::default()
+    });
 }
 
 /// `tx_size` and `rx_size` above what tcp;ofi_rxm accepts (16,384 and 65,536) are refused,
@@ -265,42 +247,16 @@ fn receive_buffers_beyond_every_queue_are_refused_by_the_queues_bound() {
 /// receives.
 #[test]
 fn queue_depths_above_what_the_provider_accepts_are_refused_naming_its_bound() {
-    for size in [usize::MAX, (1 << 63) + 1, 1 << 60, 1 << 40] {
-        for (configuration, bound) in [
-            (
-                Configuration {
-                    tx_size: Some(size),
-                    ..Configuration::default()
-                },
-                RXM_TX_BOUND,
-            ),
-            (
-                Configuration {
-                    rx_size: Some(size),
-                    ..Configuration::default()
-                },
-                RXM_RX_BOUND,
-            ),
-        ] {
-            refused(&configuration, size, bound);
-        }
-    }
-    refused(
-        &Configuration {
-            tx_size: Some(RXM_TX_BOUND + 1),
-            ..Configuration::default()
-        },
-        RXM_TX_BOUND + 1,
-        RXM_TX_BOUND,
-    );
-    refused(
-        &Configuration {
-            rx_size: Some(RXM_RX_BOUND + 1),
-            ..Configuration::default()
-        },
-        RXM_RX_BOUND + 1,
-        RXM_RX_BOUND,
-    );
+    let tx_values = [&OVERSIZED[..], &[RXM_TX_BOUND + 1]].concat();
+    refuses_each(&tx_values, RXM_TX_BOUND, |size| Configuration {
+        tx_size: Some(size),
+        ..Configuration::default()
+    });
+    let rx_values = [&OVERSIZED[..], &[RXM_RX_BOUND + 1]].concat();
+    refuses_each(&rx_values, RXM_RX_BOUND, |size| Configuration {
+        rx_size: Some(size),
+        ..Configuration::default()
+    });
     opens_and_receives(&Configuration {
         tx_size: Some(RXM_TX_BOUND),
         rx_size: Some(RXM_RX_BOUND),
