@@ -147,6 +147,40 @@ impl Rma {
             address,
         }
     }
+
+    /// Write `bytes` from the server into fresh client memory as operation `id`, posted with
+    /// `post_timeout` and waited for with `wait_timeout`, while the client progresses; the
+    /// completion, once the bytes have landed.
+    fn write(
+        &self,
+        bytes: &[u8; 8],
+        id: u64,
+        post_timeout: Duration,
+        wait_timeout: Duration,
+    ) -> dma_libfabric::Completion {
+        let source = self.server.register(8).expect("server memory");
+        source.write_bytes(0, bytes).expect("fits");
+        let target = self.client.register(8).expect("client memory");
+        with_progress(&self.client, || {
+            let lease = self
+                .server
+                .peers()
+                .lease(1, &self.address)
+                .expect("a lease");
+            self.server
+                .write_within(
+                    lease,
+                    source.segment(0, 8).expect("segment"),
+                    target.remote(),
+                    id,
+                    post_timeout,
+                )
+                .expect("posted");
+            let completion = self.server.wait_for(id, wait_timeout).expect("completed");
+            wait_for_bytes(&target, bytes);
+            completion
+        })
+    }
 }
 
 // Item 3: sizes.
@@ -273,25 +307,7 @@ fn wait_for_with_duration_max_returns_the_completion() {
     if !in_child_process("wait_for_with_duration_max_returns_the_completion") {
         return;
     }
-    let rma = Rma::new();
-    let source = rma.server.register(8).expect("server memory");
-    source.write_bytes(0, b"waited!!").expect("fits");
-    let target = rma.client.register(8).expect("client memory");
-    let completion = with_progress(&rma.client, || {
-        let lease = rma.server.peers().lease(1, &rma.address).expect("a lease");
-        rma.server
-            .write_within(
-                lease,
-                source.segment(0, 8).expect("segment"),
-                target.remote(),
-                1,
-                PATIENCE,
-            )
-            .expect("posted");
-        let completion = rma.server.wait_for(1, Duration::MAX).expect("completed");
-        wait_for_bytes(&target, b"waited!!");
-        completion
-    });
+    let completion = Rma::new().write(b"waited!!", 1, PATIENCE, Duration::MAX);
     assert_eq!((1, Ok(())), (completion.id, completion.result));
 }
 
@@ -302,25 +318,7 @@ fn write_within_with_duration_max_posts() {
     if !in_child_process("write_within_with_duration_max_posts") {
         return;
     }
-    let rma = Rma::new();
-    let source = rma.server.register(8).expect("server memory");
-    source.write_bytes(0, b"written!").expect("fits");
-    let target = rma.client.register(8).expect("client memory");
-    let completion = with_progress(&rma.client, || {
-        let lease = rma.server.peers().lease(1, &rma.address).expect("a lease");
-        rma.server
-            .write_within(
-                lease,
-                source.segment(0, 8).expect("segment"),
-                target.remote(),
-                2,
-                Duration::MAX,
-            )
-            .expect("posted");
-        let completion = rma.server.wait_for(2, PATIENCE).expect("completed");
-        wait_for_bytes(&target, b"written!");
-        completion
-    });
+    let completion = Rma::new().write(b"written!", 2, Duration::MAX, PATIENCE);
     assert_eq!(
         (Operation::Write, Ok(())),
         (completion.operation, completion.result)
