@@ -482,3 +482,26 @@ fn a_shared_region_is_parked_like_any_other() {
     drop(endpoint); // the region still holds it
     assert_eq!(4096, reused.len());
 }
+
+/// A descriptor built by hand (its fields are public) whose end wraps past 2^64 is refused at the
+/// post, before libfabric sees it: the wrap is what libfabric's `ofi_mr_map_verify` lets through.
+#[test]
+fn a_write_to_a_hand_built_descriptor_that_wraps_is_refused_at_the_post() {
+    let server = rma_tcp();
+    let client = rma_tcp();
+    let address = client.local_address().expect("address");
+    let source = server.register(8).expect("server memory");
+    let lease = server.peers().lease(1, &address).expect("a lease");
+    let wrapping = RemoteRegion {
+        address: u64::MAX - 3,
+        key: 1,
+        len: 8,
+    };
+    let refused = server.write(lease, source.segment(0, 8).expect("segment"), wrapping, 1);
+    assert!(
+        matches!(&refused, Err(DmaError::InvalidArgument(why)) if why.contains("2^64")),
+        "{refused:?}"
+    );
+    assert_eq!(0, server.operations_in_flight());
+    assert_eq!(0, server.peers().stats().leases, "the lease went back");
+}

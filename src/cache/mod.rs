@@ -188,6 +188,13 @@ impl Core {
 
 /// A cache of address-vector entries shared by many posting threads. See the module docs.
 ///
+/// No call waits on itself. Code running on the cache's own writer thread (a `tracing`
+/// subscriber that sees the writer's events, an [`AvBackend`] that calls back in) may call the
+/// cache: what would wait for the writer answers [`DmaError::InvalidArgument`] at once (a miss,
+/// [`lease`](Self::lease), [`lease_within`](Self::lease_within)), [`release`](Self::release) is
+/// queued without waiting, and [`quiesce`](Self::quiesce) returns at once. And `lease` refuses a
+/// wait on the calling thread's own pin or lease (see its errors).
+///
 /// ```
 /// use dma_libfabric::{Configuration, LibfabricEndpoint};
 ///

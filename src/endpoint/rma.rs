@@ -629,6 +629,14 @@ impl LibfabricEndpoint {
                 local.len, remote.len
             )));
         }
+        // A descriptor built by hand (its fields are public) skips `from_bytes`'s check: one whose
+        // end wraps past 2^64 is what libfabric's unchecked `ofi_mr_map_verify` lets through.
+        if remote.address.checked_add(remote.len).is_none() {
+            return Err(DmaError::InvalidArgument(format!(
+                "the remote region at {:#x} of {} bytes ends past 2^64",
+                remote.address, remote.len
+            )));
+        }
         let (fi_addr, lease) = match target {
             Target::Leased(lease) => {
                 if !self.peers.owns(lease.peer()) {
