@@ -109,6 +109,18 @@ fn hit(criterion: &mut Criterion) {
                     common::probe_floor(&floor, guard, identity_len, client, address).unwrap()
                 },
             );
+            // The floor as ours now pays it: papaya's guard taken for each probe, not held across
+            // them (a pin held long must not hold back the index's memory).
+            probes(
+                &mut group,
+                cursor,
+                "papaya_floor_guard_per_probe",
+                || (),
+                |(), client, address| {
+                    common::probe_floor(&floor, &floor.guard(), identity_len, client, address)
+                        .unwrap()
+                },
+            );
             match kind {
                 Kind::Efa => foldhash_bare::<32>(&mut group, cursor, &keys),
                 Kind::Tcp => foldhash_bare::<16>(&mut group, cursor, &keys),
