@@ -1,7 +1,8 @@
 //! A connect storm: a burst of new clients, every resolve a miss that reaches the real tcp
 //! `fi_av_insert`, from 2 threads. Ours blocking (`resolve`), ours queued (`try_resolve`, a
 //! `Busy` answer retried until the miss is queued, then one `quiesce` for the round, timed, so
-//! the row counts only requests that were queued), and the seed's design under one lock
+//! the row counts only requests that were queued), ours batched (`lease_all` of each thread's
+//! share: 64 misses a writer request), and the seed's design under one lock
 //! (`Mutex<reference model>`) doing the insert inline, each on an AV of its own endpoint.
 //! Clean-up between rounds (releases and removals) is untimed for all three.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
@@ -55,6 +56,7 @@ fn storm(criterion: &mut Criterion) {
     let capacity = 4 * ROUND as usize;
     let ours = tcp_endpoint(capacity);
     let queued = tcp_endpoint(capacity);
+    let batched = tcp_endpoint(capacity);
     let reference_endpoint = tcp_endpoint(capacity);
     let reference = Mutex::new(Reference::new(
         Kind::Tcp,
@@ -131,6 +133,32 @@ fn storm(criterion: &mut Criterion) {
         queued_misses.load(Ordering::Relaxed),
         busy.load(Ordering::Relaxed)
     );
+    // One call a thread for its whole share: the misses go to the writer 64 to a request.
+    group.bench_function("ours_lease_all", |b| {
+        let cache = batched.peers();
+        b.iter_custom(|iters| {
+            rounds(
+                iters,
+                &mut next,
+                &|first, count| {
+                    let addresses: Vec<Vec<u8>> = (first..first + count).map(sockaddr).collect();
+                    let requests: Vec<(u64, &[u8])> = addresses
+                        .iter()
+                        .zip(first..)
+                        .map(|(address, n)| (u64::from(n), &address[..]))
+                        .collect();
+                    for lease in cache.lease_all(&requests) {
+                        black_box(lease.unwrap().fi_addr());
+                    }
+                },
+                &|| {},
+                &|first, total| {
+                    assert_eq!(u64::from(total), cache.stats().clients);
+                    release(cache, first, total);
+                },
+            )
+        })
+    });
     group.bench_function("mutex_reference", |b| {
         b.iter_custom(|iters| {
             rounds(

@@ -93,7 +93,7 @@ pub use self::lease::Lease;
 use self::reply::Outcome;
 pub use self::stats::CacheStats;
 use self::stored::StoredAddress;
-use self::writer::{INBOX_BOUND, Reply, Request, Shared, Writer, on_writer_of};
+use self::writer::{BATCH, INBOX_BOUND, Reply, Request, Shared, Writer, on_writer_of};
 use crate::address::AddressFormat;
 /// The AV trait lives in [`crate::av`]; re-exported here, where the cache is generic over it.
 pub use crate::av::AvBackend;
@@ -162,6 +162,22 @@ impl Core {
                 reply,
             })
             .map_err(|_| DmaError::Closed)
+    }
+
+    /// Send the writer one chunk of misses (at most [`BATCH`]) and wait for its one answer: each
+    /// entry's result, in order.
+    fn ask_chunk(
+        &self,
+        requests: Vec<(u64, StoredAddress)>,
+    ) -> Result<Vec<Result<fi_addr_t, DmaError>>, DmaError> {
+        if on_writer_of(self.id) {
+            return Err(on_writer_thread("resolve_all or lease_all"));
+        }
+        let (reply, answer) = mpsc::channel();
+        self.requests
+            .send(Request::ResolveChunk { requests, reply })
+            .map_err(|_| DmaError::Closed)?;
+        answer.recv().map_err(|_| DmaError::Closed)
     }
 
     /// `address`, checked, as a request carries it: inline, so a miss allocates no key. Only a
@@ -370,7 +386,80 @@ impl<B: AvBackend> AddressCache<B> {
     /// # Ok::<(), DmaError>(())
     /// ```
     pub fn lease(&self, client: u64, address: &[u8]) -> Result<Lease<'_>, DmaError> {
-        self.lease_until(client, address, None)
+        let own_lease = lease::held_here(self.core.id);
+        self.lease_until(client, address, None, own_lease)
+    }
+
+    /// [`lease`](Self::lease) for many `(client, address)` pairs at once: the misses go to the
+    /// writer in chunks of at most 64, one request and one answer a chunk (see
+    /// [`Pinned::resolve_all`]), and each entry is leased. An entry that must wait for an old
+    /// incarnation's removal waits as `lease` does, after the others are leased.
+    ///
+    /// The results come back in request order; a bad address fails its own entry only.
+    ///
+    /// # Errors
+    /// Per entry, as [`lease`](Self::lease).
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
+    ///
+    /// let av = ModelAv::new(AddressFormat::Opaque);
+    /// let cache = AddressCache::with_backend(av.clone());
+    /// let addresses: Vec<[u8; 16]> = (1..=100).map(|n| [n; 16]).collect();
+    /// let requests: Vec<(u64, &[u8])> =
+    ///     addresses.iter().enumerate().map(|(client, a)| (client as u64, &a[..])).collect();
+    /// let leases = cache.lease_all(&requests);
+    /// assert_eq!(100, leases.iter().filter(|lease| lease.is_ok()).count());
+    /// assert_eq!(100, cache.stats().leases);
+    /// ```
+    pub fn lease_all(&self, requests: &[(u64, &[u8])]) -> Vec<Result<Lease<'_>, DmaError>> {
+        if self.core.epochs.pinned_here() {
+            return requests
+                .iter()
+                .map(|_| {
+                    Err(DmaError::InvalidArgument(
+                        "AddressCache::lease_all called by a thread that holds a Pinned of this \
+                         cache, which a parked incarnation would wait for: use Pinned::resolve_all \
+                         and Pinned::lease"
+                            .into(),
+                    ))
+                })
+                .collect();
+        }
+        // Register every entry, the misses in chunks, under one pin, then let the pin go: an
+        // entry parked behind an old incarnation waits for every pin, this one's too.
+        let registered: Vec<Result<(), DmaError>> = self
+            .pin()
+            .resolve_all(requests)
+            .into_iter()
+            .map(|peer| peer.map(|_| ()))
+            .collect();
+        let mut results: Vec<Result<Lease<'_>, DmaError>> = registered
+            .iter()
+            .map(|registered| match registered {
+                Ok(()) | Err(DmaError::WouldBlock) => Err(DmaError::WouldBlock),
+                Err(error) => Err(error.clone()),
+            })
+            .collect();
+        // The parked entries first, before this call holds any lease a wait could be on; then the
+        // rest, each a hit now (or, if another thread released it meanwhile, a miss as in
+        // `lease`).
+        let parked = registered
+            .iter()
+            .enumerate()
+            .filter(|(_, registered)| matches!(registered, Err(DmaError::WouldBlock)));
+        let ready = registered
+            .iter()
+            .enumerate()
+            .filter(|(_, registered)| registered.is_ok());
+        for (position, _) in parked.chain(ready) {
+            if let (Some(slot), Some(&(client, address))) =
+                (results.get_mut(position), requests.get(position))
+            {
+                *slot = self.lease(client, address);
+            }
+        }
+        results
     }
 
     /// [`lease`](Self::lease), waiting at most `timeout` for the entry to enter the AV.
@@ -395,14 +484,19 @@ impl<B: AvBackend> AddressCache<B> {
         address: &[u8],
         timeout: Duration,
     ) -> Result<Lease<'_>, DmaError> {
-        self.lease_until(client, address, Instant::now().checked_add(timeout))
+        // With a deadline the wait ends whatever this thread holds.
+        self.lease_until(client, address, Instant::now().checked_add(timeout), false)
     }
 
+    /// `lease`'s loop. `own_lease`: the calling thread held leases of this cache when the call
+    /// began, so a wait on a parked incarnation may be a wait on itself: ask for an answer at
+    /// once, and refuse if the entry has to wait.
     fn lease_until(
         &self,
         client: u64,
         address: &[u8],
         deadline: Option<Instant>,
+        own_lease: bool,
     ) -> Result<Lease<'_>, DmaError> {
         if self.core.epochs.pinned_here() {
             return Err(DmaError::InvalidArgument(
@@ -411,9 +505,7 @@ impl<B: AvBackend> AddressCache<B> {
                     .into(),
             ));
         }
-        // Without a deadline, a wait on this thread's own lease would never end: ask for an
-        // answer at once, and refuse if the entry has to wait.
-        let own_lease = deadline.is_none() && lease::held_here(self.core.id);
+        let own_lease = own_lease && deadline.is_none();
         loop {
             {
                 let pinned = self.pin();
@@ -707,6 +799,68 @@ impl<'cache> Pinned<'cache> {
             // Without a deadline the answer always comes.
             Outcome::TimedOut => Err(DmaError::WouldBlock),
         }
+    }
+
+    /// [`resolve`](Self::resolve) for many `(client, address)` pairs at once, for a server that
+    /// learns of many clients together (after a restart, from a control plane): hits are probed
+    /// here, and the misses go to the writer in chunks of at most 64, one request and one answer
+    /// a chunk, so a connect storm of `n` new clients costs `n / 64` round trips instead of `n`.
+    ///
+    /// The results come back in request order, each as `resolve` would answer it: a bad address
+    /// fails its own entry only, and an entry that must wait for an old incarnation's removal
+    /// answers [`DmaError::WouldBlock`] (resolve it again under a later pin).
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+    ///
+    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// let pinned = cache.pin();
+    /// let peers = pinned.resolve_all(&[(1, &[1; 16]), (2, &[2; 3]), (3, &[3; 16])]);
+    /// assert!(peers[0].is_ok() && peers[2].is_ok());
+    /// assert!(matches!(peers[1], Err(DmaError::InvalidAddress(_))), "its own entry only");
+    /// assert_eq!(2, cache.stats().entries);
+    /// ```
+    pub fn resolve_all(&self, requests: &[(u64, &[u8])]) -> Vec<Result<Peer<'_>, DmaError>> {
+        let mut results: Vec<Result<Peer<'_>, DmaError>> = Vec::with_capacity(requests.len());
+        let mut misses: Vec<(usize, u64, StoredAddress)> = Vec::new();
+        for (position, &(client, address)) in requests.iter().enumerate() {
+            let probed = self.hit(client, address).and_then(|hit| match hit {
+                Some(peer) => Ok(Some(peer)),
+                None => self.core.stored(address).map(|stored| {
+                    misses.push((position, client, stored));
+                    None
+                }),
+            });
+            // A miss's place is filled in below, from its chunk's answer.
+            results.push(match probed {
+                Ok(Some(peer)) => Ok(peer),
+                Ok(None) => Err(DmaError::Closed),
+                Err(error) => Err(error),
+            });
+        }
+        for chunk in misses.chunks(BATCH) {
+            let asked = chunk
+                .iter()
+                .map(|(_, client, stored)| (*client, stored.clone()))
+                .collect();
+            match self.core.ask_chunk(asked) {
+                Ok(answers) => {
+                    for ((position, ..), answer) in chunk.iter().zip(answers) {
+                        if let Some(slot) = results.get_mut(*position) {
+                            *slot = answer.map(|fi_addr| self.peer(fi_addr));
+                        }
+                    }
+                }
+                Err(error) => {
+                    for (position, ..) in chunk {
+                        if let Some(slot) = results.get_mut(*position) {
+                            *slot = Err(error.clone());
+                        }
+                    }
+                }
+            }
+        }
+        results
     }
 
     /// As [`resolve`](Self::resolve), but never blocks: a miss is queued for the writer and

@@ -119,7 +119,7 @@ pub(crate) const INBOX_BOUND: usize = 4096;
 
 /// The most requests applied between two publications of the counters: enough to share the
 /// bookkeeping across a burst, few enough that a quiescer or a removal is not kept waiting.
-const BATCH: usize = 64;
+pub(crate) const BATCH: usize = 64;
 
 /// The writer's hasher, for its own tables: foldhash, as the index uses.
 type Hasher = foldhash::fast::RandomState;
@@ -135,6 +135,11 @@ pub(crate) enum Reply {
     Admitted(Answer),
 }
 
+/// Each entry's result for a chunk of misses, in order.
+pub(crate) type ChunkAnswer = Vec<Result<fi_addr_t, DmaError>>;
+/// Where the writer sends a chunk's answer.
+pub(crate) type ChunkReply = mpsc::Sender<ChunkAnswer>;
+
 /// What the writer is asked to do. Requests are applied in the order they arrive.
 pub(crate) enum Request {
     /// Register `client` on `address`.
@@ -142,6 +147,12 @@ pub(crate) enum Request {
         client: u64,
         address: StoredAddress,
         reply: Reply,
+    },
+    /// Register each client on its address, in order, and answer all of them at once: a chunk of
+    /// `Pinned::resolve_all` or `AddressCache::lease_all`, at most [`BATCH`] misses.
+    ResolveChunk {
+        requests: Vec<(u64, StoredAddress)>,
+        reply: ChunkReply,
     },
     /// Let go of `client`'s registration.
     Release { client: u64 },
@@ -455,6 +466,8 @@ pub(crate) struct Writer<B> {
     quiescing: Vec<Quiescer>,
     /// This batch's answers, sent once its counters are published.
     replies: Vec<(Answer, Result<fi_addr_t, DmaError>)>,
+    /// This batch's answers to chunks, sent with the others.
+    chunk_replies: Vec<(ChunkReply, ChunkAnswer)>,
 }
 
 /// How many entries the cache keeps in `backend`: its capacity, up to
@@ -524,6 +537,7 @@ impl<B: AvBackend> Writer<B> {
             inbox,
             quiescing: Vec::new(),
             replies: Vec::new(),
+            chunk_replies: Vec::new(),
         }
     }
 
@@ -745,6 +759,10 @@ impl<B: AvBackend> Writer<B> {
         for (answer, result) in self.replies.drain(..) {
             answer.send(result);
         }
+        for (reply, results) in self.chunk_replies.drain(..) {
+            // The caller may have gone; nothing to do about that.
+            let _ = reply.send(results);
+        }
     }
 
     /// One round for the quiescers: count what each still waits for, note progress or a stall.
@@ -819,6 +837,16 @@ impl<B: AvBackend> Writer<B> {
                         result => self.replies.push((reply, result)),
                     },
                 }
+            }
+            Request::ResolveChunk { requests, reply } => {
+                let results = requests
+                    .into_iter()
+                    .map(|(client, address)| {
+                        self.stats.misses += 1;
+                        self.resolve(client, address.bytes())
+                    })
+                    .collect();
+                self.chunk_replies.push((reply, results));
             }
             Request::Release { client } => {
                 self.shared.failures.clear(client);
