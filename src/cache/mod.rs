@@ -13,6 +13,8 @@
 //!   entry for the operations in flight after a post: its removal waits for every lease on it to
 //!   be dropped, which the completion path does once it has read the completion. A resolve that
 //!   takes no lease pays nothing for them (see [`lease`]).
+//! - **Many misses at once** ([`Pinned::resolve_all`], [`AddressCache::lease_all`]) go to the
+//!   writer 64 to a request, with one answer a chunk: a connect storm in `n / 64` round trips.
 //! - **One writer thread** per cache applies every change in arrival order: it alone calls
 //!   `fi_av_insert` and `fi_av_remove`, counts which clients hold which entry, evicts stale efa
 //!   incarnations, and publishes and unlinks index entries. A miss sends it a request; `resolve`
