@@ -166,20 +166,38 @@ impl Core {
             .map_err(|_| DmaError::Closed)
     }
 
-    /// Send the writer one chunk of misses (at most [`BATCH`]) and wait for its one answer: each
-    /// entry's result, in order.
-    fn ask_chunk(
-        &self,
-        requests: Vec<(u64, StoredAddress)>,
-    ) -> Result<Vec<Result<fi_addr_t, DmaError>>, DmaError> {
+    /// Send the writer `misses` in chunks of at most [`BATCH`], all before waiting (so the writer
+    /// goes from one chunk to the next without a hand-off), then take its one answer a chunk:
+    /// each entry's result, in the order of `misses`. The writer applies requests in order, and
+    /// one channel carries every chunk's answer, so they arrive in order.
+    fn ask_chunks(&self, misses: &[(u64, StoredAddress)]) -> Vec<Result<fi_addr_t, DmaError>> {
+        let refused = |error: DmaError| misses.iter().map(|_| Err(error.clone())).collect();
         if on_writer_of(self.id) {
-            return Err(on_writer_thread("resolve_all or lease_all"));
+            return refused(on_writer_thread("resolve_all or lease_all"));
         }
-        let (reply, answer) = mpsc::channel();
-        self.requests
-            .send(Request::ResolveChunk { requests, reply })
-            .map_err(|_| DmaError::Closed)?;
-        answer.recv().map_err(|_| DmaError::Closed)
+        let (reply, answers) = mpsc::channel();
+        let mut sent = 0;
+        for chunk in misses.chunks(BATCH) {
+            let request = Request::ResolveChunk {
+                requests: chunk.to_vec(),
+                reply: reply.clone(),
+            };
+            if self.requests.send(request).is_err() {
+                break;
+            }
+            sent += chunk.len();
+        }
+        drop(reply);
+        let mut results = Vec::with_capacity(misses.len());
+        while results.len() < sent {
+            match answers.recv() {
+                Ok(chunk) => results.extend(chunk),
+                Err(_) => break,
+            }
+        }
+        // Whatever was not sent or not answered: the writer has stopped.
+        results.resize_with(misses.len(), || Err(DmaError::Closed));
+        results
     }
 
     /// `address`, checked, as a request carries it: inline, so a miss allocates no key. Only a
@@ -840,26 +858,13 @@ impl<'cache> Pinned<'cache> {
                 Err(error) => Err(error),
             });
         }
-        for chunk in misses.chunks(BATCH) {
-            let asked = chunk
-                .iter()
-                .map(|(_, client, stored)| (*client, stored.clone()))
-                .collect();
-            match self.core.ask_chunk(asked) {
-                Ok(answers) => {
-                    for ((position, ..), answer) in chunk.iter().zip(answers) {
-                        if let Some(slot) = results.get_mut(*position) {
-                            *slot = answer.map(|fi_addr| self.peer(fi_addr));
-                        }
-                    }
-                }
-                Err(error) => {
-                    for (position, ..) in chunk {
-                        if let Some(slot) = results.get_mut(*position) {
-                            *slot = Err(error.clone());
-                        }
-                    }
-                }
+        let asked: Vec<(u64, StoredAddress)> = misses
+            .iter()
+            .map(|(_, client, stored)| (*client, stored.clone()))
+            .collect();
+        for ((position, ..), answer) in misses.iter().zip(self.core.ask_chunks(&asked)) {
+            if let Some(slot) = results.get_mut(*position) {
+                *slot = answer.map(|fi_addr| self.peer(fi_addr));
             }
         }
         results
