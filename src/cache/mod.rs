@@ -20,9 +20,10 @@
 //!   incarnations, and publishes and unlinks index entries. A miss sends it a request; `resolve`
 //!   waits for the reply, `try_resolve` does not.
 //! - **Removal is deferred**: an entry whose last client has gone is unlinked from the index and
-//!   its removal deferred on the cache's private `crossbeam_epoch::Collector`. The deferred
-//!   closure only hands the index back to the writer, which removes it once every reader that was
-//!   pinned at the unlink has unpinned and every lease on it has been dropped. So no reader and
+//!   its removal deferred on the cache's private `crossbeam_epoch::Collector` (one deferral out at
+//!   a time, covering every entry retired before it). The deferred closure only tells the writer
+//!   (a flag and its doorbell), which removes the entries once every reader that was pinned at
+//!   their unlink has unpinned and every lease on them has been dropped. So no reader and
 //!   no operation in flight ever holds a `fi_addr_t` that libfabric has removed or handed to
 //!   another peer (the ABA hazard of `FI_AV_TABLE`, which reuses the lowest free index at once).
 //!

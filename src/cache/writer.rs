@@ -25,14 +25,15 @@
 //! # Ordering
 //!
 //! Retiring an entry unlinks every registration of it from the index first, and only then defers
-//! its removal on the cache's epoch collector. A reader that found the registration was pinned
-//! before the unlink, so the collector runs the deferred closure only after that reader unpins
-//! (crossbeam-epoch's guarantee: a closure deferred while a participant is pinned runs after that
-//! participant unpins). The closure itself only sends the ticket back to this thread, so
-//! `fi_av_remove` always runs here, after every such reader has gone. A reader that pins after
+//! its removal on the cache's epoch collector (at the latest by the next deferral, which covers
+//! every ticket retired before it: see "One deferral at a time"). A reader that found the
+//! registration was pinned before the unlink, so the collector runs the deferred closure only
+//! after that reader unpins (crossbeam-epoch's guarantee: a closure deferred while a participant
+//! is pinned runs after that participant unpins). The closure itself only sets a flag for this
+//! thread (an `AcqRel` exchange the writer reads with `Acquire`), so `fi_av_remove` always runs
+//! here, after every such reader has gone. A reader that pins after
 //! the unlink cannot find the registration, because crossbeam's pin and the writer's flush are
 //! `SeqCst` fences that order the unlink before that reader's probe.
-
 //!
 //! Once the readers are gone, a removal still waits for the entry's leases (see
 //! [`super::lease`]): the writer reads the index's lease counter, and while it is not zero marks
