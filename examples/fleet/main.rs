@@ -31,6 +31,18 @@ mod server;
 mod signals;
 mod supervisor;
 
+/// A test hook: `FLEET_PANIC=supervisor` or `FLEET_PANIC=server` makes that process panic a
+/// few seconds into the run, to check that every process is cleaned up after a panic.
+pub fn panic_injected(role: Role) -> bool {
+    std::env::var("FLEET_PANIC").is_ok_and(|wanted| {
+        wanted.eq_ignore_ascii_case(match role {
+            Role::Supervisor => "supervisor",
+            Role::Server => "server",
+            Role::Client => "client",
+        })
+    })
+}
+
 use std::error::Error;
 use std::process::ExitCode;
 
@@ -53,7 +65,10 @@ pub enum Role {
 
 /// Command-line flags (the supervisor's are the public ones; the rest it passes to its children).
 #[derive(Debug, Clone, Parser)]
-#[command(about = "A server and client processes that are killed, stopped and restarted")]
+#[command(
+    about = "A server and client processes that are killed, stopped and restarted",
+    args_override_self = true
+)]
 pub struct Flags {
     /// Which process this is.
     #[arg(long, value_enum, default_value_t = Role::Supervisor)]
@@ -106,6 +121,15 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let flags = Flags::parse();
+    if flags.role != Role::Supervisor {
+        // A child with a dead thread is broken: a panic anywhere ends the whole process, so the
+        // supervisor sees it (and the server's control connections close, as on a crash).
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            default(info);
+            std::process::abort();
+        }));
+    }
     let outcome = match flags.role {
         Role::Supervisor => supervisor::run(&flags),
         Role::Server => server::run(&flags).map(|()| true),

@@ -412,7 +412,12 @@ fn post(server: &Server, thread_index: usize) -> Result<()> {
     let clients = server.current.len() as u64;
     let mut next_slot = 0;
     let mut idle = 0_u32;
+    let panic_at = (0 == thread_index && crate::panic_injected(crate::Role::Server))
+        .then(|| Instant::now() + Duration::from_secs(3));
     while !server.stop_posting.load(Ordering::SeqCst) {
+        if panic_at.is_some_and(|at| at <= Instant::now()) {
+            panic!("FLEET_PANIC=server: a panic injected into a posting thread");
+        }
         if idle > 64 {
             // Every client is away, leaving or out of credits: give the core back.
             thread::sleep(Duration::from_micros(100));

@@ -27,6 +27,30 @@ const TICK: Duration = Duration::from_millis(5);
 /// The p99 bound: other clients' p99 during faults within this many times the p99 without.
 const P99_BOUND: f64 = 5.0;
 
+/// The scratch directory's name, before the supervisor's pid.
+const SCRATCH_PREFIX: &str = "dma-libfabric-fleet-";
+
+/// Remove the scratch directories of supervisors that are gone (one killed with SIGKILL could not
+/// remove its own).
+fn sweep_scratch() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(SCRATCH_PREFIX))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Who printed a line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Who {
@@ -361,7 +385,8 @@ pub fn run(flags: &Flags) -> Result<bool> {
     }
     signals::catch_interrupts()?;
     let supervisor_pid = i32::try_from(std::process::id())?;
-    let scratch = std::env::temp_dir().join(format!("dma-libfabric-fleet-{supervisor_pid}"));
+    sweep_scratch();
+    let scratch = std::env::temp_dir().join(format!("{SCRATCH_PREFIX}{supervisor_pid}"));
     std::fs::create_dir_all(&scratch)?;
     let (sender, lines) = mpsc::channel();
     let mut fleet = Fleet {
@@ -442,9 +467,13 @@ pub fn run(flags: &Flags) -> Result<bool> {
     };
     let mut next_kill = next_after(&mut random, flags.kill_rate, faults_from);
     let mut next_stop = next_after(&mut random, flags.stop_rate, faults_from);
+    let panic_at = crate::panic_injected(crate::Role::Supervisor).then_some(faults_from);
     while started.elapsed() < run_for {
         if signals::interrupted() {
             return Err("interrupted".into());
+        }
+        if panic_at.is_some_and(|at| at <= Instant::now()) {
+            panic!("FLEET_PANIC=supervisor: a panic injected into the supervisor");
         }
         thread::sleep(TICK);
         drain_lines(&mut fleet, &lines, &mut totals);
@@ -621,11 +650,14 @@ fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool> {
     let bytes = std::fs::read(fleet.scratch.join("samples"))?;
     let mut during = Vec::new();
     let mut without = Vec::new();
+    // Writes to a client while it was stopped.
+    let mut to_stopped = Vec::new();
     let mut windows = fleet.windows.clone();
     windows.sort_by_key(|window| window.start);
     for sample in bytes.chunks_exact(16).filter_map(Sample::from_bytes) {
         let mut active = false;
         let mut own = false;
+        let mut own_stop = false;
         for window in &windows {
             if window.start > sample.posted {
                 break;
@@ -633,7 +665,11 @@ fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool> {
             if window.end.is_some_and(|end| sample.posted < end) {
                 active = true;
                 own |= window.client == sample.client;
+                own_stop |= window.client == sample.client && !window.kill;
             }
+        }
+        if own_stop {
+            to_stopped.push(sample.latency);
         }
         match (active, own) {
             (false, _) => without.push(sample.latency),
@@ -643,6 +679,7 @@ fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool> {
     }
     during.sort_unstable();
     without.sort_unstable();
+    to_stopped.sort_unstable();
     let (p99_during, p99_without) = (p99(&during), p99(&without));
 
     let rows: Vec<(&str, String)> = vec![
@@ -692,6 +729,15 @@ fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool> {
     for (name, value) in &rows {
         println!("| {name:width$} | {value:>value_width$} |");
     }
+    println!(
+        "details: writes posted to a client while it was stopped {}, their post-to-completion \
+         p99 {} and longest {}",
+        to_stopped.len(),
+        p99(&to_stopped).map_or("-".into(), |p| millis(u64::from(p))),
+        to_stopped
+            .last()
+            .map_or("-".into(), |&p| millis(u64::from(p)))
+    );
     println!(
         "details: provider {}, writes not posted (backpressure or resolve) {}, departures {} \
          (of which learned from an error completion {}), fi_av_insert / fi_av_remove {} / {}, \
