@@ -59,6 +59,12 @@ struct Registration {
     sequence: AtomicU64,
     /// When the server learned it departed.
     departed_at: Mutex<Option<Instant>>,
+    /// The same, in [`protocol::unix_nanos`], and how (for the supervisor's timeline).
+    departed_unix: AtomicU64,
+    departed_why: Mutex<&'static str>,
+    /// When its last write in flight after the departure completed ([`protocol::unix_nanos`]):
+    /// its last lease returned.
+    leases_returned_unix: AtomicU64,
     /// The client's latest report.
     counts: Mutex<Counts>,
 }
@@ -98,7 +104,26 @@ impl Server {
             return;
         }
         let now = Instant::now();
+        let unix = protocol::unix_nanos();
         *lock(&registration.departed_at) = Some(now);
+        registration.departed_unix.store(unix, Ordering::SeqCst);
+        *lock(&registration.departed_why) = if why.starts_with("error completion") {
+            "error-completion"
+        } else if why == "superseded" {
+            "superseded"
+        } else if why == "shutdown" {
+            "shutdown"
+        } else {
+            "control-closed"
+        };
+        if 0 == registration.in_flight.load(Ordering::SeqCst) {
+            let _ = registration.leases_returned_unix.compare_exchange(
+                0,
+                unix,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+        }
         self.departures.fetch_add(1, Ordering::Relaxed);
         self.endpoint.peers().release(registration.key);
         {
@@ -128,6 +153,9 @@ impl Server {
             if let Some(at) = *lock(&registration.departed_at) {
                 self.longest_lease_after_departure
                     .fetch_max(at.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                registration
+                    .leases_returned_unix
+                    .store(protocol::unix_nanos(), Ordering::SeqCst);
             }
         }
     }
@@ -264,6 +292,18 @@ pub fn run(flags: &Flags) -> Result<()> {
     let av_entries =
         (stats.entries + stats.pending_removals).max(stats.inserts.saturating_sub(stats.removes));
     let mut stdout = std::io::stdout().lock();
+    for registration in &all {
+        writeln!(
+            stdout,
+            "FLEET-DEPARTURE id={} incarnation={} why={} detected={} leases_returned={} in_flight={}",
+            registration.id,
+            registration.incarnation,
+            lock(&registration.departed_why),
+            registration.departed_unix.load(Ordering::SeqCst),
+            registration.leases_returned_unix.load(Ordering::SeqCst),
+            registration.in_flight.load(Ordering::SeqCst),
+        )?;
+    }
     writeln!(
         stdout,
         "FLEET-TOTALS provider={} posted={} ok={} error={} in_flight={} not_posted={} resolve_errors={} \
@@ -360,6 +400,9 @@ fn control(server: &Server, mut stream: TcpStream) {
                     in_flight: AtomicU64::new(0),
                     sequence: AtomicU64::new(0),
                     departed_at: Mutex::new(None),
+                    departed_unix: AtomicU64::new(0),
+                    departed_why: Mutex::new(""),
+                    leases_returned_unix: AtomicU64::new(0),
                     counts: Mutex::new(Counts::default()),
                 });
                 lock(&server.all).push(Arc::clone(&new));

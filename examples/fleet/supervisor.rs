@@ -69,6 +69,8 @@ struct ClientProcess {
     /// `Some(until)` while SIGSTOPped.
     stopped_until: Option<Instant>,
     port: Option<u16>,
+    /// With --reuse-ports: the predecessor's port this incarnation was asked to bind.
+    asked_port: Option<u16>,
     ready: bool,
     /// The open fault window of this client, an index into `Fleet::windows`.
     window: Option<usize>,
@@ -104,6 +106,10 @@ struct Fleet {
     reuse_attempts: u64,
     reused: u64,
     unexpected_exits: Vec<String>,
+    /// (id, incarnation, when) of each SIGKILL.
+    kills: Vec<(u32, u32, u64)>,
+    /// The server's `FLEET-DEPARTURE` lines.
+    departures: Vec<String>,
 }
 
 impl Drop for Fleet {
@@ -195,6 +201,7 @@ impl Fleet {
             stdin,
             stopped_until: None,
             port: None,
+            asked_port: port,
             ready: false,
             window: None,
         };
@@ -229,6 +236,7 @@ impl Fleet {
         child.kill()?;
         child.wait()?;
         self.killed += 1;
+        self.kills.push((id, client.incarnation, now));
         self.windows.push(Window {
             client: id,
             start: now,
@@ -290,7 +298,7 @@ impl Fleet {
                 }
                 if let Some(port) = line.strip_prefix("ready port=") {
                     let port: Option<u16> = port.trim().parse().ok();
-                    if self.reuse_ports && client.port.is_some() && port == client.port {
+                    if client.asked_port.is_some() && port == client.asked_port {
                         self.reused += 1;
                     }
                     client.port = port;
@@ -356,6 +364,8 @@ fn drain_lines(fleet: &mut Fleet, lines: &Receiver<Line>, totals: &mut Option<St
     while let Ok((who, line)) = lines.try_recv() {
         if who == Who::Server && line.starts_with("FLEET-TOTALS ") {
             *totals = Some(line);
+        } else if who == Who::Server && line.starts_with("FLEET-DEPARTURE ") {
+            fleet.departures.push(line);
         } else {
             fleet.on_line(who, &line);
         }
@@ -406,6 +416,8 @@ pub fn run(flags: &Flags) -> Result<bool> {
         reuse_attempts: 0,
         reused: 0,
         unexpected_exits: Vec::new(),
+        kills: Vec::new(),
+        departures: Vec::new(),
     };
     let mut totals = None;
 
@@ -585,6 +597,9 @@ pub fn run(flags: &Flags) -> Result<bool> {
     while totals.is_none() && Instant::now() < deadline {
         match lines.recv_timeout(TICK) {
             Ok((Who::Server, line)) if line.starts_with("FLEET-TOTALS ") => totals = Some(line),
+            Ok((Who::Server, line)) if line.starts_with("FLEET-DEPARTURE ") => {
+                fleet.departures.push(line);
+            }
             Ok((who, line)) => fleet.on_line(who, &line),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
@@ -603,6 +618,61 @@ pub fn run(flags: &Flags) -> Result<bool> {
 
 unsafe extern "C" {
     fn geteuid() -> u32;
+}
+
+/// For each SIGKILL: how long until the server saw the departure, and until its last lease
+/// returned (from the server's `FLEET-DEPARTURE` lines), as median and longest.
+fn kill_timeline(fleet: &Fleet) -> String {
+    let mut departures: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
+    let mut reasons: HashMap<String, u64> = HashMap::new();
+    for line in &fleet.departures {
+        let fields: HashMap<&str, &str> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|pair| pair.split_once('='))
+            .collect();
+        let field = |key: &str| fields.get(key).and_then(|value| value.parse::<u64>().ok());
+        let (Some(id), Some(incarnation), Some(detected), Some(returned)) = (
+            field("id"),
+            field("incarnation"),
+            field("detected"),
+            field("leases_returned"),
+        ) else {
+            continue;
+        };
+        let why = fields.get("why").unwrap_or(&"?").to_string();
+        *reasons.entry(why).or_default() += 1;
+        departures.insert((id as u32, incarnation as u32), (detected, returned));
+    }
+    let mut detect = Vec::new();
+    let mut returned = Vec::new();
+    for (id, incarnation, killed) in &fleet.kills {
+        if let Some(&(detected, leases)) = departures.get(&(*id, *incarnation)) {
+            detect.push(detected.saturating_sub(*killed));
+            returned.push(leases.max(detected).saturating_sub(*killed));
+        }
+    }
+    detect.sort_unstable();
+    returned.sort_unstable();
+    let median_max = |sorted: &[u64]| {
+        sorted.last().map_or("-".into(), |&max| {
+            format!("{} / {}", millis(sorted[sorted.len() / 2]), millis(max))
+        })
+    };
+    let mut reasons: Vec<_> = reasons.into_iter().collect();
+    reasons.sort();
+    format!(
+        "after a SIGKILL ({} matched) the server saw the departure after (median / longest) {}, \
+         and its last lease returned after {}; departures by how the server learned of them: {}",
+        detect.len(),
+        median_max(&detect),
+        median_max(&returned),
+        reasons
+            .iter()
+            .map(|(why, count)| format!("{why} {count}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// The p99 of `sorted`, in nanoseconds.
@@ -738,6 +808,7 @@ fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool> {
             .last()
             .map_or("-".into(), |&p| millis(u64::from(p)))
     );
+    println!("details: {}", kill_timeline(fleet));
     println!(
         "details: provider {}, writes not posted (backpressure or resolve) {}, departures {} \
          (of which learned from an error completion {}), fi_av_insert / fi_av_remove {} / {}, \
