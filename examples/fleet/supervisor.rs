@@ -105,6 +105,8 @@ struct Fleet {
     reuse_attempts: u64,
     reused: u64,
     unexpected_exits: Vec<String>,
+    /// Faults due when no client was eligible (all stopped or starting): skipped.
+    skipped: u64,
     /// (id, incarnation, when) of each SIGKILL.
     kills: Vec<(u32, u32, u64)>,
     /// The server's `FLEET-DEPARTURE` lines.
@@ -415,6 +417,7 @@ pub fn run(flags: &Flags) -> Result<bool> {
         reuse_attempts: 0,
         reused: 0,
         unexpected_exits: Vec::new(),
+        skipped: 0,
         kills: Vec::new(),
         departures: Vec::new(),
     };
@@ -500,15 +503,19 @@ pub fn run(flags: &Flags) -> Result<bool> {
         }
         if next_kill.is_some_and(|at| at <= now) {
             next_kill = next_after(&mut random, flags.kill_rate, now);
-            if let Some(id) = fleet.pick(&mut random) {
-                fleet.kill_and_restart(id)?;
+            match fleet.pick(&mut random) {
+                Some(id) => fleet.kill_and_restart(id)?,
+                None => fleet.skipped += 1,
             }
         }
         if next_stop.is_some_and(|at| at <= now) {
             next_stop = next_after(&mut random, flags.stop_rate, now);
-            if let Some(id) = fleet.pick(&mut random) {
-                let hold = Duration::from_secs_f64(0.5 + 2.5 * random.unit());
-                fleet.stop(id, now + hold)?;
+            match fleet.pick(&mut random) {
+                Some(id) => {
+                    let hold = Duration::from_secs_f64(0.5 + 2.5 * random.unit());
+                    fleet.stop(id, now + hold)?;
+                }
+                None => fleet.skipped += 1,
             }
         }
     }

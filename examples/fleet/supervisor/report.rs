@@ -203,7 +203,7 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
         "details: provider {}, writes not posted (backpressure or resolve) {}, departures {} \
          (of which learned from an error completion {}), fi_av_insert / fi_av_remove {} / {}, \
          clients that sent a last report {} of {} registrations, samples during faults / \
-         without {} / {}{}",
+         without {} / {}, faults skipped (no eligible client) {}{}",
         totals.get("provider").unwrap_or(&"?"),
         number("not_posted")?,
         number("departures")?,
@@ -214,6 +214,7 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
         number("registrations")?,
         during.len(),
         without.len(),
+        fleet.skipped,
         if flags.reuse_ports {
             format!(
                 ", ports reused {} of {} attempts",
