@@ -617,7 +617,10 @@ pub fn run(flags: &Flags) -> Result<bool> {
     };
     ok &= report::report(flags, &fleet, &totals)?;
     for exit in &fleet.unexpected_exits {
-        eprintln!("note: {exit}");
+        // Nothing but the supervisor ends a client during the run: one that exits on its own
+        // crashed, or its server turned it away.
+        eprintln!("FAIL: {exit}");
+        ok = false;
     }
     Ok(ok)
 }
