@@ -65,6 +65,8 @@ struct Registration {
     /// When its last write in flight after the departure completed ([`protocol::unix_nanos`]):
     /// its last lease returned.
     leases_returned_unix: AtomicU64,
+    /// Writes in flight to it when the server learned it departed.
+    in_flight_at_departure: AtomicU64,
     /// The client's latest report.
     counts: Mutex<Counts>,
 }
@@ -116,7 +118,11 @@ impl Server {
         } else {
             "control-closed"
         };
-        if 0 == registration.in_flight.load(Ordering::SeqCst) {
+        let in_flight = registration.in_flight.load(Ordering::SeqCst);
+        registration
+            .in_flight_at_departure
+            .store(in_flight, Ordering::SeqCst);
+        if 0 == in_flight {
             let _ = registration.leases_returned_unix.compare_exchange(
                 0,
                 unix,
@@ -295,12 +301,14 @@ pub fn run(flags: &Flags) -> Result<()> {
     for registration in &all {
         writeln!(
             stdout,
-            "FLEET-DEPARTURE id={} incarnation={} why={} detected={} leases_returned={} in_flight={}",
+            "FLEET-DEPARTURE id={} incarnation={} why={} detected={} leases_returned={} \
+             in_flight_at_departure={} in_flight={}",
             registration.id,
             registration.incarnation,
             lock(&registration.departed_why),
             registration.departed_unix.load(Ordering::SeqCst),
             registration.leases_returned_unix.load(Ordering::SeqCst),
+            registration.in_flight_at_departure.load(Ordering::SeqCst),
             registration.in_flight.load(Ordering::SeqCst),
         )?;
     }
@@ -403,6 +411,7 @@ fn control(server: &Server, mut stream: TcpStream) {
                     departed_unix: AtomicU64::new(0),
                     departed_why: Mutex::new(""),
                     leases_returned_unix: AtomicU64::new(0),
+                    in_flight_at_departure: AtomicU64::new(0),
                     counts: Mutex::new(Counts::default()),
                 });
                 lock(&server.all).push(Arc::clone(&new));

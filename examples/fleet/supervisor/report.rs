@@ -13,7 +13,7 @@ const P99_BOUND: f64 = 5.0;
 /// For each SIGKILL: how long until the server saw the departure, and until its last lease
 /// returned (from the server's `FLEET-DEPARTURE` lines), as median and longest.
 fn kill_timeline(fleet: &Fleet) -> String {
-    let mut departures: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
+    let mut departures: HashMap<(u32, u32), (u64, u64, u64)> = HashMap::new();
     let mut reasons: HashMap<String, u64> = HashMap::new();
     for line in &fleet.departures {
         let fields: HashMap<&str, &str> = line
@@ -32,16 +32,23 @@ fn kill_timeline(fleet: &Fleet) -> String {
         };
         let why = fields.get("why").unwrap_or(&"?").to_string();
         *reasons.entry(why).or_default() += 1;
-        departures.insert((id as u32, incarnation as u32), (detected, returned));
+        let in_flight = field("in_flight_at_departure").unwrap_or(0);
+        departures.insert(
+            (id as u32, incarnation as u32),
+            (detected, returned, in_flight),
+        );
     }
     let mut detect = Vec::new();
     let mut returned = Vec::new();
+    let mut in_flight = Vec::new();
     for (id, incarnation, killed) in &fleet.kills {
-        if let Some(&(detected, leases)) = departures.get(&(*id, *incarnation)) {
+        if let Some(&(detected, leases, writes)) = departures.get(&(*id, *incarnation)) {
             detect.push(detected.saturating_sub(*killed));
             returned.push(leases.max(detected).saturating_sub(*killed));
+            in_flight.push(writes);
         }
     }
+    in_flight.sort_unstable();
     detect.sort_unstable();
     returned.sort_unstable();
     let median_max = |sorted: &[u64]| {
@@ -53,9 +60,12 @@ fn kill_timeline(fleet: &Fleet) -> String {
     reasons.sort();
     format!(
         "after a SIGKILL ({} matched) the server saw the departure after (median / longest) {}, \
-         and its last lease returned after {}; departures by how the server learned of them: {}",
+         with (median / most) {} / {} writes in flight to it, and its last lease returned after \
+         {}; departures by how the server learned of them: {}",
         detect.len(),
         median_max(&detect),
+        in_flight.get(in_flight.len() / 2).copied().unwrap_or(0),
+        in_flight.last().copied().unwrap_or(0),
         median_max(&returned),
         reasons
             .iter()
