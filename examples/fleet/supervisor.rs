@@ -105,6 +105,8 @@ struct Fleet {
     reuse_attempts: u64,
     reused: u64,
     unexpected_exits: Vec<String>,
+    /// Of the SIGKILLs, those that hit a stopped client.
+    killed_stopped: u64,
     /// Faults due when no client was eligible (all stopped or starting): skipped.
     skipped: u64,
     /// (id, incarnation, when) of each SIGKILL.
@@ -214,12 +216,14 @@ impl Fleet {
         Ok(())
     }
 
-    /// A random client that is running and ready (neither stopped nor starting).
-    fn pick(&self, random: &mut Random) -> Option<u32> {
+    /// A random client that is ready (not starting), and with `running`, not stopped either.
+    fn pick(&self, random: &mut Random, running: bool) -> Option<u32> {
         let candidates: Vec<u32> = (0..self.clients.len() as u32)
             .filter(|&id| {
                 let client = &self.clients[id as usize];
-                client.ready && client.stopped_until.is_none() && client.child.is_some()
+                client.ready
+                    && client.child.is_some()
+                    && (!running || client.stopped_until.is_none())
             })
             .collect();
         if candidates.is_empty() {
@@ -237,6 +241,13 @@ impl Fleet {
         child.kill()?;
         child.wait()?;
         self.killed += 1;
+        if client.stopped_until.take().is_some() {
+            // Killed while stopped: its stop ends here.
+            self.killed_stopped += 1;
+            if let Some(window) = client.window.take() {
+                self.windows[window].end = Some(now);
+            }
+        }
         self.kills.push((id, client.incarnation, now));
         self.windows.push(Window {
             client: id,
@@ -418,6 +429,7 @@ pub fn run(flags: &Flags) -> Result<bool> {
         reused: 0,
         unexpected_exits: Vec::new(),
         skipped: 0,
+        killed_stopped: 0,
         kills: Vec::new(),
         departures: Vec::new(),
     };
@@ -503,14 +515,15 @@ pub fn run(flags: &Flags) -> Result<bool> {
         }
         if next_kill.is_some_and(|at| at <= now) {
             next_kill = next_after(&mut random, flags.kill_rate, now);
-            match fleet.pick(&mut random) {
+            // Any client, stopped or not: a hung process is what gets `kill -9`.
+            match fleet.pick(&mut random, false) {
                 Some(id) => fleet.kill_and_restart(id)?,
                 None => fleet.skipped += 1,
             }
         }
         if next_stop.is_some_and(|at| at <= now) {
             next_stop = next_after(&mut random, flags.stop_rate, now);
-            match fleet.pick(&mut random) {
+            match fleet.pick(&mut random, true) {
                 Some(id) => {
                     let hold = Duration::from_secs_f64(0.5 + 2.5 * random.unit());
                     fleet.stop(id, now + hold)?;

@@ -59,10 +59,11 @@ fn kill_timeline(fleet: &Fleet) -> String {
     let mut reasons: Vec<_> = reasons.into_iter().collect();
     reasons.sort();
     format!(
-        "after a SIGKILL ({} matched) the server saw the departure after (median / longest) {}, \
+        "after a SIGKILL ({} matched, {} of them of a stopped client) the server saw the departure after (median / longest) {}, \
          with (median / most) {} / {} writes in flight to it, and its last lease returned after \
          {}; departures by how the server learned of them: {}",
         detect.len(),
+        fleet.killed_stopped,
         median_max(&detect),
         in_flight.get(in_flight.len() / 2).copied().unwrap_or(0),
         in_flight.last().copied().unwrap_or(0),
