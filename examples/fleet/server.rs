@@ -517,6 +517,7 @@ fn post(server: &Server, thread_index: usize) -> Result<()> {
             Instant::now(),
             protocol::unix_nanos(),
         ));
+        let posting = Instant::now();
         let posted = {
             let pinned = cache.pin();
             match pinned.resolve(registration.key, &registration.address) {
@@ -545,10 +546,16 @@ fn post(server: &Server, thread_index: usize) -> Result<()> {
                 lock(&slots[slot]).take();
                 server.not_posted.fetch_add(1, Ordering::Relaxed);
                 server.finish(&registration);
-                if !matches!(error, DmaError::WouldBlock)
+                let departed = DEPARTED == registration.state.load(Ordering::SeqCst);
+                if (departed || !matches!(error, DmaError::WouldBlock))
                     && std::env::var_os("FLEET_VERBOSE").is_some()
                 {
-                    eprintln!("server: post to client {id}: {error}");
+                    eprintln!(
+                        "server: post to client {id} incarnation {} (departed: {departed}) \
+                         failed after {:.2} ms: {error}",
+                        registration.incarnation,
+                        posting.elapsed().as_secs_f64() * 1e3
+                    );
                 }
             }
         }
