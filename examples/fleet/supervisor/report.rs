@@ -1,0 +1,277 @@
+//! The report: the table whose rows other code reads, the details below it, and the checks
+//! that decide the exit status.
+
+use std::collections::HashMap;
+
+use super::Fleet;
+use crate::protocol::Sample;
+use crate::{Flags, Result};
+
+/// The p99 bound: other clients' p99 during faults within this many times the p99 without.
+const P99_BOUND: f64 = 5.0;
+
+/// For each SIGKILL: how long until the server saw the departure, and until its last lease
+/// returned (from the server's `FLEET-DEPARTURE` lines), as median and longest.
+fn kill_timeline(fleet: &Fleet) -> String {
+    let mut departures: HashMap<(u32, u32), (u64, u64, u64)> = HashMap::new();
+    let mut reasons: HashMap<String, u64> = HashMap::new();
+    for line in &fleet.departures {
+        let fields: HashMap<&str, &str> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|pair| pair.split_once('='))
+            .collect();
+        let field = |key: &str| fields.get(key).and_then(|value| value.parse::<u64>().ok());
+        let (Some(id), Some(incarnation), Some(detected), Some(returned)) = (
+            field("id"),
+            field("incarnation"),
+            field("detected"),
+            field("leases_returned"),
+        ) else {
+            continue;
+        };
+        let why = fields.get("why").unwrap_or(&"?").to_string();
+        *reasons.entry(why).or_default() += 1;
+        let in_flight = field("in_flight_at_departure").unwrap_or(0);
+        departures.insert(
+            (id as u32, incarnation as u32),
+            (detected, returned, in_flight),
+        );
+    }
+    let mut detect = Vec::new();
+    let mut returned = Vec::new();
+    let mut in_flight = Vec::new();
+    for (id, incarnation, killed) in &fleet.kills {
+        if let Some(&(detected, leases, writes)) = departures.get(&(*id, *incarnation)) {
+            detect.push(detected.saturating_sub(*killed));
+            returned.push(leases.max(detected).saturating_sub(*killed));
+            in_flight.push(writes);
+        }
+    }
+    in_flight.sort_unstable();
+    detect.sort_unstable();
+    returned.sort_unstable();
+    let median_max = |sorted: &[u64]| {
+        sorted.last().map_or("-".into(), |&max| {
+            format!("{} / {}", millis(sorted[sorted.len() / 2]), millis(max))
+        })
+    };
+    let mut reasons: Vec<_> = reasons.into_iter().collect();
+    reasons.sort();
+    format!(
+        "after a SIGKILL ({} matched, {} of them of a stopped client) the server saw the departure after (median / longest) {}, \
+         with (median / most) {} / {} writes in flight to it, and its last lease returned after \
+         {}; departures by how the server learned of them: {}",
+        detect.len(),
+        fleet.killed_stopped,
+        median_max(&detect),
+        in_flight.get(in_flight.len() / 2).copied().unwrap_or(0),
+        in_flight.last().copied().unwrap_or(0),
+        median_max(&returned),
+        reasons
+            .iter()
+            .map(|(why, count)| format!("{why} {count}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// The p99 of `sorted`, in nanoseconds.
+fn p99(sorted: &[u32]) -> Option<u32> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let index = ((sorted.len() - 1) as f64 * 0.99).round() as usize;
+    sorted.get(index.min(sorted.len() - 1)).copied()
+}
+
+fn millis(nanos: u64) -> String {
+    format!("{:.2} ms", nanos as f64 / 1e6)
+}
+
+/// Print the table; `Ok(false)` when a requirement failed.
+pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool> {
+    let totals: HashMap<&str, &str> = totals
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|pair| pair.split_once('='))
+        .collect();
+    let number = |key: &str| -> Result<u64> {
+        totals
+            .get(key)
+            .ok_or_else(|| format!("the server's totals lack {key}"))?
+            .parse::<u64>()
+            .map_err(|error| format!("the server's {key}: {error}").into())
+    };
+    let (posted, ok_writes, error_writes, in_flight) = (
+        number("posted")?,
+        number("ok")?,
+        number("error")?,
+        number("in_flight")?,
+    );
+    let without_completion = posted.saturating_sub(ok_writes + error_writes);
+    let (misdirected, checked, corrupt) = (
+        number("misdirected")?,
+        number("checked")?,
+        number("corrupt")?,
+    );
+    let (leases, av_entries) = (number("leases")?, number("av_entries")?);
+
+    // Other clients' post-to-completion, during faults and without.
+    let bytes = std::fs::read(fleet.scratch.join("samples"))?;
+    let mut during = Vec::new();
+    let mut without = Vec::new();
+    // Writes to a client while it was stopped.
+    let mut to_stopped = Vec::new();
+    let mut windows = fleet.windows.clone();
+    windows.sort_by_key(|window| window.start);
+    for sample in bytes.chunks_exact(16).filter_map(Sample::from_bytes) {
+        let mut active = false;
+        let mut own = false;
+        let mut own_stop = false;
+        for window in &windows {
+            if window.start > sample.posted {
+                break;
+            }
+            if window.end.is_some_and(|end| sample.posted < end) {
+                active = true;
+                own |= window.client == sample.client;
+                own_stop |= window.client == sample.client && !window.kill;
+            }
+        }
+        if own_stop {
+            to_stopped.push(sample.latency);
+        }
+        match (active, own) {
+            (false, _) => without.push(sample.latency),
+            (true, false) => during.push(sample.latency),
+            (true, true) => {}
+        }
+    }
+    during.sort_unstable();
+    without.sort_unstable();
+    to_stopped.sort_unstable();
+    let (p99_during, p99_without) = (p99(&during), p99(&without));
+
+    let rows: Vec<(&str, String)> = vec![
+        ("client processes started", fleet.started.to_string()),
+        (
+            "client processes killed (SIGKILL)",
+            fleet.killed.to_string(),
+        ),
+        (
+            "client processes stopped (SIGSTOP)",
+            fleet.stopped.to_string(),
+        ),
+        ("partitions", "0".to_string()),
+        ("writes posted", posted.to_string()),
+        ("writes completed ok", ok_writes.to_string()),
+        ("writes completed with error", error_writes.to_string()),
+        (
+            "writes without a completion",
+            without_completion.to_string(),
+        ),
+        ("writes misdirected", misdirected.to_string()),
+        ("records checked by clients", checked.to_string()),
+        ("records corrupt", corrupt.to_string()),
+        (
+            "longest time a departed peer held a lease",
+            millis(number("longest_lease_ns")?),
+        ),
+        (
+            "p99 post-to-completion, other clients, during faults / without",
+            format!(
+                "{} / {}",
+                p99_during.map_or("-".into(), |p| millis(u64::from(p))),
+                p99_without.map_or("-".into(), |p| millis(u64::from(p)))
+            ),
+        ),
+        ("leases left after shutdown", leases.to_string()),
+        ("AV entries left after shutdown", av_entries.to_string()),
+    ];
+    let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    let value_width = rows.iter().map(|(_, value)| value.len()).max().unwrap_or(0);
+    println!("| {:width$} | {:>value_width$} |", "figure", "value");
+    println!(
+        "|{}|{}:|",
+        "-".repeat(width + 2),
+        "-".repeat(value_width + 1)
+    );
+    for (name, value) in &rows {
+        println!("| {name:width$} | {value:>value_width$} |");
+    }
+    println!(
+        "details: writes posted to a client while it was stopped {}, their post-to-completion \
+         p99 {} and longest {}",
+        to_stopped.len(),
+        p99(&to_stopped).map_or("-".into(), |p| millis(u64::from(p))),
+        to_stopped
+            .last()
+            .map_or("-".into(), |&p| millis(u64::from(p)))
+    );
+    println!("details: {}", kill_timeline(fleet));
+    println!(
+        "details: provider {}, writes not posted (backpressure or resolve) {}, departures {} \
+         (of which learned from an error completion {}), fi_av_insert / fi_av_remove {} / {}, \
+         clients that sent a last report {} of {} registrations, samples during faults / \
+         without {} / {}, faults skipped (no eligible client) {}{}",
+        totals.get("provider").unwrap_or(&"?"),
+        number("not_posted")?,
+        number("departures")?,
+        number("error_departures")?,
+        number("inserts")?,
+        number("removes")?,
+        number("reported_last")?,
+        number("registrations")?,
+        during.len(),
+        without.len(),
+        fleet.skipped,
+        if flags.reuse_ports {
+            format!(
+                ", ports reused {} of {} attempts",
+                fleet.reused, fleet.reuse_attempts
+            )
+        } else {
+            String::new()
+        }
+    );
+
+    let mut ok = true;
+    let mut fail = |message: String| {
+        eprintln!("FAIL: {message}");
+        ok = false;
+    };
+    if 0 < misdirected {
+        fail(format!("{misdirected} records landed in the wrong client"));
+    }
+    if 0 < corrupt {
+        fail(format!("{corrupt} records were corrupt"));
+    }
+    if without_completion != in_flight {
+        fail(format!(
+            "{without_completion} writes have no completion but the endpoint counts {in_flight} in flight"
+        ));
+    }
+    if 0 < leases {
+        fail(format!("{leases} leases left after shutdown"));
+    }
+    if 0 < av_entries {
+        fail(format!("{av_entries} AV entries left after shutdown"));
+    }
+    match (p99_during, p99_without) {
+        (Some(during), Some(without)) => {
+            let ratio = f64::from(during) / f64::from(without.max(1));
+            if ratio > P99_BOUND {
+                fail(format!(
+                    "other clients' p99 during faults is {ratio:.1}x the p99 without (bound {P99_BOUND}x)"
+                ));
+            }
+        }
+        (None, _) if 0 == fleet.killed + fleet.stopped => {}
+        _ => fail("too few samples to compare the p99s".into()),
+    }
+    if ok {
+        println!("ok: every requirement held");
+    }
+    Ok(ok)
+}
