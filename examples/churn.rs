@@ -42,6 +42,9 @@ use dma_libfabric::{
     Configuration, DmaError, LibfabricEndpoint, MemoryRegion, Peer, Pinned, Provider, RemoteRegion,
 };
 use indicatif::{ProgressBar, ProgressStyle};
+// An RMA record (client id, incarnation, sequence, checksum) and the report table, shared with
+// the fleet demo.
+use testkit::demo::{RECORD_LEN, decode_record, encode_record, print_table};
 
 /// Command-line flags.
 #[derive(Debug, Parser)]
@@ -90,8 +93,6 @@ const DRAIN_PATIENCE: Duration = Duration::from_secs(3);
 const HIT_SAMPLING: u64 = 8;
 /// The message: client id, incarnation, sequence.
 const MESSAGE_LEN: usize = 24;
-/// An RMA record: client id, incarnation, sequence, checksum.
-const RECORD_LEN: usize = 32;
 /// Record slots in each client incarnation's registered memory.
 const CLIENT_SLOTS: usize = 64;
 /// Record slots in each posting thread's registered source memory: a slot is reused only once
@@ -342,36 +343,6 @@ impl World {
         }
         found
     }
-}
-
-/// A record's checksum: never 0, so a zeroed slot never passes.
-fn checksum(client: u64, incarnation: u64, sequence: u64) -> u64 {
-    let mut x =
-        client ^ incarnation.rotate_left(21) ^ sequence.rotate_left(42) ^ 0x9e37_79b9_7f4a_7c15;
-    x ^= x >> 31;
-    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x ^= x >> 29;
-    x | 1
-}
-
-fn encode_record(client: u64, incarnation: u64, sequence: u64) -> [u8; RECORD_LEN] {
-    let mut record = [0_u8; RECORD_LEN];
-    record[0..8].copy_from_slice(&client.to_le_bytes());
-    record[8..16].copy_from_slice(&incarnation.to_le_bytes());
-    record[16..24].copy_from_slice(&sequence.to_le_bytes());
-    record[24..32].copy_from_slice(&checksum(client, incarnation, sequence).to_le_bytes());
-    record
-}
-
-/// (client, incarnation, sequence) of a whole record; `None` for a torn one.
-fn decode_record(record: &[u8; RECORD_LEN]) -> Option<(u64, u64, u64)> {
-    let word = |at: usize| {
-        let mut word = [0; 8];
-        word.copy_from_slice(&record[at..at + 8]);
-        u64::from_le_bytes(word)
-    };
-    let (client, incarnation, sequence) = (word(0), word(8), word(16));
-    (word(24) == checksum(client, incarnation, sequence)).then_some((client, incarnation, sequence))
 }
 
 fn tracing_error(error: &DmaError) {
@@ -1079,17 +1050,7 @@ fn run() -> Result<bool> {
         ];
         rows.splice(4..4, rma_rows);
     }
-    let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
-    let value_width = rows.iter().map(|(_, value)| value.len()).max().unwrap_or(0);
-    println!("| {:width$} | {:>value_width$} |", "figure", "value");
-    println!(
-        "|{}|{}:|",
-        "-".repeat(width + 2),
-        "-".repeat(value_width + 1)
-    );
-    for (name, value) in &rows {
-        println!("| {name:width$} | {value:>value_width$} |");
-    }
+    print_table(&rows);
 
     let mut ok = true;
     if 0 < misdirected {

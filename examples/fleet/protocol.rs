@@ -6,7 +6,7 @@ use std::io::{ErrorKind, Read, Write};
 use dma_libfabric::RemoteRegion;
 
 /// An RMA record: client id, incarnation, sequence, checksum.
-pub const RECORD_LEN: usize = 32;
+pub use testkit::demo::RECORD_LEN;
 /// Record slots in each client's registered memory.
 pub const CLIENT_SLOTS: usize = 64;
 /// The largest control frame accepted.
@@ -177,36 +177,7 @@ impl Framer {
     }
 }
 
-/// A record's checksum: never 0, so a zeroed slot never passes.
-pub fn checksum(client: u64, incarnation: u64, sequence: u64) -> u64 {
-    let mut x =
-        client ^ incarnation.rotate_left(21) ^ sequence.rotate_left(42) ^ 0x9e37_79b9_7f4a_7c15;
-    x ^= x >> 31;
-    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x ^= x >> 29;
-    x | 1
-}
-
-/// The record for (client, incarnation, sequence).
-pub fn encode_record(client: u64, incarnation: u64, sequence: u64) -> [u8; RECORD_LEN] {
-    let mut record = [0_u8; RECORD_LEN];
-    record[0..8].copy_from_slice(&client.to_le_bytes());
-    record[8..16].copy_from_slice(&incarnation.to_le_bytes());
-    record[16..24].copy_from_slice(&sequence.to_le_bytes());
-    record[24..32].copy_from_slice(&checksum(client, incarnation, sequence).to_le_bytes());
-    record
-}
-
-/// (client, incarnation, sequence) of a whole record; `None` when the checksum is bad.
-pub fn decode_record(record: &[u8; RECORD_LEN]) -> Option<(u64, u64, u64)> {
-    let (client, incarnation, sequence, sum) = (
-        word(record, 0)?,
-        word(record, 8)?,
-        word(record, 16)?,
-        word(record, 24)?,
-    );
-    (sum == checksum(client, incarnation, sequence)).then_some((client, incarnation, sequence))
-}
+pub use testkit::demo::{decode_record, encode_record};
 
 /// A small deterministic generator (xorshift64*).
 #[derive(Debug, Clone)]

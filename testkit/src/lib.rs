@@ -10,6 +10,7 @@
 //! Not part of the library: nothing here ships to users.
 #![allow(clippy::expect_used, clippy::panic)] // a test helper that cannot set up fails the test at once
 
+pub mod demo;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 

@@ -189,17 +189,7 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
         ("leases left after shutdown", leases.to_string()),
         ("AV entries left after shutdown", av_entries.to_string()),
     ];
-    let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
-    let value_width = rows.iter().map(|(_, value)| value.len()).max().unwrap_or(0);
-    println!("| {:width$} | {:>value_width$} |", "figure", "value");
-    println!(
-        "|{}|{}:|",
-        "-".repeat(width + 2),
-        "-".repeat(value_width + 1)
-    );
-    for (name, value) in &rows {
-        println!("| {name:width$} | {value:>value_width$} |");
-    }
+    testkit::demo::print_table(&rows);
     println!(
         "details: writes posted to a client while it was stopped {}, their post-to-completion \
          p99 {} and longest {}",
