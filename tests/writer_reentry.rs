@@ -11,6 +11,11 @@ use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
 use testkit::efa;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 
+/// Clients registered on one shared entry, more than the writer's inbox holds, whom the layer
+/// releases from the writer thread.
+const SHARED_CLIENTS: u64 = AddressCache::<ModelAv>::INBOX_BOUND as u64 + 10;
+const FIRST_SHARED: u64 = 1_000;
+
 static CACHE: OnceLock<&'static AddressCache<ModelAv>> = OnceLock::new();
 /// What each call from the writer thread answered.
 static ANSWERS: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -49,9 +54,10 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CallsBack {
             "resolve: {:?}",
             cache.pin().resolve(12, &efa(8, 8, 8)).err()
         ));
-        // More releases than the inbox holds: none may wait for the writer.
-        for client in 0..(AddressCache::<ModelAv>::INBOX_BOUND as u64 + 10) {
-            cache.release(1_000 + client);
+        // More releases than the inbox holds, of clients that are really registered: none may
+        // wait for the writer, and none may be lost (the end of the test finds the AV empty).
+        for client in 0..SHARED_CLIENTS {
+            cache.release(FIRST_SHARED + client);
         }
         answers.push("releases returned".to_string());
         answers.push(format!("stats: {}", cache.stats().entries));
@@ -70,6 +76,16 @@ fn calls_from_the_writer_thread_answer_at_once_and_the_writer_goes_on() {
     let cache: &'static AddressCache<ModelAv> =
         Box::leak(Box::new(AddressCache::with_backend(av.clone())));
     CACHE.set(cache).expect("set once");
+    {
+        let shared = efa(6, 6, 6);
+        let pinned = cache.pin();
+        for client in FIRST_SHARED..FIRST_SHARED + SHARED_CLIENTS {
+            pinned
+                .resolve(client, &shared)
+                .expect("a client of the shared entry");
+        }
+    }
+    assert_eq!(SHARED_CLIENTS, cache.stats().clients);
 
     cache
         .pin()
@@ -103,6 +119,11 @@ fn calls_from_the_writer_thread_answer_at_once_and_the_writer_goes_on() {
         cache.release(client);
     }
     cache.quiesce();
+    assert_eq!(
+        0,
+        cache.stats().clients,
+        "every release from the writer thread was applied"
+    );
     assert!(av.is_empty(), "{:?}", av.events());
     assert!(av.violations().is_empty(), "{:?}", av.violations());
 }

@@ -143,6 +143,15 @@ impl Inbox {
     }
 }
 
+/// The error for `call`, which may wait for a parked incarnation, made by a thread that holds a
+/// pin of the cache, which that incarnation would wait for: `instead` says what to use.
+fn pinned_here(call: &str, instead: &str) -> DmaError {
+    DmaError::InvalidArgument(format!(
+        "{call} called by a thread that holds a Pinned of this cache, which a parked incarnation \
+         would wait for: use {instead}"
+    ))
+}
+
 /// The error for a call that would wait for the writer, made on the writer's own thread.
 fn on_writer_thread(call: &str) -> DmaError {
     DmaError::InvalidArgument(format!(
@@ -359,10 +368,7 @@ impl<B: AvBackend> AddressCache<B> {
             if let Err(TrySendError::Full) =
                 self.core.requests.try_send(Request::Release { client })
             {
-                let mut own = crate::sync::lock(&self.core.shared.own_releases);
-                if own.len() < INBOX_BOUND {
-                    own.push(client);
-                } else {
+                if !writer::queue_own_release(client) {
                     tracing::error!(
                         client,
                         "release called on the writer thread with its inbox and overflow full: dropped"
@@ -407,14 +413,14 @@ impl<B: AvBackend> AddressCache<B> {
     /// # Ok::<(), DmaError>(())
     /// ```
     pub fn lease(&self, client: u64, address: &[u8]) -> Result<Lease<'_>, DmaError> {
-        let own_lease = lease::held_here(self.core.id);
-        self.lease_until(client, address, None, own_lease)
+        self.lease_until(client, address, None)
     }
 
     /// [`lease`](Self::lease) for many `(client, address)` pairs at once: the misses go to the
     /// writer in chunks of at most 64, one request and one answer a chunk (see
     /// [`Pinned::resolve_all`]), and each entry is leased. An entry that must wait for an old
-    /// incarnation's removal waits as `lease` does, after the others are leased.
+    /// incarnation's removal waits as `lease` does, before this call takes any lease of its own
+    /// (so its wait is never on one of them).
     ///
     /// The results come back in request order; a bad address fails its own entry only.
     ///
@@ -435,17 +441,11 @@ impl<B: AvBackend> AddressCache<B> {
     /// ```
     pub fn lease_all(&self, requests: &[(u64, &[u8])]) -> Vec<Result<Lease<'_>, DmaError>> {
         if self.core.epochs.pinned_here() {
-            return requests
-                .iter()
-                .map(|_| {
-                    Err(DmaError::InvalidArgument(
-                        "AddressCache::lease_all called by a thread that holds a Pinned of this \
-                         cache, which a parked incarnation would wait for: use Pinned::resolve_all \
-                         and Pinned::lease"
-                            .into(),
-                    ))
-                })
-                .collect();
+            let refusal = pinned_here(
+                "AddressCache::lease_all",
+                "Pinned::resolve_all and Pinned::lease",
+            );
+            return requests.iter().map(|_| Err(refusal.clone())).collect();
         }
         // Register every entry, the misses in chunks, under one pin, then let the pin go: an
         // entry parked behind an old incarnation waits for every pin, this one's too.
@@ -505,28 +505,22 @@ impl<B: AvBackend> AddressCache<B> {
         address: &[u8],
         timeout: Duration,
     ) -> Result<Lease<'_>, DmaError> {
-        // With a deadline the wait ends whatever this thread holds.
-        self.lease_until(client, address, Instant::now().checked_add(timeout), false)
+        self.lease_until(client, address, Instant::now().checked_add(timeout))
     }
 
-    /// `lease`'s loop. `own_lease`: the calling thread held leases of this cache when the call
-    /// began, so a wait on a parked incarnation may be a wait on itself: ask for an answer at
-    /// once, and refuse if the entry has to wait.
+    /// `lease`'s loop, until `deadline` if there is one.
     fn lease_until(
         &self,
         client: u64,
         address: &[u8],
         deadline: Option<Instant>,
-        own_lease: bool,
     ) -> Result<Lease<'_>, DmaError> {
         if self.core.epochs.pinned_here() {
-            return Err(DmaError::InvalidArgument(
-                "AddressCache::lease called by a thread that holds a Pinned of this cache, which \
-                 a parked incarnation would wait for: use Pinned::lease"
-                    .into(),
-            ));
+            return Err(pinned_here("AddressCache::lease", "Pinned::lease"));
         }
-        let own_lease = own_lease && deadline.is_none();
+        // Without a deadline, a wait on a lease this thread holds would never end: ask for an
+        // answer at once, and refuse if the entry has to wait. With one, the wait ends anyway.
+        let own_lease = deadline.is_none() && lease::held_here(self.core.id);
         loop {
             {
                 let pinned = self.pin();
@@ -606,8 +600,8 @@ impl<B: AvBackend> AddressCache<B> {
     /// How many requests (misses, releases, quiesces) the writer's inbox holds. A sender that
     /// finds it full waits for room ([`Pinned::resolve`], [`release`](Self::release),
     /// [`quiesce`](Self::quiesce), [`lease`](Self::lease)), or queues nothing and answers
-    /// [`DmaError::Busy`] ([`Pinned::try_resolve`], whose `WouldBlock` always means queued). So a flood of queued misses costs at
-    /// most this many requests of memory, however fast it comes.
+    /// [`DmaError::Busy`] ([`Pinned::try_resolve`], whose `WouldBlock` always means queued). So a
+    /// flood of queued misses costs at most this many requests of memory, however fast it comes.
     pub const INBOX_BOUND: usize = INBOX_BOUND;
 
     /// [`quiesce`](Self::quiesce), waiting up to `patience` without progress for removals held
@@ -843,12 +837,15 @@ impl<'cache> Pinned<'cache> {
     /// ```
     pub fn resolve_all(&self, requests: &[(u64, &[u8])]) -> Vec<Result<Peer<'_>, DmaError>> {
         let mut results: Vec<Result<Peer<'_>, DmaError>> = Vec::with_capacity(requests.len());
-        let mut misses: Vec<(usize, u64, StoredAddress)> = Vec::new();
+        // The misses, as the writer is asked them, and where each one's answer goes.
+        let mut misses: Vec<(u64, StoredAddress)> = Vec::new();
+        let mut positions: Vec<usize> = Vec::new();
         for (position, &(client, address)) in requests.iter().enumerate() {
             let probed = self.hit(client, address).and_then(|hit| match hit {
                 Some(peer) => Ok(Some(peer)),
                 None => self.core.stored(address).map(|stored| {
-                    misses.push((position, client, stored));
+                    misses.push((client, stored));
+                    positions.push(position);
                     None
                 }),
             });
@@ -859,11 +856,7 @@ impl<'cache> Pinned<'cache> {
                 Err(error) => Err(error),
             });
         }
-        let asked: Vec<(u64, StoredAddress)> = misses
-            .iter()
-            .map(|(_, client, stored)| (*client, stored.clone()))
-            .collect();
-        for ((position, ..), answer) in misses.iter().zip(self.core.ask_chunks(&asked)) {
+        for (position, answer) in positions.iter().zip(self.core.ask_chunks(&misses)) {
             if let Some(slot) = results.get_mut(*position) {
                 *slot = answer.map(|fi_addr| self.peer(fi_addr));
             }

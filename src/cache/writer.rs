@@ -179,10 +179,6 @@ pub(crate) struct Shared {
     /// Set by the outstanding deferral's closure: every reader pinned when it was deferred has
     /// unpinned.
     pub(crate) readers_gone: AtomicBool,
-    /// Clients released by code running on the writer thread while the inbox was full: applied
-    /// at the writer's next round, so such a release never waits for the writer. Bounded by
-    /// [`INBOX_BOUND`].
-    pub(crate) own_releases: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Shared {
@@ -194,7 +190,6 @@ impl Shared {
             failures: Failures::default(),
             doorbell: Doorbell::default(),
             readers_gone: AtomicBool::new(false),
-            own_releases: std::sync::Mutex::new(Vec::new()),
         }
     }
 }
@@ -203,6 +198,33 @@ impl Shared {
 std::thread_local! {
     /// The id of the cache whose writer this thread is, or 0.
     static WRITER_OF: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Clients released by code running on this writer thread while its inbox was full: applied
+    /// at the writer's next round, so such a release never waits for the writer. Only this thread
+    /// pushes and drains it, so it needs no lock. Bounded by [`INBOX_BOUND`].
+    static OWN_RELEASES: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Queue `client`'s release beside the full inbox, from code running on the writer thread;
+/// whether there was room (at most [`INBOX_BOUND`]).
+pub(crate) fn queue_own_release(client: u64) -> bool {
+    #[cfg(not(dma_loom))]
+    {
+        OWN_RELEASES
+            .try_with(|own| {
+                let mut own = own.borrow_mut();
+                let room = own.len() < INBOX_BOUND;
+                if room {
+                    own.push(client);
+                }
+                room
+            })
+            .unwrap_or(false)
+    }
+    #[cfg(dma_loom)]
+    {
+        let _ = client;
+        false
+    }
 }
 
 /// Whether the calling thread is the writer of cache `cache`: a call from it that waited for the
@@ -460,6 +482,7 @@ pub(crate) struct Writer<B> {
     scratch: Vec<u64>,
     next_ticket: u64,
     /// This cache's id: the writer thread is marked with it ([`on_writer_of`]).
+    #[cfg_attr(dma_loom, allow(dead_code))] // no thread-local marks under loom
     cache: u64,
     stats: CacheStats,
     epoch: LocalHandle,
@@ -485,7 +508,18 @@ pub(crate) fn usable_capacity(backend: &impl AvBackend) -> usize {
 /// The inbox has been closed: the cache is gone.
 struct Stopped;
 
-/// Whether work other than a request has come for the writer of `shared`.
+/// The request waiting in `inbox`, if one is.
+#[cfg(not(dma_loom))]
+fn try_next(inbox: &mpsc::Receiver<Request>) -> Result<Option<Request>, Stopped> {
+    match inbox.try_recv() {
+        Ok(request) => Ok(Some(request)),
+        Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+        Err(std::sync::mpsc::TryRecvError::Disconnected) => Err(Stopped),
+    }
+}
+
+/// Whether work other than a request has come for the writer of `shared`: the deferral's readers
+/// have gone, or an awaited lease was dropped.
 #[cfg(not(dma_loom))]
 fn signalled(shared: &Shared) -> bool {
     shared.readers_gone.load(Ordering::Relaxed) || shared.leases.reported()
@@ -653,12 +687,10 @@ impl<B: AvBackend> Writer<B> {
     ) -> Result<Option<Request>, Stopped> {
         let started = Instant::now();
         loop {
-            match self.inbox.try_recv() {
-                Ok(request) => return Ok(Some(request)),
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => return Err(Stopped),
-                Err(std::sync::mpsc::TryRecvError::Empty) => {}
+            if let Some(request) = try_next(&self.inbox)? {
+                return Ok(Some(request));
             }
-            if self.signalled() {
+            if signalled(&self.shared) {
                 return Ok(None);
             }
             if started.elapsed() >= spin {
@@ -666,27 +698,18 @@ impl<B: AvBackend> Writer<B> {
             }
             std::thread::yield_now();
         }
-        let mut received = None;
+        let mut received = Ok(None);
         let (inbox, shared) = (&self.inbox, &self.shared);
         shared.doorbell.park(
             || {
-                received = match inbox.try_recv() {
-                    Ok(request) => Some(Ok(request)),
-                    Err(std::sync::mpsc::TryRecvError::Disconnected) => Some(Err(Stopped)),
-                    Err(std::sync::mpsc::TryRecvError::Empty) => None,
-                };
-                received.is_some() || signalled(shared)
+                received = try_next(inbox);
+                !matches!(received, Ok(None)) || signalled(shared)
             },
             timeout.map(|timeout| timeout.saturating_sub(started.elapsed())),
         );
         match received {
-            Some(Ok(request)) => Ok(Some(request)),
-            Some(Err(Stopped)) => Err(Stopped),
-            None => match self.inbox.try_recv() {
-                Ok(request) => Ok(Some(request)),
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => Err(Stopped),
-                Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
-            },
+            Ok(None) => try_next(&self.inbox),
+            received => received,
         }
     }
 
@@ -708,13 +731,6 @@ impl<B: AvBackend> Writer<B> {
                 .map(Some)
                 .map_err(|_| Stopped),
         }
-    }
-
-    /// Whether work other than a request has come: the deferral's readers have gone, or an
-    /// awaited lease was dropped.
-    #[cfg(not(dma_loom))]
-    fn signalled(&self) -> bool {
-        signalled(&self.shared)
     }
 
     /// Take one request of a batch; whether it asks the writer to stop.
@@ -916,9 +932,14 @@ impl<B: AvBackend> Writer<B> {
 
     /// Apply the releases that code on this thread queued while the inbox was full.
     fn own_releases(&mut self) {
-        let released = std::mem::take(&mut *crate::sync::lock(&self.shared.own_releases));
-        for client in released {
-            self.apply(Request::Release { client });
+        #[cfg(not(dma_loom))]
+        {
+            let released = OWN_RELEASES
+                .try_with(|own| std::mem::take(&mut *own.borrow_mut()))
+                .unwrap_or_default();
+            for client in released {
+                self.apply(Request::Release { client });
+            }
         }
     }
 
