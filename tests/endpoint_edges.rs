@@ -20,13 +20,10 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, MemoryRegion, Operation};
+use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, Operation};
 
 use common::{in_child_process, tcp};
-use testkit::{rma_tcp, with_progress};
-
-/// Long enough for any completion on loopback; a bound against hangs, not a timing assertion.
-const PATIENCE: Duration = Duration::from_secs(20);
+use testkit::{PATIENCE, rma_tcp, wait_for_bytes, with_progress};
 
 /// `Configuration::MAX_CQ_SIZE`.
 const MAX_CQ_SIZE: usize = 1 << 22;
@@ -112,23 +109,6 @@ impl Drop for SetOnDrop<'_> {
     }
 }
 
-/// Wait until `region` holds `expected` at 0, bounded by [`PATIENCE`] against a hang.
-fn wait_for_bytes(region: &MemoryRegion<'_>, expected: &[u8]) {
-    let deadline = std::time::Instant::now() + PATIENCE;
-    let mut seen = vec![0; expected.len()];
-    loop {
-        region.read_bytes(0, &mut seen).expect("in range");
-        if seen == expected {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never landed: {seen:?}"
-        );
-        std::thread::yield_now();
-    }
-}
-
 /// A server, a client whose memory it writes into or reads from, and a lease on the client.
 struct Rma {
     server: LibfabricEndpoint,
@@ -177,7 +157,7 @@ impl Rma {
                 )
                 .expect("posted");
             let completion = self.server.wait_for(id, wait_timeout).expect("completed");
-            wait_for_bytes(&target, bytes);
+            wait_for_bytes(&target, 0, bytes);
             completion
         })
     }
@@ -384,7 +364,7 @@ fn drain_operations_with_duration_max_returns_once_nothing_is_in_flight() {
         // Nothing reaps the server's queue but the drain: the write is in flight until then.
         assert_eq!(1, rma.server.operations_in_flight());
         assert_eq!(0, rma.server.drain_operations(Duration::MAX));
-        wait_for_bytes(&target, b"drained!");
+        wait_for_bytes(&target, 0, b"drained!");
     });
     let mut completions = Vec::new();
     rma.server.poll_completions(&mut completions).expect("poll");

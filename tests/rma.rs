@@ -9,28 +9,7 @@ use dma_libfabric::{
     Completion, Configuration, DmaError, LibfabricEndpoint, MemoryRegion, Operation, RemoteRegion,
     sys,
 };
-use testkit::{rma_tcp, with_progress};
-
-/// Long enough for any completion on loopback; a bound against hangs, not a timing assertion.
-const PATIENCE: Duration = Duration::from_secs(20);
-
-/// Wait until `region` holds `expected` at `offset` (data lands when the target progresses,
-/// which may be after the initiator's completion).
-fn wait_for_bytes(region: &dma_libfabric::MemoryRegion<'_>, offset: usize, expected: &[u8]) {
-    let deadline = Instant::now() + PATIENCE;
-    let mut seen = vec![0; expected.len()];
-    loop {
-        region.read_bytes(offset, &mut seen).expect("in range");
-        if seen == expected {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the write never landed: {seen:?}"
-        );
-        std::thread::yield_now();
-    }
-}
+use testkit::{PATIENCE, rma_tcp, wait_for_bytes, with_progress};
 
 #[test]
 fn registration_follows_the_providers_mr_mode_and_needs_rma_configured() {

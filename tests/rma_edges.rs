@@ -6,15 +6,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use dma_libfabric::endpoint::memory::{MAX_REGION_LEN, QUARANTINE};
 use dma_libfabric::{DmaError, LibfabricEndpoint, MemoryRegion, RemoteRegion};
+use testkit::{PATIENCE, rma_tcp, wait_for_bytes, with_progress};
 use testkit::{Random, in_child_process};
-use testkit::{rma_tcp, with_progress};
-
-/// Long enough for any completion on loopback; a bound against hangs, not a timing assertion.
-const PATIENCE: Duration = Duration::from_secs(20);
 
 /// The size of the racing transfers: large enough that tcp moves it over many progress calls.
 const LARGE: usize = 8 << 20;
@@ -63,14 +60,7 @@ fn connect(server: &LibfabricEndpoint, client: &LibfabricEndpoint) {
             .expect("posted");
         let completion = server.wait_for(u64::MAX, PATIENCE).expect("completed");
         assert_eq!(Ok(()), completion.result);
-        let deadline = Instant::now() + PATIENCE;
-        while 0xee != byte_at(&target, 7) {
-            assert!(
-                Instant::now() < deadline,
-                "the connecting write never landed"
-            );
-            std::thread::yield_now();
-        }
+        wait_for_bytes(&target, 0, &[0xee; 8]);
     });
 }
 

@@ -111,6 +111,28 @@ pub fn with_progress<R>(peer: &LibfabricEndpoint, body: impl FnOnce() -> R) -> R
     })
 }
 
+/// How long a test waits for something on loopback before it fails: a bound against hangs, not a
+/// timing assertion.
+pub const PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Wait until `region` holds `expected` at `offset`: RMA data lands when the target progresses,
+/// which may be after the initiator's completion. Panics after [`PATIENCE`].
+pub fn wait_for_bytes(region: &dma_libfabric::MemoryRegion<'_>, offset: usize, expected: &[u8]) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let mut seen = vec![0; expected.len()];
+    loop {
+        region.read_bytes(offset, &mut seen).expect("in range");
+        if seen == expected {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bytes never landed: {seen:?}"
+        );
+        std::thread::yield_now();
+    }
+}
+
 /// A real tcp endpoint on loopback whose AV was opened for `capacity` entries.
 pub fn tcp_with_capacity(capacity: usize) -> LibfabricEndpoint {
     let configuration = Configuration {
