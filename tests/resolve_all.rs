@@ -15,6 +15,15 @@ impl Observer for Inserts {
     }
 }
 
+/// `(client, address)` requests, client `n` for the `n`th address.
+fn numbered<A: AsRef<[u8]>>(addresses: &[A]) -> Vec<(u64, &[u8])> {
+    addresses
+        .iter()
+        .enumerate()
+        .map(|(client, address)| (client as u64, address.as_ref()))
+        .collect()
+}
+
 #[test]
 fn hits_and_misses_come_back_in_request_order_on_the_real_av() {
     let endpoint = tcp();
@@ -29,11 +38,7 @@ fn hits_and_misses_come_back_in_request_order_on_the_real_av() {
                 .expect("in");
         }
     }
-    let requests: Vec<(u64, &[u8])> = addresses
-        .iter()
-        .enumerate()
-        .map(|(client, address)| (client as u64, &address[..]))
-        .collect();
+    let requests = numbered(&addresses);
     let misses_before = cache.stats().misses;
     let pinned = cache.pin();
     let peers = pinned.resolve_all(&requests);
@@ -90,11 +95,7 @@ fn a_full_av_fails_the_entries_past_its_capacity() {
     let av = ModelAv::with_layout(AddressFormat::Opaque, 16, 8);
     let cache = AddressCache::with_backend(av.clone());
     let addresses: Vec<[u8; 16]> = (1..=10).map(|n| [n; 16]).collect();
-    let requests: Vec<(u64, &[u8])> = addresses
-        .iter()
-        .enumerate()
-        .map(|(client, address)| (client as u64, &address[..]))
-        .collect();
+    let requests = numbered(&addresses);
     let leases = cache.lease_all(&requests);
     assert_eq!(8, leases.iter().filter(|lease| lease.is_ok()).count());
     for lease in &leases[8..] {
@@ -116,11 +117,7 @@ fn a_storm_of_a_thousand_misses_across_sixteen_chunks_is_leased_in_full() {
         observer: inserts,
     });
     let addresses: Vec<Vec<u8>> = (0..1_000).map(sockaddr).collect();
-    let requests: Vec<(u64, &[u8])> = addresses
-        .iter()
-        .enumerate()
-        .map(|(client, address)| (client as u64, &address[..]))
-        .collect();
+    let requests = numbered(&addresses);
     let leases = cache.lease_all(&requests);
     assert!(leases.iter().all(Result::is_ok));
     assert_eq!(1_000, counted.load(std::sync::atomic::Ordering::Relaxed));
