@@ -231,3 +231,54 @@ fn a_backend_with_an_absurd_capacity_is_used_up_to_the_bound() {
         .fi_addr();
     assert_eq!(Some(opaque(1)), av.lookup(peer));
 }
+
+#[test]
+fn quiesce_with_endless_patience_never_waits_on_the_callers_own_pin_or_lease() {
+    let av = ModelAv::new(AddressFormat::Opaque);
+    let cache = AddressCache::with_backend(av.clone());
+
+    // A pin of this thread holds a removal back: endless patience would wait for ever.
+    let pinned = cache.pin();
+    pinned.resolve(1, &opaque(1)).expect("a miss");
+    cache.release(1);
+    cache.quiesce_with_patience(std::time::Duration::MAX);
+    assert_eq!(
+        1,
+        cache.stats().pending_removals,
+        "held back by this thread's pin"
+    );
+    drop(pinned);
+    cache.quiesce();
+    assert_eq!(0, cache.stats().pending_removals);
+
+    // A lease this thread took holds a removal back: the same.
+    let lease = cache.lease(2, &opaque(2)).expect("a lease");
+    cache.release(2);
+    cache.quiesce_with_patience(std::time::Duration::MAX);
+    assert_eq!(
+        1,
+        cache.stats().removals_awaiting_leases,
+        "held by this thread's lease"
+    );
+    drop(lease);
+    cache.quiesce();
+    assert!(av.is_empty());
+}
+
+#[test]
+fn lease_within_endless_patience_refuses_a_wait_on_the_callers_own_lease() {
+    let av = ModelAv::new(AddressFormat::Efa);
+    let cache = AddressCache::with_backend(av.clone());
+    let old = cache.lease(1, &efa(5, 1, 1)).expect("the old incarnation");
+    // `Duration::MAX` is no deadline at all, so this is `lease`, and waiting would be on `old`.
+    let refused = cache.lease_within(2, &efa(5, 1, 2), std::time::Duration::MAX);
+    assert!(
+        matches!(&refused, Err(DmaError::InvalidArgument(why)) if why.contains("lease this thread holds")),
+        "{refused:?}"
+    );
+    drop(old);
+    let new = cache
+        .lease_within(2, &efa(5, 1, 2), std::time::Duration::MAX)
+        .expect("admitted once the old lease is gone");
+    assert_eq!(Some(efa(5, 1, 2)), av.lookup(new.fi_addr()));
+}

@@ -487,7 +487,8 @@ impl<B: AvBackend> AddressCache<B> {
     ///
     /// # Errors
     /// As `lease`, and [`DmaError::WouldBlock`] once `timeout` has passed; the request stays
-    /// queued, so a later call finds the entry.
+    /// queued, so a later call finds the entry. A `timeout` too long to end (`Duration::MAX`) is
+    /// no deadline at all: the call is `lease`, and refuses a wait on its own thread's lease.
     ///
     /// ```
     /// use std::time::Duration;
@@ -622,13 +623,26 @@ impl<B: AvBackend> AddressCache<B> {
     /// # Ok::<(), DmaError>(())
     /// ```
     ///
-    /// On the cache's own writer thread (a `tracing` subscriber, an [`AvBackend`]) it returns at
-    /// once: the writer cannot wait for itself.
+    /// It never waits on itself, whatever `patience` says (`Duration::MAX` included):
+    /// - on the cache's own writer thread (a `tracing` subscriber, an [`AvBackend`]) it returns
+    ///   at once: the writer cannot wait for itself;
+    /// - on a thread that holds a [`Pinned`] of this cache, whose removals that pin holds back
+    ///   cannot progress while it waits here, patience is zero;
+    /// - on a thread whose leases of this cache are alive (see [`lease`](Self::lease) for which
+    ///   leases count), which may be what holds the removals back, patience is at most
+    ///   [`DEFAULT_QUIESCE_PATIENCE`](Self::DEFAULT_QUIESCE_PATIENCE).
     pub fn quiesce_with_patience(&self, patience: Duration) {
         if on_writer_of(self.core.id) {
             tracing::debug!("quiesce called on the writer thread: returns at once");
             return;
         }
+        let patience = if self.core.epochs.pinned_here() {
+            Duration::ZERO
+        } else if lease::held_here(self.core.id) {
+            patience.min(Self::DEFAULT_QUIESCE_PATIENCE)
+        } else {
+            patience
+        };
         let (reply, done) = mpsc::channel();
         if self
             .core
