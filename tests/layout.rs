@@ -5,6 +5,8 @@
 //! anywhere) must name a module at or below the one it is written in. Names re-exported at the
 //! crate root count as the module they come from. (`super::` never leaves a top-level module
 //! here: each is a directory whose files reach their siblings through it.)
+//!
+//! And no file under `src/` holds more code than a reader keeps in their head: see [`MOST_LINES`].
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::path::{Path, PathBuf};
