@@ -59,3 +59,8 @@ pub use endpoint::{
     Completion, Description, LibfabricEndpoint, MemoryRegion, Operation, RemoteRegion, Segment,
 };
 pub use error::DmaError;
+
+/// The README's first program, run as a doc test so the front page cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
