@@ -1,37 +1,121 @@
-//! The writer's doorbell: how the threads that hand it work wake it when it has parked.
+//! The writer's doorbell: how the threads that hand it work wake it when it has parked, and how
+//! a thread waiting for the writer's answer learns whether the writer is awake.
 //!
 //! The writer parks with `std::thread::park` (with a timeout while removals are pending), not on
 //! a channel, so that every source of work can wake it the same way: a request in its inbox, an
 //! epoch deferral whose readers have gone, the last lease of an awaited removal.
 //!
+//! # The writer's state
+//!
+//! One atomic word, written by the writer alone and never touched by a hit, says what the writer
+//! is doing and what its work costs: [`APPLYING`] (awake, working through a batch of requests),
+//! [`POLLING`] (awake, looking for work or moving the epoch on) or [`PARKED`] (asleep until
+//! rung), and, in the bits above the state, what its recent batches took on average, in
+//! nanoseconds. A miss's waiter reads it to decide how to wait for its answer, the way an adaptive
+//! mutex decides whether to spin for its owner: while the writer is awake the answer is at most
+//! two batches away (the one being applied, then the one with the waiter's request), so the
+//! waiter spins for that long ([`WriterState::spin_budget`]); once the writer is parked, a spin
+//! would only burn the core the writer needs to wake on, and the waiter parks at once.
+//!
 //! # Guarantees
 //!
-//! - **No lost wake-up.** The writer announces that it parks (`parked = true`), issues a `SeqCst`
-//!   fence, and then looks for work once more before it parks; a ringer makes its work visible,
-//!   issues a `SeqCst` fence, and then reads `parked`. Of two `SeqCst` fences one comes first, so
-//!   either the writer's last look sees the work, or the ringer sees `parked` and unparks it (an
-//!   unpark that comes before the park makes the park return at once).
+//! - **No lost wake-up of the writer.** The writer announces that it parks (state [`PARKED`]),
+//!   issues a `SeqCst` fence, and then looks for work once more before it parks; a ringer makes
+//!   its work visible, issues a `SeqCst` fence, and then reads the state. Of two `SeqCst` fences
+//!   one comes first, so either the writer's last look sees the work, or the ringer sees
+//!   [`PARKED`] and unparks it (an unpark that comes before the park makes the park return at
+//!   once).
+//! - **No lost wake-up of a waiter, whatever state it reads.** A waiter's spin only polls its
+//!   answer channel; however it ends (the answer came, the writer was seen parked, the budget ran
+//!   out), the waiter then blocks on the channel itself, whose `recv` returns as soon as the
+//!   answer is sent, before or after the block. The state is a hint for how long to poll: a stale
+//!   one (the writer parked just after the waiter read [`APPLYING`]) costs at most the budget, a
+//!   few microseconds, and never the answer. And the writer cannot sit parked on the waiter's
+//!   request: the waiter rang after queueing it (the guarantee above).
+//! - **The spin is bounded**: by twice the writer's measured batch cost, at least
+//!   [`MIN_SPIN`] and at most [`MAX_SPIN`]; the waiter reads the state again on every poll and
+//!   stops at once when it reads [`PARKED`].
 //! - **Lock-free and allocation-free to ring**: a fence, a load and, when the writer is parked,
 //!   `Thread::unpark` (an atomic swap and a futex wake). So a deferred closure that runs inside a
 //!   reader's `pin()`, and a lease's drop on a completion thread, may ring it.
 //!
-//! Under loom the writer waits on its inbox instead (loom has no timed park) and ringing does
-//! nothing: the models drive the writer with requests, as they always have.
+//! Under loom the writer waits on its inbox instead (loom has no timed park), publishing
+//! [`PARKED`] before it does, and ringing does nothing: the models drive the writer with
+//! requests, as they always have, and check a waiter's decision to spin against a writer that
+//! parks meanwhile (`loom_tests/tests/adaptive_wait.rs`).
 
 #[cfg(not(dma_loom))]
 use std::sync::OnceLock;
 #[cfg(not(dma_loom))]
-use std::sync::atomic::{AtomicBool, Ordering, fence};
-#[cfg(not(dma_loom))]
 use std::time::Duration;
 
-/// See the module docs.
-#[derive(Default)]
-pub(crate) struct Doorbell {
+#[cfg(not(dma_loom))]
+use crate::sync::atomic::fence;
+use crate::sync::atomic::{AtomicU64, Ordering};
+
+/// The writer is awake and applying a batch of requests.
+pub(crate) const APPLYING: u64 = 0;
+/// The writer is awake, between batches: looking for the next request, or moving the epoch on.
+pub(crate) const POLLING: u64 = 1;
+/// The writer is parked (or about to park) until it is rung.
+pub(crate) const PARKED: u64 = 2;
+/// The state's bits in the word; the batch cost sits above them.
+const STATE_BITS: u32 = 2;
+const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+
+/// The shortest spin a waiter allows an awake writer: a batch measured faster than this is
+/// measured mostly by the clock.
+#[cfg(not(dma_loom))]
+pub(crate) const MIN_SPIN: Duration = Duration::from_micros(1);
+/// The longest: beyond it a slow backend's batch is cheaper to sleep through than to spin
+/// through, and a writer preempted while it applies costs the waiter no more than this.
+#[cfg(not(dma_loom))]
+pub(crate) const MAX_SPIN: Duration = Duration::from_micros(50);
+
+/// One reading of the writer's state word.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WriterState(u64);
+
+impl WriterState {
+    /// [`APPLYING`], [`POLLING`] or [`PARKED`].
+    pub(crate) fn state(self) -> u64 {
+        self.0 & STATE_MASK
+    }
+
+    /// Whether the writer was awake: a waiter may spin.
+    pub(crate) fn awake(self) -> bool {
+        self.state() != PARKED
+    }
+
+    /// The writer's recent batches' average cost, in nanoseconds (0 before the first).
+    pub(crate) fn batch_ns(self) -> u64 {
+        self.0 >> STATE_BITS
+    }
+
+    /// How long a waiter spins for its answer while the writer is awake: two batches (the one in
+    /// progress, then the one with its request), within [`MIN_SPIN`] and [`MAX_SPIN`].
     #[cfg(not(dma_loom))]
-    parked: AtomicBool,
+    pub(crate) fn spin_budget(self) -> Duration {
+        Duration::from_nanos(self.batch_ns().saturating_mul(2)).clamp(MIN_SPIN, MAX_SPIN)
+    }
+}
+
+/// See the module docs.
+pub(crate) struct Doorbell {
+    /// The writer's state and batch cost (see the module docs). Written by the writer only.
+    word: AtomicU64,
     #[cfg(not(dma_loom))]
     writer: OnceLock<std::thread::Thread>,
+}
+
+impl Default for Doorbell {
+    fn default() -> Self {
+        Self {
+            word: AtomicU64::new(POLLING),
+            #[cfg(not(dma_loom))]
+            writer: OnceLock::new(),
+        }
+    }
 }
 
 impl Doorbell {
@@ -41,12 +125,29 @@ impl Doorbell {
         #[cfg(not(dma_loom))]
         {
             fence(Ordering::SeqCst);
-            if self.parked.load(Ordering::Relaxed) {
+            if self.writer_state().state() == PARKED {
                 if let Some(writer) = self.writer.get() {
                     writer.unpark();
                 }
             }
         }
+    }
+
+    /// What the writer is doing, as it last published it.
+    #[inline]
+    pub(crate) fn writer_state(&self) -> WriterState {
+        WriterState(self.word.load(Ordering::Relaxed))
+    }
+
+    /// Publish the writer's `state` with its batch cost `batch_ns`. Writer only. Relaxed: the
+    /// word orders nothing else (the park's fence is issued by [`park`](Self::park)).
+    #[inline]
+    pub(crate) fn publish(&self, state: u64, batch_ns: u64) {
+        let batch_ns = batch_ns.min(u64::MAX >> STATE_BITS);
+        self.word.store(
+            (batch_ns << STATE_BITS) | (state & STATE_MASK),
+            Ordering::Relaxed,
+        );
     }
 
     /// Record the calling thread as the writer. Writer only, once, before it first parks.
@@ -56,10 +157,16 @@ impl Doorbell {
     }
 
     /// Park the writer until it is rung, `timeout` passes (`None`: no timeout), or a spurious
-    /// wake-up, unless `ready` (its last look for work) finds something.
+    /// wake-up, unless `ready` (its last look for work) finds something. Publishes [`PARKED`]
+    /// before the last look and [`POLLING`] after, each with `batch_ns`.
     #[cfg(not(dma_loom))]
-    pub(crate) fn park(&self, ready: impl FnOnce() -> bool, timeout: Option<Duration>) {
-        self.parked.store(true, Ordering::Relaxed);
+    pub(crate) fn park(
+        &self,
+        ready: impl FnOnce() -> bool,
+        timeout: Option<Duration>,
+        batch_ns: u64,
+    ) {
+        self.publish(PARKED, batch_ns);
         fence(Ordering::SeqCst);
         if !ready() {
             match timeout {
@@ -67,6 +174,6 @@ impl Doorbell {
                 None => std::thread::park(),
             }
         }
-        self.parked.store(false, Ordering::Relaxed);
+        self.publish(POLLING, batch_ns);
     }
 }

@@ -13,18 +13,81 @@
 //!   cannot come, although the channel it waits on outlives the writer.
 //! - A waiter takes only its own ticket's answer.
 //!
+//! # Waiting
+//!
+//! A blocking round trip waits the way an adaptive mutex does: it polls for its answer only while
+//! the writer is awake, for at most what two of the writer's recent batches took, and blocks on
+//! the channel at once when the writer is parked (see [`super::doorbell`] for the state the
+//! writer publishes and why no wake-up is lost whatever state the waiter reads). The poll is a
+//! busy one (`spin_loop`), not a yield: it runs only while the writer says it is on a CPU, so it
+//! does not take the core the writer needs, and it is short, so a writer preempted mid-batch
+//! costs it microseconds.
+//!
 //! Under loom every round trip makes a channel of its own (a loom channel cannot outlive the
-//! execution it was made in); the answers and tickets are the same.
+//! execution it was made in); the answers and tickets are the same, and the poll is a couple of
+//! yielding tries while the writer is not parked.
 
 use std::time::Instant;
 
+use super::doorbell::Doorbell;
 use crate::error::DmaError;
-use crate::sync::{mpsc, recv_spinning, recv_until};
+use crate::sync::{mpsc, recv_until};
 use crate::sys::fi_addr_t;
 
-/// How long a waiting thread polls for its answer before it parks: about what a real
-/// `fi_av_insert` and the round trip cost, so the common miss never sleeps.
-const MISS_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
+/// Under loom, how many times a waiter polls for its answer while the writer is awake before it
+/// blocks: enough for the model to interleave the writer's park between the waiter's reads.
+#[cfg(dma_loom)]
+const LOOM_POLLS: usize = 2;
+
+/// Receive `receiver`'s next message, polling for it while the writer (whose state `doorbell`
+/// publishes) is awake, within its spin budget, and blocking on the channel at once otherwise.
+#[cfg(not(dma_loom))]
+pub(crate) fn recv_adaptive<T>(
+    receiver: &mpsc::Receiver<T>,
+    doorbell: &Doorbell,
+) -> Result<T, mpsc::RecvError> {
+    let mut spin: Option<(Instant, std::time::Duration)> = None;
+    loop {
+        match receiver.try_recv() {
+            Ok(value) => return Ok(value),
+            Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
+            Err(mpsc::TryRecvError::Empty) => {}
+        }
+        let writer = doorbell.writer_state();
+        if !writer.awake() {
+            break;
+        }
+        let (started, budget) = *spin.get_or_insert_with(|| (Instant::now(), writer.spin_budget()));
+        if started.elapsed() >= budget {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    receiver.recv()
+}
+
+/// Receive `receiver`'s next message: under loom, [`LOOM_POLLS`] yielding polls while the writer
+/// is not parked, then a blocking receive.
+#[cfg(dma_loom)]
+pub(crate) fn recv_adaptive<T>(
+    receiver: &mpsc::Receiver<T>,
+    doorbell: &Doorbell,
+) -> Result<T, std::sync::mpsc::RecvError> {
+    for _ in 0..LOOM_POLLS {
+        match receiver.try_recv() {
+            Ok(value) => return Ok(value),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                return Err(std::sync::mpsc::RecvError);
+            }
+            Err(std::sync::mpsc::TryRecvError::Empty) => {}
+        }
+        if !doorbell.writer_state().awake() {
+            break;
+        }
+        crate::sync::thread::yield_now();
+    }
+    receiver.recv()
+}
 
 /// An answer with the ticket it belongs to.
 type Tagged = (u64, Result<fi_addr_t, DmaError>);
@@ -81,6 +144,7 @@ impl Channel {
         &mut self,
         ask: impl FnOnce(Answer) -> Result<(), DmaError>,
         deadline: Option<Instant>,
+        writer: &Doorbell,
     ) -> Outcome {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
@@ -94,7 +158,7 @@ impl Channel {
         }
         loop {
             let received = match deadline {
-                None => recv_spinning(&self.receiver, MISS_SPIN)
+                None => recv_adaptive(&self.receiver, writer)
                     .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected),
                 Some(deadline) => recv_until(&self.receiver, deadline),
             };
@@ -118,10 +182,12 @@ std::thread_local! {
 }
 
 /// Send a request with `ask`, which puts the [`Answer`] it is given into the request, and wait
-/// for the answer, until `deadline` if there is one. An error from `ask` is the outcome.
+/// for the answer, until `deadline` if there is one (without one, waiting as the module docs
+/// say, on the state `writer` publishes). An error from `ask` is the outcome.
 pub(crate) fn round_trip(
     ask: impl FnOnce(Answer) -> Result<(), DmaError>,
     deadline: Option<Instant>,
+    writer: &Doorbell,
 ) -> Outcome {
     let mut ask = Some(ask);
     #[cfg(not(dma_loom))]
@@ -133,7 +199,7 @@ pub(crate) fn round_trip(
             let ask = ask.take()?;
             Some(
                 slot.get_or_insert_with(Channel::new)
-                    .round_trip(ask, deadline),
+                    .round_trip(ask, deadline, writer),
             )
         });
         if let Ok(Some(outcome)) = reused {
@@ -142,7 +208,7 @@ pub(crate) fn round_trip(
     }
     // Under loom, or while the thread's storage is torn down: a channel for this round trip.
     match ask.take() {
-        Some(ask) => Channel::new().round_trip(ask, deadline),
+        Some(ask) => Channel::new().round_trip(ask, deadline, writer),
         None => Outcome::Answered(Err(DmaError::Closed)),
     }
 }
@@ -159,6 +225,7 @@ mod tests {
                 Ok(())
             },
             None,
+            &Doorbell::default(),
         );
         matches!(outcome, Outcome::Answered(Ok(answered)) if answered == fi_addr)
     }
@@ -171,6 +238,7 @@ mod tests {
                 Ok(())
             },
             None,
+            &Doorbell::default(),
         );
         assert!(matches!(outcome, Outcome::Answered(Err(DmaError::Closed))));
     }
@@ -185,6 +253,7 @@ mod tests {
                 Ok(())
             },
             Some(deadline),
+            &Doorbell::default(),
         );
         assert!(matches!(outcome, Outcome::TimedOut));
         // The abandoned request is answered now, on the same thread's channel.
@@ -198,9 +267,54 @@ mod tests {
 
     #[test]
     fn an_error_from_asking_is_the_outcome() {
-        let outcome = round_trip(|_answer| Err(DmaError::Closed), None);
+        let outcome = round_trip(|_answer| Err(DmaError::Closed), None, &Doorbell::default());
         assert!(matches!(outcome, Outcome::Answered(Err(DmaError::Closed))));
         // The unsent answer's `Closed` does not answer the next round trip.
         assert!(answered_at_once(3));
+    }
+
+    #[test]
+    fn a_waiter_on_a_parked_writer_blocks_until_its_answer_comes() {
+        let doorbell = Doorbell::default();
+        doorbell.publish(super::super::doorbell::PARKED, 1_000);
+        let (sender, receiver) = mpsc::channel();
+        let answering = std::thread::spawn(move || sender.send(7_u64));
+        assert_eq!(Ok(7), recv_adaptive(&receiver, &doorbell));
+        assert!(answering.join().is_ok_and(|sent| sent.is_ok()));
+    }
+
+    #[test]
+    fn a_waiter_on_an_awake_writer_still_blocks_once_its_budget_is_spent() {
+        let doorbell = Doorbell::default();
+        // Awake for ever, as far as the waiter can tell: its spin ends with the budget.
+        doorbell.publish(super::super::doorbell::APPLYING, u64::MAX);
+        let (sender, receiver) = mpsc::channel();
+        let (started, start) = mpsc::channel::<()>();
+        let answering = std::thread::spawn(move || {
+            // Sent only once the waiter has started waiting, so it may have to block.
+            let _ = start.recv();
+            sender.send(9_u64)
+        });
+        let _ = started.send(());
+        assert_eq!(Ok(9), recv_adaptive(&receiver, &doorbell));
+        assert!(answering.join().is_ok_and(|sent| sent.is_ok()));
+    }
+
+    #[test]
+    fn the_spin_budget_is_two_batches_within_its_bounds() {
+        use super::super::doorbell::{APPLYING, MAX_SPIN, MIN_SPIN, PARKED};
+        let doorbell = Doorbell::default();
+        doorbell.publish(APPLYING, 3_000);
+        let state = doorbell.writer_state();
+        assert!(state.awake());
+        assert_eq!(3_000, state.batch_ns());
+        assert_eq!(std::time::Duration::from_micros(6), state.spin_budget());
+        doorbell.publish(APPLYING, 0);
+        assert_eq!(MIN_SPIN, doorbell.writer_state().spin_budget());
+        doorbell.publish(APPLYING, u64::MAX);
+        assert_eq!(MAX_SPIN, doorbell.writer_state().spin_budget());
+        doorbell.publish(PARKED, 3_000);
+        assert!(!doorbell.writer_state().awake());
+        assert_eq!(3_000, doorbell.writer_state().batch_ns());
     }
 }

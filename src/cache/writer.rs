@@ -99,7 +99,7 @@ use std::time::{Duration, Instant};
 use crossbeam_epoch::LocalHandle;
 use hashbrown::HashTable;
 
-use super::doorbell::Doorbell;
+use super::doorbell::{APPLYING, Doorbell, PARKED, POLLING};
 use super::failures::Failures;
 use super::index::{Index, Registration, RegistrationIndex};
 use super::lease::LeaseCounts;
@@ -492,6 +492,12 @@ pub(crate) struct Writer<B> {
     replies: Vec<(Answer, Result<fi_addr_t, DmaError>)>,
     /// This batch's answers to chunks, sent with the others.
     chunk_replies: Vec<(ChunkReply, ChunkAnswer)>,
+    /// The state last published on the doorbell ([`APPLYING`], [`POLLING`] or [`PARKED`]).
+    state: u64,
+    /// The average wall time of a batch, from taking its first request to sending its answers,
+    /// in nanoseconds: an exponential average over the last few batches, published with the state
+    /// so that a waiter spins about as long as its answer takes (see [`super::doorbell`]).
+    batch_ns: u64,
 }
 
 /// How many entries the cache keeps in `backend`: its capacity, up to
@@ -573,7 +579,27 @@ impl<B: AvBackend> Writer<B> {
             quiescing: Vec::new(),
             replies: Vec::new(),
             chunk_replies: Vec::new(),
+            state: POLLING,
+            batch_ns: 0,
         }
+    }
+
+    /// Publish `state` on the doorbell, with the batch cost, if it is not what is published.
+    fn set_state(&mut self, state: u64) {
+        if state != self.state {
+            self.state = state;
+            self.shared.doorbell.publish(state, self.batch_ns);
+        }
+    }
+
+    /// Fold one batch's wall time into the average (a weight of 1/8: a few batches move it).
+    fn measured_batch(&mut self, took: Duration) {
+        let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.batch_ns = if self.batch_ns == 0 {
+            took
+        } else {
+            self.batch_ns - self.batch_ns / 8 + took / 8
+        };
     }
 
     /// Serve requests until shutdown, then remove everything.
@@ -633,6 +659,9 @@ impl<B: AvBackend> Writer<B> {
             }
             let mut stop = false;
             if let Some(request) = request {
+                // Awake and applying: a waiter that reads this spins for its answer.
+                let started = Instant::now();
+                self.set_state(APPLYING);
                 stop = self.accept(request, &mut tick);
                 // The rest of what is queued, as one batch.
                 let mut taken = 1;
@@ -645,6 +674,8 @@ impl<B: AvBackend> Writer<B> {
                     taken += 1;
                 }
                 self.finish_batch();
+                self.measured_batch(started.elapsed());
+                self.set_state(POLLING);
             }
             if stop {
                 break;
@@ -674,6 +705,8 @@ impl<B: AvBackend> Writer<B> {
         }
         self.finish_batch();
         self.shutdown();
+        // Gone for good: a waiter still polling stops at once (its answer is sent, or `Closed`).
+        self.set_state(PARKED);
     }
 
     /// The next request: polled for (yielding) for up to `spin`, then waited for, parked, until
@@ -700,13 +733,16 @@ impl<B: AvBackend> Writer<B> {
         }
         let mut received = Ok(None);
         let (inbox, shared) = (&self.inbox, &self.shared);
+        // Publishes `PARKED` (a waiter stops spinning) before its last look, `POLLING` after.
         shared.doorbell.park(
             || {
                 received = try_next(inbox);
                 !matches!(received, Ok(None)) || signalled(shared)
             },
             timeout.map(|timeout| timeout.saturating_sub(started.elapsed())),
+            self.batch_ns,
         );
+        self.state = POLLING;
         match received {
             Ok(None) => try_next(&self.inbox),
             received => received,
@@ -721,7 +757,10 @@ impl<B: AvBackend> Writer<B> {
         spin: Duration,
         timeout: Option<Duration>,
     ) -> Result<Option<Request>, Stopped> {
-        match timeout {
+        // Blocking on the inbox is this writer's park: a waiter that reads `PARKED` stops
+        // spinning, whichever way the race with this wait goes.
+        self.set_state(PARKED);
+        let received = match timeout {
             Some(timeout) => match recv_polling(&self.inbox, spin, timeout) {
                 Ok(request) => Ok(Some(request)),
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
@@ -730,7 +769,9 @@ impl<B: AvBackend> Writer<B> {
             None => recv_spinning(&self.inbox, spin)
                 .map(Some)
                 .map_err(|_| Stopped),
-        }
+        };
+        self.set_state(POLLING);
+        received
     }
 
     /// Take one request of a batch; whether it asks the writer to stop.
