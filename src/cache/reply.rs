@@ -29,51 +29,71 @@
 
 use std::time::Instant;
 
-use super::doorbell::Doorbell;
+use super::doorbell::{Doorbell, WriterState};
 use crate::error::DmaError;
 use crate::sync::{mpsc, recv_until};
 use crate::sys::fi_addr_t;
 
-/// Under loom, how many times a waiter polls for its answer while the writer is awake before it
-/// blocks: enough for the model to interleave the writer's park between the waiter's reads.
-#[cfg(dma_loom)]
-const LOOM_POLLS: usize = 2;
-
-/// Receive `receiver`'s next message, polling for it while the writer (whose state `doorbell`
-/// publishes) is awake, within its spin budget, and blocking on the channel at once otherwise.
-#[cfg(not(dma_loom))]
-pub(crate) fn recv_adaptive<T>(
-    receiver: &mpsc::Receiver<T>,
-    doorbell: &Doorbell,
-) -> Result<T, mpsc::RecvError> {
-    let mut spin: Option<(Instant, std::time::Duration)> = None;
-    loop {
-        match receiver.try_recv() {
-            Ok(value) => return Ok(value),
-            Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
-            Err(mpsc::TryRecvError::Empty) => {}
-        }
-        let writer = doorbell.writer_state();
-        if !writer.awake() {
-            break;
-        }
-        let (started, budget) = *spin.get_or_insert_with(|| (Instant::now(), writer.spin_budget()));
-        if started.elapsed() >= budget {
-            break;
-        }
-        std::hint::spin_loop();
-    }
-    receiver.recv()
+/// How long a waiter polls for its answer: until the writer's spin budget, read when the poll
+/// starts, is spent (under loom, which has no time: [`Spin::LOOM_POLLS`] yielding polls).
+struct Spin {
+    #[cfg(not(dma_loom))]
+    until: Option<Instant>,
+    #[cfg(dma_loom)]
+    polls: usize,
 }
 
-/// Receive `receiver`'s next message: under loom, [`LOOM_POLLS`] yielding polls while the writer
-/// is not parked, then a blocking receive.
-#[cfg(dma_loom)]
+impl Spin {
+    /// Under loom, enough polls for a model to interleave the writer's park between the waiter's
+    /// reads of its state.
+    #[cfg(dma_loom)]
+    const LOOM_POLLS: usize = 2;
+
+    fn new() -> Self {
+        Self {
+            #[cfg(not(dma_loom))]
+            until: None,
+            #[cfg(dma_loom)]
+            polls: 0,
+        }
+    }
+
+    /// Whether to poll once more, the writer being awake as `writer` says; pauses before it.
+    fn again(&mut self, writer: WriterState) -> bool {
+        #[cfg(not(dma_loom))]
+        {
+            let until = *self
+                .until
+                .get_or_insert_with(|| Instant::now() + writer.spin_budget());
+            let again = Instant::now() < until;
+            if again {
+                std::hint::spin_loop();
+            }
+            again
+        }
+        #[cfg(dma_loom)]
+        {
+            let _ = writer;
+            self.polls += 1;
+            let again = self.polls <= Self::LOOM_POLLS;
+            if again {
+                crate::sync::thread::yield_now();
+            }
+            again
+        }
+    }
+}
+
+/// Receive `receiver`'s next message: poll for it while the writer (whose state `doorbell`
+/// publishes) is awake and its spin budget lasts; then, or at once if the writer is parked,
+/// block on the channel. The state only decides how long to poll: the blocking `recv` at the end
+/// is what waits, so no state read, stale or not, can lose the answer.
 pub(crate) fn recv_adaptive<T>(
     receiver: &mpsc::Receiver<T>,
     doorbell: &Doorbell,
 ) -> Result<T, std::sync::mpsc::RecvError> {
-    for _ in 0..LOOM_POLLS {
+    let mut spin = Spin::new();
+    loop {
         match receiver.try_recv() {
             Ok(value) => return Ok(value),
             Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -81,10 +101,10 @@ pub(crate) fn recv_adaptive<T>(
             }
             Err(std::sync::mpsc::TryRecvError::Empty) => {}
         }
-        if !doorbell.writer_state().awake() {
+        let writer = doorbell.writer_state();
+        if !writer.awake() || !spin.again(writer) {
             break;
         }
-        crate::sync::thread::yield_now();
     }
     receiver.recv()
 }
