@@ -23,6 +23,18 @@ const ROUND: u32 = 2_000;
 /// Posting threads, one group each.
 const THREADS: [usize; 3] = [1, 2, 4];
 
+/// Misses timed since the last [`report_misses`]: what a profile of one contestant (`perf stat`,
+/// callgrind, with criterion's `--profile-time`) divides its counts by.
+static TIMED_MISSES: AtomicU64 = AtomicU64::new(0);
+
+/// Print how many misses `name` timed, and start counting again.
+fn report_misses(name: &str) {
+    eprintln!(
+        "{name}: {} misses timed",
+        TIMED_MISSES.swap(0, Ordering::Relaxed)
+    );
+}
+
 /// Time `iters` misses in rounds: `storm(first, count)` runs on each of `threads` threads with its
 /// own clients (timed, with `finish()` after them, timed too), then `clean(first, total)`
 /// (untimed).
@@ -49,6 +61,7 @@ fn rounds(
         clean(base, total);
         *next = (next.wrapping_add(total)) % 8_000_000;
         done += u64::from(total);
+        TIMED_MISSES.fetch_add(u64::from(total), Ordering::Relaxed);
     }
     timed
 }
@@ -113,6 +126,7 @@ fn storm_on(
             )
         })
     });
+    report_misses(&format!("storm_tcp_t{threads}/ours_blocking"));
     // How many answers were Busy (a full inbox, nothing queued) and retried.
     let busy = AtomicU64::new(0);
     let queued_misses = AtomicU64::new(0);
@@ -150,6 +164,7 @@ fn storm_on(
             )
         })
     });
+    report_misses(&format!("storm_tcp_t{threads}/ours_queued"));
     eprintln!(
         "storm_tcp_t{threads}/ours_queued: {} misses queued, {} Busy answers retried",
         queued_misses.load(Ordering::Relaxed),
@@ -182,6 +197,7 @@ fn storm_on(
             )
         })
     });
+    report_misses(&format!("storm_tcp_t{threads}/ours_lease_all"));
     group.bench_function("mutex_reference", |b| {
         b.iter_custom(|iters| {
             rounds(
@@ -203,6 +219,7 @@ fn storm_on(
             )
         })
     });
+    report_misses(&format!("storm_tcp_t{threads}/mutex_reference"));
     group.finish();
 }
 
