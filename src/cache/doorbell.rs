@@ -10,12 +10,19 @@
 //! One atomic word, written by the writer alone and never touched by a hit, says what the writer
 //! is doing and what its work costs: [`APPLYING`] (awake, working through a batch of requests),
 //! [`POLLING`] (awake, looking for work or moving the epoch on) or [`PARKED`] (asleep until
-//! rung), and, in the bits above the state, what its recent batches took on average, in
-//! nanoseconds. A miss's waiter reads it to decide how to wait for its answer, the way an adaptive
-//! mutex decides whether to spin for its owner: while the writer is awake the answer is at most
-//! two batches away (the one being applied, then the one with the waiter's request), so the
-//! waiter spins for that long ([`WriterState::spin_budget`]); once the writer is parked, a spin
-//! would only burn the core the writer needs to wake on, and the waiter parks at once.
+//! rung), and, in the bits above the state, what its recent batches took and how long it took to
+//! get back on a CPU once rung, each an average in nanoseconds. A miss's waiter reads it to decide
+//! how to wait for its answer, the way an adaptive mutex decides whether to spin for its owner:
+//! while the writer is awake the answer is at most two batches away (the one being applied, then
+//! the one with the waiter's request), so the waiter polls for that long
+//! ([`WriterState::spin_budget`]); while the writer is parked and nobody has rung it, a poll would
+//! only take the core the writer needs to wake on, and the waiter blocks at once.
+//!
+//! The one case in between: the writer is parked but has been rung and has not run yet (a ringer
+//! that unparks it records when, in a second word, which the writer clears when it runs). The
+//! waiter's own request usually did that ring, and the writer is on its way; blocking then would
+//! make the answer pay a second wake-up, the waiter's, on top of the writer's. So a waiter polls
+//! through a pending wake too, for what the writer's wake-ups have measured plus the two batches.
 //!
 //! # Guarantees
 //!
@@ -32,9 +39,10 @@
 //!   one (the writer parked just after the waiter read [`APPLYING`]) costs at most the budget, a
 //!   few microseconds, and never the answer. And the writer cannot sit parked on the waiter's
 //!   request: the waiter rang after queueing it (the guarantee above).
-//! - **The spin is bounded**: by twice the writer's measured batch cost, at least
-//!   [`MIN_SPIN`] and at most [`MAX_SPIN`]; the waiter reads the state again on every poll and
-//!   stops at once when it reads [`PARKED`].
+//! - **The spin is bounded**: by twice the writer's measured batch cost (plus its measured
+//!   wake-up, while one is pending), at least [`MIN_SPIN`] and at most [`MAX_SPIN`]; the waiter
+//!   reads the state again on every poll and stops at once when it reads [`PARKED`] with no wake
+//!   pending.
 //! - **Lock-free and allocation-free to ring**: a fence, a load and, when the writer is parked,
 //!   `Thread::unpark` (an atomic swap and a futex wake). So a deferred closure that runs inside a
 //!   reader's `pin()`, and a lease's drop on a completion thread, may ring it.
@@ -46,7 +54,6 @@
 
 #[cfg(not(dma_loom))]
 use std::sync::OnceLock;
-#[cfg(not(dma_loom))]
 use std::time::Duration;
 
 #[cfg(not(dma_loom))]
@@ -59,9 +66,12 @@ pub(crate) const APPLYING: u64 = 0;
 pub(crate) const POLLING: u64 = 1;
 /// The writer is parked (or about to park) until it is rung.
 pub(crate) const PARKED: u64 = 2;
-/// The state's bits in the word; the batch cost sits above them.
+/// The state's bits in the word; the batch cost sits above them, then the wake-up cost.
 const STATE_BITS: u32 = 2;
 const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+/// The bits of each cost, in nanoseconds: up to about 2 s, far past [`MAX_SPIN`].
+const COST_BITS: u32 = 31;
+const COST_MASK: u64 = (1 << COST_BITS) - 1;
 
 /// The shortest spin a waiter allows an awake writer: a batch measured faster than this is
 /// measured mostly by the clock.
@@ -69,42 +79,64 @@ const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
 pub(crate) const MIN_SPIN: Duration = Duration::from_micros(1);
 /// The longest: beyond it a slow backend's batch is cheaper to sleep through than to spin
 /// through, and a writer preempted while it applies costs the waiter no more than this.
-#[cfg(not(dma_loom))]
 pub(crate) const MAX_SPIN: Duration = Duration::from_micros(50);
 
-/// One reading of the writer's state word.
+/// One reading of the writer's state word, and whether a wake-up was pending.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct WriterState(u64);
+pub(crate) struct WriterState {
+    word: u64,
+    waking: bool,
+}
 
 impl WriterState {
     /// [`APPLYING`], [`POLLING`] or [`PARKED`].
     pub(crate) fn state(self) -> u64 {
-        self.0 & STATE_MASK
+        self.word & STATE_MASK
     }
 
-    /// Whether the writer was awake: a waiter may spin.
+    /// Whether the writer was awake, or parked with a wake-up on its way: a waiter may poll.
     pub(crate) fn awake(self) -> bool {
-        self.state() != PARKED
+        self.state() != PARKED || self.waking
     }
 
     /// The writer's recent batches' average cost, in nanoseconds (0 before the first).
     #[cfg_attr(dma_loom, allow(dead_code))] // read by the spin budget, which loom has no time for
     pub(crate) fn batch_ns(self) -> u64 {
-        self.0 >> STATE_BITS
+        (self.word >> STATE_BITS) & COST_MASK
     }
 
-    /// How long a waiter spins for its answer while the writer is awake: two batches (the one in
-    /// progress, then the one with its request), within [`MIN_SPIN`] and [`MAX_SPIN`].
+    /// How long the writer's recent wake-ups took, from the ring that unparked it to its running,
+    /// on average in nanoseconds (0 before the first).
+    #[cfg_attr(dma_loom, allow(dead_code))] // as batch_ns
+    pub(crate) fn wake_ns(self) -> u64 {
+        (self.word >> (STATE_BITS + COST_BITS)) & COST_MASK
+    }
+
+    /// How long a waiter polls for its answer while the writer is awake: two batches (the one in
+    /// progress, then the one with its request), and the writer's wake-up if one is pending,
+    /// within [`MIN_SPIN`] and [`MAX_SPIN`].
     #[cfg(not(dma_loom))]
     pub(crate) fn spin_budget(self) -> Duration {
-        Duration::from_nanos(self.batch_ns().saturating_mul(2)).clamp(MIN_SPIN, MAX_SPIN)
+        let wake = if self.state() == PARKED {
+            self.wake_ns()
+        } else {
+            0
+        };
+        Duration::from_nanos(self.batch_ns() * 2 + wake).clamp(MIN_SPIN, MAX_SPIN)
     }
 }
 
 /// See the module docs.
 pub(crate) struct Doorbell {
-    /// The writer's state and batch cost (see the module docs). Written by the writer only.
+    /// The writer's state and costs (see the module docs). Written by the writer only.
     word: AtomicU64,
+    /// When a ringer last unparked the writer, in nanoseconds since `origin` (at least 1), or 0
+    /// once the writer has run since: a wake-up is pending while it is not 0. Written by a ringer
+    /// that unparks (rare: the writer was parked) and cleared by the writer.
+    #[cfg(not(dma_loom))]
+    rung_at: AtomicU64,
+    #[cfg(not(dma_loom))]
+    origin: std::time::Instant,
     #[cfg(not(dma_loom))]
     writer: OnceLock<std::thread::Thread>,
 }
@@ -113,6 +145,10 @@ impl Default for Doorbell {
     fn default() -> Self {
         Self {
             word: AtomicU64::new(POLLING),
+            #[cfg(not(dma_loom))]
+            rung_at: AtomicU64::new(0),
+            #[cfg(not(dma_loom))]
+            origin: std::time::Instant::now(),
             #[cfg(not(dma_loom))]
             writer: OnceLock::new(),
         }
@@ -128,27 +164,40 @@ impl Doorbell {
             fence(Ordering::SeqCst);
             if self.writer_state().state() == PARKED {
                 if let Some(writer) = self.writer.get() {
+                    self.rung_at.store(self.now_ns().max(1), Ordering::Relaxed);
                     writer.unpark();
                 }
             }
         }
     }
 
-    /// What the writer is doing, as it last published it.
-    #[inline]
-    pub(crate) fn writer_state(&self) -> WriterState {
-        WriterState(self.word.load(Ordering::Relaxed))
+    /// Nanoseconds since `origin`.
+    #[cfg(not(dma_loom))]
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Publish the writer's `state` with its batch cost `batch_ns`. Writer only. Relaxed: the
-    /// word orders nothing else (the park's fence is issued by [`park`](Self::park)).
+    /// What the writer is doing, as it last published it, and whether a wake-up is pending.
     #[inline]
-    pub(crate) fn publish(&self, state: u64, batch_ns: u64) {
-        let batch_ns = batch_ns.min(u64::MAX >> STATE_BITS);
-        self.word.store(
-            (batch_ns << STATE_BITS) | (state & STATE_MASK),
-            Ordering::Relaxed,
-        );
+    pub(crate) fn writer_state(&self) -> WriterState {
+        WriterState {
+            word: self.word.load(Ordering::Relaxed),
+            #[cfg(not(dma_loom))]
+            waking: self.rung_at.load(Ordering::Relaxed) != 0,
+            #[cfg(dma_loom)]
+            waking: false,
+        }
+    }
+
+    /// Publish the writer's `state` with its batch cost `batch_ns` and wake-up cost `wake_ns`.
+    /// Writer only. Relaxed: the word orders nothing else (the park's fence is issued by
+    /// [`park`](Self::park)).
+    #[inline]
+    pub(crate) fn publish(&self, state: u64, batch_ns: u64, wake_ns: u64) {
+        let word = (wake_ns.min(COST_MASK) << (STATE_BITS + COST_BITS))
+            | (batch_ns.min(COST_MASK) << STATE_BITS)
+            | (state & STATE_MASK);
+        self.word.store(word, Ordering::Relaxed);
     }
 
     /// Record the calling thread as the writer. Writer only, once, before it first parks.
@@ -159,15 +208,17 @@ impl Doorbell {
 
     /// Park the writer until it is rung, `timeout` passes (`None`: no timeout), or a spurious
     /// wake-up, unless `ready` (its last look for work) finds something. Publishes [`PARKED`]
-    /// before the last look and [`POLLING`] after, each with `batch_ns`.
+    /// before the last look and, after, [`POLLING`] (with the costs `costs` returns once it is
+    /// given how long the ring took to get the writer running, if a ring woke it).
     #[cfg(not(dma_loom))]
     pub(crate) fn park(
         &self,
         ready: impl FnOnce() -> bool,
         timeout: Option<Duration>,
-        batch_ns: u64,
+        (batch_ns, wake_ns): (u64, u64),
+        costs: impl FnOnce(Option<Duration>) -> (u64, u64),
     ) {
-        self.publish(PARKED, batch_ns);
+        self.publish(PARKED, batch_ns, wake_ns);
         fence(Ordering::SeqCst);
         if !ready() {
             match timeout {
@@ -175,6 +226,10 @@ impl Doorbell {
                 None => std::thread::park(),
             }
         }
-        self.publish(POLLING, batch_ns);
+        let rung_at = self.rung_at.swap(0, Ordering::Relaxed);
+        let woke =
+            (rung_at != 0).then(|| Duration::from_nanos(self.now_ns().saturating_sub(rung_at)));
+        let (batch_ns, wake_ns) = costs(woke);
+        self.publish(POLLING, batch_ns, wake_ns);
     }
 }

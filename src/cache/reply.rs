@@ -298,7 +298,7 @@ mod tests {
     #[test]
     fn a_waiter_on_a_parked_writer_blocks_until_its_answer_comes() {
         let doorbell = Doorbell::default();
-        doorbell.publish(super::super::doorbell::PARKED, 1_000);
+        doorbell.publish(super::super::doorbell::PARKED, 1_000, 0);
         let (sender, receiver) = mpsc::channel();
         let answering = std::thread::spawn(move || sender.send(7_u64));
         assert_eq!(Ok(7), recv_adaptive(&receiver, &doorbell));
@@ -309,7 +309,7 @@ mod tests {
     fn a_waiter_on_an_awake_writer_still_blocks_once_its_budget_is_spent() {
         let doorbell = Doorbell::default();
         // Awake for ever, as far as the waiter can tell: its spin ends with the budget.
-        doorbell.publish(super::super::doorbell::APPLYING, u64::MAX);
+        doorbell.publish(super::super::doorbell::APPLYING, u64::MAX, 0);
         let (sender, receiver) = mpsc::channel();
         let (started, start) = mpsc::channel::<()>();
         let answering = std::thread::spawn(move || {
@@ -326,17 +326,24 @@ mod tests {
     fn the_spin_budget_is_two_batches_within_its_bounds() {
         use super::super::doorbell::{APPLYING, MAX_SPIN, MIN_SPIN, PARKED};
         let doorbell = Doorbell::default();
-        doorbell.publish(APPLYING, 3_000);
+        doorbell.publish(APPLYING, 3_000, 500);
         let state = doorbell.writer_state();
         assert!(state.awake());
         assert_eq!(3_000, state.batch_ns());
         assert_eq!(std::time::Duration::from_micros(6), state.spin_budget());
-        doorbell.publish(APPLYING, 0);
+        doorbell.publish(APPLYING, 0, 0);
         assert_eq!(MIN_SPIN, doorbell.writer_state().spin_budget());
-        doorbell.publish(APPLYING, u64::MAX);
+        doorbell.publish(APPLYING, u64::MAX, u64::MAX);
         assert_eq!(MAX_SPIN, doorbell.writer_state().spin_budget());
-        doorbell.publish(PARKED, 3_000);
-        assert!(!doorbell.writer_state().awake());
-        assert_eq!(3_000, doorbell.writer_state().batch_ns());
+        assert_eq!(
+            500,
+            state.wake_ns(),
+            "an awake writer's budget leaves its wake-up out"
+        );
+        doorbell.publish(PARKED, 3_000, 500);
+        let parked = doorbell.writer_state();
+        assert!(!parked.awake(), "parked, and nobody rang");
+        assert_eq!((3_000, 500), (parked.batch_ns(), parked.wake_ns()));
+        assert_eq!(std::time::Duration::from_nanos(6_500), parked.spin_budget());
     }
 }

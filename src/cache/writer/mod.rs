@@ -105,7 +105,7 @@ use std::time::{Duration, Instant};
 use crossbeam_epoch::LocalHandle;
 use hashbrown::HashTable;
 
-use super::doorbell::{Doorbell, POLLING};
+use super::doorbell::{Doorbell, MAX_SPIN, POLLING};
 use super::failures::Failures;
 use super::index::Index;
 use super::lease::LeaseCounts;
@@ -305,6 +305,9 @@ pub(crate) struct Writer<B> {
     /// in nanoseconds: an exponential average over the last few batches, published with the state
     /// so that a waiter spins about as long as its answer takes (see [`super::doorbell`]).
     batch_ns: u64,
+    /// The average time from a ring that unparked the writer to its running again, in
+    /// nanoseconds, published likewise: how long a waiter polls through a pending wake-up.
+    wake_ns: u64,
 }
 
 /// How many entries the cache keeps in `backend`: its capacity, up to
@@ -375,24 +378,34 @@ impl<B: AvBackend> Writer<B> {
             chunk_replies: Vec::new(),
             state: POLLING,
             batch_ns: 0,
+            wake_ns: 0,
         }
     }
 
-    /// Publish `state` on the doorbell, with the batch cost, if it is not what is published.
+    /// Publish `state` on the doorbell, with the costs, if it is not what is published.
     fn set_state(&mut self, state: u64) {
         if state != self.state {
             self.state = state;
-            self.shared.doorbell.publish(state, self.batch_ns);
+            self.shared
+                .doorbell
+                .publish(state, self.batch_ns, self.wake_ns);
         }
     }
 
-    /// Fold one batch's wall time into the average (a weight of 1/8: a few batches move it).
+    /// Fold one batch's wall time into its average.
     fn measured_batch(&mut self, took: Duration) {
-        let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        self.batch_ns = if self.batch_ns == 0 {
-            took
-        } else {
-            self.batch_ns - self.batch_ns / 8 + took / 8
-        };
+        self.batch_ns = averaged(self.batch_ns, took);
+    }
+}
+
+/// `average` with `sample` folded in at a weight of 1/8 (a few samples move it), the sample
+/// capped at [`MAX_SPIN`] (a longer one is a preemption, not the cost of the work, and no spin
+/// lasts longer anyway); the sample alone if there is no average yet.
+fn averaged(average: u64, sample: Duration) -> u64 {
+    let sample = u64::try_from(sample.min(MAX_SPIN).as_nanos()).unwrap_or(u64::MAX);
+    if average == 0 {
+        sample
+    } else {
+        average - average / 8 + sample / 8
     }
 }

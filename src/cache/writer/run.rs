@@ -4,6 +4,8 @@
 use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
+#[cfg(not(dma_loom))]
+use super::averaged;
 use super::state::{Pending, Wait, identity_at};
 use super::{BATCH, Request, Stopped, Writer};
 #[cfg(not(dma_loom))]
@@ -197,7 +199,13 @@ impl<B: AvBackend> Writer<B> {
                 !matches!(received, Ok(None)) || signalled(shared)
             },
             timeout.map(|timeout| timeout.saturating_sub(started.elapsed())),
-            self.batch_ns,
+            (self.batch_ns, self.wake_ns),
+            |woke| {
+                if let Some(woke) = woke {
+                    self.wake_ns = averaged(self.wake_ns, woke);
+                }
+                (self.batch_ns, self.wake_ns)
+            },
         );
         self.state = POLLING;
         match received {
