@@ -326,11 +326,11 @@ mod tests {
     fn the_spin_budget_is_two_batches_within_its_bounds() {
         use super::super::doorbell::{APPLYING, MAX_SPIN, MIN_SPIN, PARKED};
         let doorbell = Doorbell::default();
-        doorbell.publish(APPLYING, 3_000, 500);
+        doorbell.publish(APPLYING, 13_000, 500);
         let state = doorbell.writer_state();
         assert!(state.awake());
-        assert_eq!(3_000, state.batch_ns());
-        assert_eq!(std::time::Duration::from_micros(6), state.spin_budget());
+        assert_eq!(13_000, state.batch_ns());
+        assert_eq!(std::time::Duration::from_micros(26), state.spin_budget());
         doorbell.publish(APPLYING, 0, 0);
         assert_eq!(MIN_SPIN, doorbell.writer_state().spin_budget());
         doorbell.publish(APPLYING, u64::MAX, u64::MAX);
@@ -340,10 +340,13 @@ mod tests {
             state.wake_ns(),
             "an awake writer's budget leaves its wake-up out"
         );
-        doorbell.publish(PARKED, 3_000, 500);
+        doorbell.publish(PARKED, 13_000, 500);
         let parked = doorbell.writer_state();
         assert!(!parked.awake(), "parked, and nobody rang");
-        assert_eq!((3_000, 500), (parked.batch_ns(), parked.wake_ns()));
-        assert_eq!(std::time::Duration::from_nanos(6_500), parked.spin_budget());
+        assert_eq!((13_000, 500), (parked.batch_ns(), parked.wake_ns()));
+        assert_eq!(
+            std::time::Duration::from_nanos(26_500),
+            parked.spin_budget()
+        );
     }
 }
