@@ -16,9 +16,10 @@
 //! # Waiting
 //!
 //! A blocking round trip waits the way an adaptive mutex does: it polls for its answer only while
-//! the writer is awake, for at most what two of the writer's recent batches took, and blocks on
-//! the channel at once when the writer is parked (see [`super::doorbell`] for the state the
-//! writer publishes and why no wake-up is lost whatever state the waiter reads). Each poll yields
+//! the writer is awake (or parked with a wake-up on its way), for the budget the writer's measured
+//! costs give (two batches, plus the pending wake-up; 20 to 50 µs), and blocks on the channel at
+//! once when the writer is parked and nobody has rung it (see [`super::doorbell`] for the state
+//! the writer publishes and why no wake-up is lost whatever state the waiter reads). Each poll yields
 //! the core: on a machine with more runnable threads than cores the writer may be waiting for
 //! this very core, and a busy spin (`spin_loop`) there held it off (measured: a blocking storm's
 //! miss went from about 4 µs to 35–95 µs under load, against a yielding poll).
