@@ -236,3 +236,52 @@ impl Doorbell {
         self.publish(POLLING, batch_ns, wake_ns);
     }
 }
+
+#[cfg(all(test, not(dma_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_that_unparks_the_writer_shows_a_wake_up_pending_and_the_writer_measures_it() {
+        let doorbell = std::sync::Arc::new(Doorbell::default());
+        let writer = {
+            let doorbell = std::sync::Arc::clone(&doorbell);
+            std::thread::spawn(move || {
+                doorbell.answer_here();
+                let mut woke = None;
+                // Parks until rung (a spurious wake-up or the generous timeout ends it too, and
+                // then the assertion on `woke` below fails rather than the test hanging).
+                doorbell.park(
+                    || false,
+                    Some(Duration::from_secs(60)),
+                    (1_000, 0),
+                    |measured| {
+                        woke = measured;
+                        (1_000, 2_000)
+                    },
+                );
+                woke
+            })
+        };
+        // The writer publishes `PARKED` before it parks; wait for that.
+        while doorbell.writer_state().state() != PARKED {
+            std::thread::yield_now();
+        }
+        let parked = doorbell.writer_state();
+        assert!(!parked.awake(), "parked, and nobody rang");
+        assert_eq!(1_000, parked.batch_ns());
+        doorbell.ring();
+        assert!(
+            doorbell.writer_state().awake(),
+            "rung: a wake-up is pending, or the writer already runs"
+        );
+        let woke = writer.join().ok().flatten();
+        assert!(woke.is_some(), "the writer saw the ring that woke it");
+        let after = doorbell.writer_state();
+        assert_eq!(
+            (POLLING, 1_000, 2_000),
+            (after.state(), after.batch_ns(), after.wake_ns())
+        );
+        assert!(after.awake());
+    }
+}
