@@ -1,5 +1,5 @@
 //! A connect storm: a burst of new clients, every resolve a miss that reaches the real tcp
-//! `fi_av_insert`, from 2 threads. Ours blocking (`resolve`), ours queued (`try_resolve`, a
+//! `fi_av_insert`, from 1, 2 and 4 posting threads (groups `storm_tcp_t1`, `_t2`, `_t4`). Ours blocking (`resolve`), ours queued (`try_resolve`, a
 //! `Busy` answer retried until the miss is queued, then one `quiesce` for the round, timed, so
 //! the row counts only requests that were queued), ours batched (`lease_all` of each thread's
 //! share: 64 misses a writer request), and the seed's design under one lock
@@ -20,13 +20,26 @@ use dma_libfabric::DmaError;
 
 /// New clients per round, split between the threads (below every AV's capacity).
 const ROUND: u32 = 2_000;
-/// Posting threads.
-const THREADS: usize = 2;
+/// Posting threads, one group each.
+const THREADS: [usize; 3] = [1, 2, 4];
 
-/// Time `iters` misses in rounds: `storm(first, count)` runs on each of the threads with its
+/// Misses timed since the last [`report_misses`]: what a profile of one contestant (`perf stat`,
+/// callgrind, with criterion's `--profile-time`) divides its counts by.
+static TIMED_MISSES: AtomicU64 = AtomicU64::new(0);
+
+/// Print how many misses `name` timed, and start counting again.
+fn report_misses(name: &str) {
+    eprintln!(
+        "{name}: {} misses timed",
+        TIMED_MISSES.swap(0, Ordering::Relaxed)
+    );
+}
+
+/// Time `iters` misses in rounds: `storm(first, count)` runs on each of `threads` threads with its
 /// own clients (timed, with `finish()` after them, timed too), then `clean(first, total)`
 /// (untimed).
 fn rounds(
+    threads: usize,
     iters: u64,
     next: &mut u32,
     storm: &(dyn Fn(u32, u32) + Sync),
@@ -36,18 +49,19 @@ fn rounds(
     let mut timed = Duration::ZERO;
     let mut done = 0;
     while done < iters {
-        let per_thread = (ROUND as u64).min(iters - done).div_ceil(THREADS as u64) as u32;
+        let per_thread = (ROUND as u64).min(iters - done).div_ceil(threads as u64) as u32;
         let base = *next;
         let started = Instant::now();
-        parallel(THREADS, u64::from(per_thread), &|thread, _| {
+        parallel(threads, u64::from(per_thread), &|thread, _| {
             storm(base + thread as u32 * per_thread, per_thread)
         });
         finish();
         timed += started.elapsed();
-        let total = per_thread * THREADS as u32;
+        let total = per_thread * threads as u32;
         clean(base, total);
         *next = (next.wrapping_add(total)) % 8_000_000;
         done += u64::from(total);
+        TIMED_MISSES.fetch_add(u64::from(total), Ordering::Relaxed);
     }
     timed
 }
@@ -63,9 +77,28 @@ fn storm(criterion: &mut Criterion) {
         RefAv::Raw(reference_endpoint.address_vector()),
         capacity,
     ));
-    let mut group = criterion.benchmark_group("storm_tcp_t2");
-    group.throughput(Throughput::Elements(1));
     let mut next = 0_u32;
+    for threads in THREADS {
+        storm_on(
+            criterion,
+            threads,
+            &mut next,
+            [&ours, &queued, &batched],
+            &reference,
+        );
+    }
+}
+
+/// The storm's four contestants on `threads` posting threads.
+fn storm_on(
+    criterion: &mut Criterion,
+    threads: usize,
+    next: &mut u32,
+    [ours, queued, batched]: [&dma_libfabric::LibfabricEndpoint; 3],
+    reference: &Mutex<Reference>,
+) {
+    let mut group = criterion.benchmark_group(format!("storm_tcp_t{threads}"));
+    group.throughput(Throughput::Elements(1));
 
     let release = |cache: &dma_libfabric::AddressCache, first: u32, total: u32| {
         for n in first..first + total {
@@ -79,8 +112,9 @@ fn storm(criterion: &mut Criterion) {
         let cache = ours.peers();
         b.iter_custom(|iters| {
             rounds(
+                threads,
                 iters,
-                &mut next,
+                &mut *next,
                 &|first, count| {
                     for n in first..first + count {
                         let pinned = cache.pin();
@@ -92,6 +126,7 @@ fn storm(criterion: &mut Criterion) {
             )
         })
     });
+    report_misses(&format!("storm_tcp_t{threads}/ours_blocking"));
     // How many answers were Busy (a full inbox, nothing queued) and retried.
     let busy = AtomicU64::new(0);
     let queued_misses = AtomicU64::new(0);
@@ -99,8 +134,9 @@ fn storm(criterion: &mut Criterion) {
         let cache = queued.peers();
         b.iter_custom(|iters| {
             rounds(
+                threads,
                 iters,
-                &mut next,
+                &mut *next,
                 &|first, count| {
                     for n in first..first + count {
                         // WouldBlock means queued; Busy queued nothing, so ask again.
@@ -128,8 +164,9 @@ fn storm(criterion: &mut Criterion) {
             )
         })
     });
+    report_misses(&format!("storm_tcp_t{threads}/ours_queued"));
     eprintln!(
-        "storm_tcp_t2/ours_queued: {} misses queued, {} Busy answers retried",
+        "storm_tcp_t{threads}/ours_queued: {} misses queued, {} Busy answers retried",
         queued_misses.load(Ordering::Relaxed),
         busy.load(Ordering::Relaxed)
     );
@@ -138,8 +175,9 @@ fn storm(criterion: &mut Criterion) {
         let cache = batched.peers();
         b.iter_custom(|iters| {
             rounds(
+                threads,
                 iters,
-                &mut next,
+                &mut *next,
                 &|first, count| {
                     let addresses: Vec<Vec<u8>> = (first..first + count).map(sockaddr).collect();
                     let requests: Vec<(u64, &[u8])> = addresses
@@ -159,11 +197,13 @@ fn storm(criterion: &mut Criterion) {
             )
         })
     });
+    report_misses(&format!("storm_tcp_t{threads}/ours_lease_all"));
     group.bench_function("mutex_reference", |b| {
         b.iter_custom(|iters| {
             rounds(
+                threads,
                 iters,
-                &mut next,
+                &mut *next,
                 &|first, count| {
                     for n in first..first + count {
                         let entry = reference
@@ -179,6 +219,7 @@ fn storm(criterion: &mut Criterion) {
             )
         })
     });
+    report_misses(&format!("storm_tcp_t{threads}/mutex_reference"));
     group.finish();
 }
 

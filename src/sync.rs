@@ -102,39 +102,6 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Poll `receiver` for up to `spin`, yielding between tries: `None` if nothing came. A parked
-/// thread takes microseconds to wake, which would double the cost of a miss's round trip to the
-/// writer; a short poll keeps both ends awake across a burst. The poll yields rather than spins:
-/// on a machine with more runnable threads than cores (two here), a busy spin starved the very
-/// thread it waited for and made a miss 50 µs instead of 5.
-#[cfg(not(dma_loom))]
-fn poll_yielding<T>(
-    receiver: &mpsc::Receiver<T>,
-    spin: std::time::Duration,
-) -> Option<Result<T, mpsc::RecvError>> {
-    let started = std::time::Instant::now();
-    loop {
-        match receiver.try_recv() {
-            Ok(value) => return Some(Ok(value)),
-            Err(mpsc::TryRecvError::Disconnected) => return Some(Err(mpsc::RecvError)),
-            Err(mpsc::TryRecvError::Empty) if started.elapsed() < spin => {
-                std::thread::yield_now();
-            }
-            Err(mpsc::TryRecvError::Empty) => return None,
-        }
-    }
-}
-
-/// Receive from `receiver`, polling (see [`poll_yielding`]) for up to `spin` before parking.
-/// Under loom it only parks.
-#[cfg(not(dma_loom))]
-pub(crate) fn recv_spinning<T>(
-    receiver: &mpsc::Receiver<T>,
-    spin: std::time::Duration,
-) -> Result<T, mpsc::RecvError> {
-    poll_yielding(receiver, spin).unwrap_or_else(|| receiver.recv())
-}
-
 /// Receive from `receiver`: under loom it only parks.
 #[cfg(dma_loom)]
 pub(crate) fn recv_polling<T>(

@@ -540,6 +540,7 @@ impl<B: AvBackend> AddressCache<B> {
                     self.core.ask(client, address, reply)
                 },
                 deadline,
+                &self.core.shared.doorbell,
             ) {
                 Outcome::Answered(outcome) => outcome,
                 Outcome::TimedOut => return Err(DmaError::WouldBlock),
@@ -823,6 +824,7 @@ impl<'cache> Pinned<'cache> {
         match reply::round_trip(
             |answer| self.core.ask(client, address, Reply::Now(answer)),
             None,
+            &self.core.shared.doorbell,
         ) {
             Outcome::Answered(fi_addr) => Ok(self.peer(fi_addr?)),
             // Without a deadline the answer always comes.

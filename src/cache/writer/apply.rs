@@ -1,0 +1,556 @@
+//! Applying requests to the writer's state: resolves (insert, join, park, evict), releases,
+//! retirement and removal, and admitting a parked incarnation.
+
+use std::collections::HashSet;
+use std::hash::BuildHasher;
+use std::time::Instant;
+
+use super::run::{FIRST_RETRY, LAST_RETRY};
+use super::state::{Entry, Holders, Holding, LIVE, Parked, Pending, Wait, entry_in, identity_at};
+use super::{Reply, Request, Writer};
+use crate::av::AvBackend;
+use crate::cache::index::{Registration, RegistrationIndex};
+use crate::cache::reply::Answer;
+use crate::cache::stored::StoredAddress;
+use crate::error::DmaError;
+use crate::sys::fi_addr_t;
+
+impl<B: AvBackend> Writer<B> {
+    pub(super) fn apply(&mut self, request: Request) {
+        match request {
+            Request::Resolve {
+                client,
+                address,
+                reply,
+            } => {
+                self.stats.misses += 1;
+                let address = address.bytes();
+                let result = self.resolve(client, address);
+                match reply {
+                    Reply::Queued => match &result {
+                        Ok(_) | Err(DmaError::WouldBlock) => {}
+                        Err(error) => {
+                            tracing::warn!(op = "queued_miss_failed", client, %error, "a queued miss failed; the next try_resolve of this client and address returns the error");
+                            self.shared.failures.record(client, address, error.clone());
+                        }
+                    },
+                    Reply::Now(reply) => self.replies.push((reply, result)),
+                    Reply::Admitted(reply) => match result {
+                        Err(DmaError::WouldBlock) => {
+                            self.wait_for_admission(client, address, reply)
+                        }
+                        result => self.replies.push((reply, result)),
+                    },
+                }
+            }
+            Request::ResolveChunk { requests, reply } => {
+                let results = requests
+                    .into_iter()
+                    .map(|(client, address)| {
+                        self.stats.misses += 1;
+                        self.resolve(client, address.bytes())
+                    })
+                    .collect();
+                self.chunk_replies.push((reply, results));
+            }
+            Request::Release { client } => {
+                self.shared.failures.clear(client);
+                self.detach(client);
+            }
+            Request::Quiesce { .. } | Request::Shutdown => {}
+        }
+    }
+
+    /// `client` is parked on `address`: answer `reply` once that incarnation is in the AV.
+    pub(super) fn wait_for_admission(&mut self, client: u64, address: &[u8], reply: Answer) {
+        let parked = self
+            .clients
+            .get(&client)
+            .filter(|holding| holding.is_parked())
+            .and_then(|holding| self.parked.get_mut(&holding.fi_addr()))
+            .filter(|parked| parked.address.bytes() == address && parked.clients.contains(&client));
+        match parked {
+            Some(parked) => {
+                // One waiter per client: a caller that asks again (a `lease_within` retried after
+                // its timeout) supersedes its earlier request, whose answer goes out now, so
+                // retries cost no memory however many there are.
+                if let Some(earlier) = parked
+                    .waiters
+                    .iter_mut()
+                    .find(|(waiter, _)| *waiter == client)
+                {
+                    let earlier = std::mem::replace(&mut earlier.1, reply);
+                    self.replies.push((earlier, Err(DmaError::WouldBlock)));
+                } else {
+                    parked.waiters.push((client, reply));
+                }
+            }
+            None => self.replies.push((reply, Err(DmaError::WouldBlock))),
+        }
+    }
+
+    pub(super) fn occupied(&self) -> usize {
+        let live = usize::try_from(self.stats.entries).unwrap_or(usize::MAX);
+        live.saturating_add(self.pending.len())
+    }
+
+    /// The entry at `fi_addr`.
+    pub(super) fn entry(&self, fi_addr: fi_addr_t) -> Option<&Entry> {
+        entry_in(&self.entries, fi_addr)
+    }
+
+    pub(super) fn entry_mut(&mut self, fi_addr: fi_addr_t) -> Option<&mut Entry> {
+        usize::try_from(fi_addr)
+            .ok()
+            .and_then(|index| self.entries.get_mut(index))
+            .and_then(Option::as_mut)
+    }
+
+    /// The index of `identity`'s live or removing incarnation.
+    pub(super) fn slot(&self, identity: &[u8]) -> Option<fi_addr_t> {
+        let entries = &self.entries;
+        self.slots
+            .find(self.hasher.hash_one(identity), |&fi_addr| {
+                identity_at(entries, fi_addr) == identity
+            })
+            .copied()
+    }
+
+    /// `fi_av_insert`, refusing an index outside the table the lease counters cover, or one
+    /// that an entry of ours still holds.
+    pub(super) fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
+        let fi_addr = self.backend.insert(address)?;
+        self.stats.inserts += 1;
+        if self.entry(fi_addr).is_some() {
+            // The AV handed out an index it still holds for us: removing it would remove ours.
+            return Err(DmaError::Fabric {
+                call: "fi_av_insert",
+                code: 0,
+                message: format!(
+                    "the provider returned index {fi_addr}, which it already holds for another address"
+                ),
+            });
+        }
+        if self.shared.leases.covers(fi_addr) {
+            return Ok(fi_addr);
+        }
+        // FI_AV_TABLE hands out indices below the count the AV was opened with; one that is not
+        // cannot be leased, so it goes straight back.
+        self.stats.removes += 1;
+        if let Err(error) = self.backend.remove(fi_addr) {
+            self.stats.failed_removes += 1;
+            tracing::error!(op = "remove_failed", fi_addr, %error, "fi_av_remove of an index outside the table failed");
+        }
+        Err(DmaError::Fabric {
+            call: "fi_av_insert",
+            code: 0,
+            message: format!(
+                "the provider returned index {fi_addr}, outside the table of {} entries the address vector was opened with",
+                self.capacity
+            ),
+        })
+    }
+
+    /// Record a new live entry at `fi_addr` (an index `insert` answered, so below the capacity)
+    /// and its identity's slot.
+    pub(super) fn install(&mut self, fi_addr: fi_addr_t, address: StoredAddress) {
+        let Ok(index) = usize::try_from(fi_addr) else {
+            return;
+        };
+        if self.entries.len() <= index {
+            self.entries.resize_with(index + 1, || None);
+        }
+        let hash = self.hasher.hash_one(address.identity());
+        self.entries[index] = Some(Entry {
+            address,
+            holders: Holders::None,
+            removal: LIVE,
+        });
+        let (entries, hasher) = (&self.entries, &self.hasher);
+        self.slots.insert_unique(hash, fi_addr, |&fi_addr| {
+            hasher.hash_one(identity_at(entries, fi_addr))
+        });
+        self.stats.entries += 1;
+    }
+
+    pub(super) fn resolve(&mut self, client: u64, address: &[u8]) -> Result<fi_addr_t, DmaError> {
+        let identity_len = self.format.identity_len(address, self.address_len)?;
+        let identity = &address[..identity_len];
+        self.shared.failures.clear(client);
+
+        // Already registered on exactly this? A reader raced its own earlier miss.
+        if let Some(&holding) = self.clients.get(&client) {
+            let fi_addr = holding.fi_addr();
+            if holding.is_parked() {
+                if self.parked.get(&fi_addr).is_some_and(|parked| {
+                    parked.address.bytes() == address && parked.clients.contains(&client)
+                }) {
+                    return Err(DmaError::WouldBlock);
+                }
+            } else if self.entry(fi_addr).is_some_and(|entry| {
+                entry.is_live()
+                    && entry.address.bytes() == address
+                    && entry.holders.contains(client)
+            }) {
+                return Ok(fi_addr);
+            }
+        }
+
+        // A brand-new identity needs an insert, which may fail: do it before anything changes.
+        if self.slot(identity).is_none() {
+            if self.occupied() >= self.capacity {
+                return Err(DmaError::Capacity {
+                    capacity: self.capacity,
+                });
+            }
+            let fi_addr = self.insert(address)?;
+            tracing::debug!(op = "insert", client, fi_addr, "fi_av_insert");
+            // The client's previous registration goes before its new one comes in.
+            self.detach(client);
+            self.install(fi_addr, StoredAddress::new(address, identity_len));
+            self.register(client, fi_addr);
+            return Ok(fi_addr);
+        }
+
+        // The client's previous registration goes before its new one comes in.
+        self.detach(client);
+        self.join(client, identity, address)
+    }
+
+    /// Register `client` on an identity that already has a slot.
+    pub(super) fn join(
+        &mut self,
+        client: u64,
+        identity: &[u8],
+        address: &[u8],
+    ) -> Result<fi_addr_t, DmaError> {
+        // Detaching never drops a slot (a retired entry keeps it until removed), so this finds
+        // one; answer as a busy writer would rather than guess if it does not.
+        let Some(fi_addr) = self.slot(identity) else {
+            return Err(DmaError::WouldBlock);
+        };
+        let Some(entry) = self.entry(fi_addr) else {
+            return Err(DmaError::WouldBlock);
+        };
+        let (same, live, removal) = (
+            entry.address.bytes() == address,
+            entry.is_live(),
+            entry.removal,
+        );
+        if live {
+            if same {
+                self.register(client, fi_addr);
+                return Ok(fi_addr);
+            }
+            // A new incarnation of a slot that others still hold: the old one is dead.
+            self.evict_live(client, fi_addr);
+            self.park(client, fi_addr, address, identity.len());
+            return Err(DmaError::WouldBlock);
+        }
+        if same {
+            // The very incarnation whose removal is pending: its fi_addr_t still maps to these
+            // bytes (a removal that failed left it in the AV too), so it can be published again
+            // and its removal cancelled.
+            self.evict_parked(client, fi_addr);
+            if let Some(Pending {
+                wait: Wait::Held {
+                    retry_at, awaited, ..
+                },
+                ..
+            }) = self.pending.remove(&removal)
+            {
+                if awaited {
+                    self.awaiting_leases -= 1;
+                    self.shared.leases.stop_awaiting(fi_addr);
+                }
+                if let Some(at) = retry_at {
+                    self.retries.remove(&(at, removal));
+                }
+            }
+            if let Some(entry) = self.entry_mut(fi_addr) {
+                entry.removal = LIVE;
+            }
+            self.stats.entries += 1;
+            tracing::debug!(
+                op = "revive",
+                client,
+                fi_addr,
+                "revived an entry awaiting removal"
+            );
+            self.register(client, fi_addr);
+            return Ok(fi_addr);
+        }
+        self.park(client, fi_addr, address, identity.len());
+        Err(DmaError::WouldBlock)
+    }
+
+    /// Evict the live entry at `fi_addr` and every client on it.
+    pub(super) fn evict_live(&mut self, asking: u64, fi_addr: fi_addr_t) {
+        let Some(entry) = self.entry_mut(fi_addr).filter(|entry| entry.is_live()) else {
+            return;
+        };
+        let holders = std::mem::take(&mut entry.holders);
+        let evicted = holders.len();
+        for holder in holders.to_vec() {
+            self.unregister(holder, fi_addr);
+            self.clients.remove(&holder);
+        }
+        self.stats.entries -= 1;
+        self.stats.evictions += 1;
+        self.stats.evicted_clients += evicted as u64;
+        tracing::warn!(
+            op = "evict",
+            client = asking,
+            evicted,
+            fi_addr,
+            "a recycled endpoint slot was advertised again: evicted its stale incarnation and the clients that held it"
+        );
+        self.retire(fi_addr);
+    }
+
+    /// Drop the clients waiting on the incarnation parked behind `fi_addr`: a newer one
+    /// supersedes it.
+    pub(super) fn evict_parked(&mut self, asking: u64, fi_addr: fi_addr_t) {
+        let Some(mut parked) = self.parked.remove(&fi_addr) else {
+            return;
+        };
+        for waiter in &parked.clients {
+            self.clients.remove(waiter);
+        }
+        parked.turn_away(None);
+        self.stats.evictions += 1;
+        self.stats.evicted_clients += parked.clients.len() as u64;
+        tracing::warn!(
+            op = "evict",
+            client = asking,
+            evicted = parked.clients.len(),
+            "an incarnation waiting to enter the AV was superseded before it got in"
+        );
+    }
+
+    /// Queue `client` on the incarnation `address`, which enters the AV once the removal of the
+    /// entry at `fi_addr` has run.
+    pub(super) fn park(
+        &mut self,
+        client: u64,
+        fi_addr: fi_addr_t,
+        address: &[u8],
+        identity_len: usize,
+    ) {
+        if self
+            .parked
+            .get(&fi_addr)
+            .is_some_and(|parked| parked.address.bytes() != address)
+        {
+            self.evict_parked(client, fi_addr);
+        }
+        self.parked
+            .entry(fi_addr)
+            .or_insert_with(|| {
+                Box::new(Parked {
+                    address: StoredAddress::new(address, identity_len),
+                    clients: HashSet::default(),
+                    waiters: Vec::new(),
+                })
+            })
+            .clients
+            .insert(client);
+        self.clients.insert(client, Holding::parked(fi_addr));
+        tracing::debug!(
+            op = "park",
+            client,
+            "parked behind the removal of a stale incarnation"
+        );
+    }
+
+    /// Publish `client`'s registration on the live entry at `fi_addr`.
+    pub(super) fn register(&mut self, client: u64, fi_addr: fi_addr_t) {
+        let Some(entry) = self.entry_mut(fi_addr) else {
+            return;
+        };
+        let added = entry.holders.insert(client);
+        let registration = Registration::new(client, entry.address.clone());
+        if added {
+            self.stats.clients += 1;
+        }
+        self.clients.insert(client, Holding::live(fi_addr));
+        self.shared.index.publish(registration, fi_addr);
+    }
+
+    /// Unlink `client`'s registration on the entry at `fi_addr` from the index.
+    pub(super) fn unregister(&mut self, client: u64, fi_addr: fi_addr_t) {
+        self.shared
+            .index
+            .unlink(client, identity_at(&self.entries, fi_addr));
+        self.stats.clients -= 1;
+    }
+
+    /// Let go of whatever `client` holds or waits for; retire the entry if it was the last holder.
+    pub(super) fn detach(&mut self, client: u64) {
+        let Some(holding) = self.clients.remove(&client) else {
+            return;
+        };
+        let fi_addr = holding.fi_addr();
+        if holding.is_parked() {
+            if let Some(parked) = self.parked.get_mut(&fi_addr) {
+                if parked.clients.remove(&client) {
+                    parked.turn_away(Some(client));
+                    if parked.clients.is_empty() {
+                        self.parked.remove(&fi_addr);
+                    }
+                }
+            }
+            return;
+        }
+        let Some(entry) = self.entry_mut(fi_addr).filter(|entry| entry.is_live()) else {
+            return;
+        };
+        if !entry.holders.remove(client) {
+            return;
+        }
+        let last = entry.holders.is_empty();
+        self.unregister(client, fi_addr);
+        if last {
+            self.stats.entries -= 1;
+            self.retire(fi_addr);
+        }
+    }
+
+    /// Defer the removal of the entry at `fi_addr`, which is no longer in the index.
+    pub(super) fn retire(&mut self, fi_addr: fi_addr_t) {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.pending.insert(
+            ticket,
+            Pending {
+                fi_addr,
+                wait: Wait::Readers,
+            },
+        );
+        if let Some(entry) = self.entry_mut(fi_addr) {
+            entry.removal = ticket;
+        }
+        self.retired_in_batch = true;
+        // Deferred at the end of the batch, with every other ticket retired since the last
+        // deferral (`defer_retired`).
+    }
+
+    /// Every reader that could have seen `ticket`'s entry has unpinned: remove it unless a lease
+    /// still holds it.
+    pub(super) fn readers_gone(&mut self, ticket: u64) {
+        let Some(pending) = self.pending.get_mut(&ticket) else {
+            // Revived before its readers left; nothing to remove.
+            return;
+        };
+        if Wait::Readers != pending.wait {
+            return;
+        }
+        pending.wait = Wait::Held {
+            retry_at: None,
+            backoff: FIRST_RETRY,
+            awaited: false,
+        };
+        self.try_remove(ticket, Instant::now());
+    }
+
+    /// Remove `ticket`'s entry unless a lease holds it (then await the last one's report) or a
+    /// retry is due later; let in the incarnation parked behind it. Whether it is gone from
+    /// `pending`.
+    pub(super) fn try_remove(&mut self, ticket: u64, now: Instant) -> bool {
+        let Some(pending) = self.pending.get_mut(&ticket) else {
+            return true;
+        };
+        let Wait::Held {
+            retry_at,
+            backoff,
+            awaited,
+        } = pending.wait
+        else {
+            return false;
+        };
+        if retry_at.is_some() {
+            return false;
+        }
+        let fi_addr = pending.fi_addr;
+        if self.shared.leases.await_release(fi_addr) {
+            if !awaited {
+                pending.wait = Wait::Held {
+                    retry_at,
+                    backoff,
+                    awaited: true,
+                };
+                self.awaiting_leases += 1;
+            }
+            return false;
+        }
+        if awaited {
+            self.awaiting_leases -= 1;
+        }
+        self.stats.removes += 1;
+        if let Err(error) = self.backend.remove(fi_addr) {
+            self.stats.failed_removes += 1;
+            let at = now + backoff;
+            pending.wait = Wait::Held {
+                retry_at: Some(at),
+                backoff: (backoff * 2).min(LAST_RETRY),
+                awaited: false,
+            };
+            self.retries.insert((at, ticket));
+            tracing::warn!(op = "remove_failed", fi_addr, %error, retry_in = ?backoff, "fi_av_remove failed; the entry stays counted and its identity blocked until a retry succeeds");
+            return false;
+        }
+        tracing::debug!(op = "remove", fi_addr, "fi_av_remove");
+        self.shared.leases.stop_awaiting(fi_addr);
+        self.pending.remove(&ticket);
+        self.forget(fi_addr);
+        if let Some(parked) = self.parked.remove(&fi_addr) {
+            self.admit(*parked);
+        }
+        true
+    }
+
+    /// Drop the entry at `fi_addr`, removed from the AV, and its identity's slot.
+    pub(super) fn forget(&mut self, fi_addr: fi_addr_t) {
+        let Some(entry) = usize::try_from(fi_addr)
+            .ok()
+            .and_then(|index| self.entries.get_mut(index))
+            .and_then(Option::take)
+        else {
+            return;
+        };
+        let hash = self.hasher.hash_one(entry.address.identity());
+        if let Ok(slot) = self.slots.find_entry(hash, |&held| held == fi_addr) {
+            slot.remove();
+        }
+    }
+
+    /// Insert a parked incarnation now that the old one has left the AV.
+    pub(super) fn admit(&mut self, parked: Parked) {
+        match self.insert(parked.address.bytes()) {
+            Ok(fi_addr) => {
+                tracing::debug!(
+                    op = "insert",
+                    fi_addr,
+                    waiting = parked.clients.len(),
+                    "fi_av_insert of a parked incarnation"
+                );
+                self.install(fi_addr, parked.address);
+                for &client in &parked.clients {
+                    self.register(client, fi_addr);
+                }
+                for (_, reply) in parked.waiters {
+                    self.replies.push((reply, Ok(fi_addr)));
+                }
+            }
+            Err(error) => {
+                tracing::warn!(op = "insert_failed", %error, waiting = parked.clients.len(), "fi_av_insert of a parked incarnation failed; its clients must resolve again");
+                for client in &parked.clients {
+                    self.clients.remove(client);
+                }
+                for (_, reply) in parked.waiters {
+                    self.replies.push((reply, Err(error.clone())));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! The writer thread: the only caller of `fi_av_insert` and `fi_av_remove`, the only owner of
+//! who holds what, and the only thread that changes the index.
+//!
+//! # Files
+//!
+//! This file holds the requests, what readers and the writer share, and the writer's fields;
+//! `state.rs` the per-entry state (holders, entries, parked incarnations, pending removals);
+//! `run.rs` the loop (waiting, batches, epoch advances, quiescers, counters, shutdown); and
+//! `apply.rs` what a request does to the state (resolve, release, retire, remove, admit).
+//!
+//! # State
+//!
+//! Every incarnation in the AV has an [`Entry`] at its own index (`fi_addr_t`, which `FI_AV_TABLE`
+//! keeps below the AV's capacity): its address, stored once, its holders, and whether it is
+//! published (`live`) or on its way out (`removing`: unlinked, its `fi_av_remove` waiting for its
+//! readers to unpin and its leases to drop). Each identity (efa: GID + QPN; otherwise the whole
+//! address) has at most one incarnation in the AV, live or removing, found through the `slots`
+//! table, which stores nothing but the index. A removing incarnation may have a newer one
+//! `parked` behind it: clients asked for it, and it may enter the AV only once the old one has
+//! left (efa's reverse AV holds one entry per GID and QPN). It is inserted when the removal runs,
+//! not before, and the rest of the queue goes on meanwhile.
+//!
+//! Each client is in at most one place, as a holder of a live entry or a waiter on a parked one.
+//!
+//! # Batches
+//!
+//! The writer drains what is queued in its inbox in one go (up to [`BATCH`] requests), applies
+//! each in arrival order, and then, once for the batch, flushes its retirements to the epoch
+//! collector, publishes the counters and sends the replies: so a caller that reads the counters
+//! after its reply sees its request, and a burst of misses shares the bookkeeping.
+//!
+//! # Ordering
+//!
+//! Retiring an entry unlinks every registration of it from the index first, and only then defers
+//! its removal on the cache's epoch collector (at the latest by the next deferral, which covers
+//! every ticket retired before it: see "One deferral at a time"). A reader that found the
+//! registration was pinned before the unlink, so the collector runs the deferred closure only
+//! after that reader unpins (crossbeam-epoch's guarantee: a closure deferred while a participant
+//! is pinned runs after that participant unpins). The closure itself only sets a flag for this
+//! thread (an `AcqRel` exchange the writer reads with `Acquire`), so `fi_av_remove` always runs
+//! here, after every such reader has gone. A reader that pins after
+//! the unlink cannot find the registration, because crossbeam's pin and the writer's flush are
+//! `SeqCst` fences that order the unlink before that reader's probe.
+//!
+//! Once the readers are gone, a removal still waits for the entry's leases (see
+//! [`super::lease`]): the writer reads the index's lease counter, and while it is not zero marks
+//! it awaited and forgets it until the last lease's drop reports the index. A failed
+//! `fi_av_remove` is retried with a backoff, from a set ordered by when each retry is due: its
+//! entry still counts against the capacity and its slot stays `removing`, so on efa no second
+//! incarnation goes in beside it. Neither is rescanned: a miss costs the same however many
+//! removals wait.
+//!
+//! # One deferral at a time
+//!
+//! Retirements are not deferred one by one. At most one closure is outstanding on the collector:
+//! it covers every ticket retired before it was deferred, and tickets retired while it is out wait
+//! for the next one, deferred as soon as it returns. A later deferral is as safe as an earlier one
+//! (every reader pinned at a ticket's unlink is either gone by then or pinned still, and so waited
+//! for), and it bounds what reclamation costs whatever the readers do: one crossbeam bag in the
+//! collector's queue, however long a reader stays pinned and however many entries are retired and
+//! revived meanwhile. The closure only sets a flag and rings the writer's doorbell (an atomic
+//! store, a fence, an unpark), so the reader whose `pin()` happens to run it allocates nothing and
+//! takes no lock.
+//!
+//! # Bounds
+//!
+//! Every structure the writer keeps is bounded by the AV's capacity `C` or the inbox bound, not by
+//! what readers do: `entries`, `slots`, `pending`, `retries`, `parked` and the scratch list hold at
+//! most `C` items each (an entry awaiting removal still occupies its index, and counts against the
+//! capacity); `clients` holds one item per client registered or parked, each on one of those
+//! entries; a parked incarnation keeps at most one waiter per client (a newer request from the
+//! same client answers the older one `WouldBlock`); `replies` and the quiescers at most one per
+//! request of a batch. The tables shrink once they empty well below their peak. In bytes: the
+//! cache's heap stays within `C` × 384 B + [`INBOX_BOUND`] × 64 B of the empty cache, plus what
+//! each thread that uses it registers once (an epoch handle, a reply channel), however long a
+//! reader stays pinned (the index's own guard is taken per probe, so a pin holds back no index
+//! memory either) and however many releases, revives and retries go by. `tests/soak.rs` checks
+//! that bound with a counting allocator (its peaks, at `C` = 4,096: 795 KB under a long pin over
+//! 20,000 revives and churn, against 1.8 MB), and the `cache_ops` fuzz target after every step.
+//!
+//! # Calls from the writer thread
+//!
+//! Code that runs on the writer thread (a `tracing` subscriber that sees its events, an
+//! [`AvBackend`] that calls back into its cache) must not wait for the writer. Every call of the
+//! cache that would wait answers [`DmaError::InvalidArgument`] there instead; `release` is queued
+//! without waiting, and `quiesce` returns at once.
+//!
+//! # Requests, backpressure and quiesce
+//!
+//! Requests arrive on a bounded channel ([`INBOX_BOUND`]): a flood of queued misses cannot grow
+//! memory without bound; `resolve` and `release` wait for room, `try_resolve` does not queue and
+//! answers `Busy`. The writer parks on its [`Doorbell`], which every sender rings after queueing,
+//! and which the deferral's closure and an awaited lease's last drop ring too: neither ever sends
+//! on a channel, so neither can wait, allocate or take a lock.
+//!
+//! A quiescer records the ticket the next retirement would take: it is answered once no removal
+//! older than that is pending (or those that are have made no progress for its patience), however
+//! busy the inbox is after it. While removals are pending the writer moves the epoch on between
+//! requests as well as when idle, so a busy inbox does not hold removals back.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use crossbeam_epoch::LocalHandle;
+use hashbrown::HashTable;
+
+use super::doorbell::{Doorbell, MAX_SPIN, POLLING};
+use super::failures::Failures;
+use super::index::Index;
+use super::lease::LeaseCounts;
+use super::reply::Answer;
+use super::stats::{CacheStats, Counters};
+use super::stored::StoredAddress;
+use crate::address::AddressFormat;
+use crate::av::AvBackend;
+use crate::error::DmaError;
+use crate::sync::atomic::AtomicBool;
+#[cfg(not(dma_loom))]
+use crate::sync::atomic::Ordering;
+use crate::sync::{Arc, mpsc};
+use crate::sys::fi_addr_t;
+use run::Quiescer;
+use state::{Entry, Holding, Parked, Pending};
+
+mod apply;
+mod run;
+mod state;
+
+/// How many requests the inbox holds before senders wait (or `try_resolve` gives up).
+pub(crate) const INBOX_BOUND: usize = 4096;
+
+/// The most requests applied between two publications of the counters: enough to share the
+/// bookkeeping across a burst, few enough that a quiescer or a removal is not kept waiting.
+pub(crate) const BATCH: usize = 64;
+
+/// The writer's hasher, for its own tables: foldhash, as the index uses.
+type Hasher = foldhash::fast::RandomState;
+
+/// Where the writer's answer to a resolve goes.
+pub(crate) enum Reply {
+    /// Nobody waits (`try_resolve`): a failure is recorded in [`Failures`] instead.
+    Queued,
+    /// Answer at once, `WouldBlock` included (`resolve`).
+    Now(Answer),
+    /// Answer once the entry is in the AV: a parked incarnation answers when it is admitted
+    /// (`AddressCache::lease`).
+    Admitted(Answer),
+}
+
+/// Each entry's result for a chunk of misses, in order.
+pub(crate) type ChunkAnswer = Vec<Result<fi_addr_t, DmaError>>;
+/// Where the writer sends a chunk's answer.
+pub(crate) type ChunkReply = mpsc::Sender<ChunkAnswer>;
+
+/// What the writer is asked to do. Requests are applied in the order they arrive.
+pub(crate) enum Request {
+    /// Register `client` on `address`.
+    Resolve {
+        client: u64,
+        address: StoredAddress,
+        reply: Reply,
+    },
+    /// Register each client on its address, in order, and answer all of them at once: a chunk of
+    /// `Pinned::resolve_all` or `AddressCache::lease_all`, at most [`BATCH`] misses.
+    ResolveChunk {
+        requests: Vec<(u64, StoredAddress)>,
+        reply: ChunkReply,
+    },
+    /// Let go of `client`'s registration.
+    Release { client: u64 },
+    /// Reply once every removal retired before this request has run, or once those left have
+    /// made no progress for `patience`.
+    Quiesce {
+        reply: mpsc::Sender<()>,
+        patience: Duration,
+    },
+    /// Remove everything and stop.
+    Shutdown,
+}
+
+/// What readers and the writer share.
+pub(crate) struct Shared {
+    pub(crate) index: Index,
+    pub(crate) counters: Counters,
+    pub(crate) leases: LeaseCounts,
+    pub(crate) failures: Failures,
+    /// Wakes the parked writer: rung after a request is queued, by the deferral's closure, and by
+    /// the last lease of an awaited removal.
+    pub(crate) doorbell: Doorbell,
+    /// Set by the outstanding deferral's closure: every reader pinned when it was deferred has
+    /// unpinned.
+    pub(crate) readers_gone: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            index: Index::with_capacity(capacity),
+            counters: Counters::default(),
+            leases: LeaseCounts::new(capacity),
+            failures: Failures::default(),
+            doorbell: Doorbell::default(),
+            readers_gone: AtomicBool::new(false),
+        }
+    }
+}
+
+#[cfg(not(dma_loom))]
+std::thread_local! {
+    /// The id of the cache whose writer this thread is, or 0.
+    static WRITER_OF: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Clients released by code running on this writer thread while its inbox was full: applied
+    /// at the writer's next round, so such a release never waits for the writer. Only this thread
+    /// pushes and drains it, so it needs no lock. Bounded by [`INBOX_BOUND`].
+    static OWN_RELEASES: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Queue `client`'s release beside the full inbox, from code running on the writer thread;
+/// whether there was room (at most [`INBOX_BOUND`]).
+pub(crate) fn queue_own_release(client: u64) -> bool {
+    #[cfg(not(dma_loom))]
+    {
+        OWN_RELEASES
+            .try_with(|own| {
+                let mut own = own.borrow_mut();
+                let room = own.len() < INBOX_BOUND;
+                if room {
+                    own.push(client);
+                }
+                room
+            })
+            .unwrap_or(false)
+    }
+    #[cfg(dma_loom)]
+    {
+        let _ = client;
+        false
+    }
+}
+
+/// Whether the calling thread is the writer of cache `cache`: a call from it that waited for the
+/// writer would wait for ever.
+pub(crate) fn on_writer_of(cache: u64) -> bool {
+    #[cfg(not(dma_loom))]
+    {
+        WRITER_OF
+            .try_with(|writer| writer.get() == cache)
+            .unwrap_or(false)
+    }
+    #[cfg(dma_loom)]
+    {
+        let _ = cache;
+        false
+    }
+}
+
+/// The writer's whole state. `run` consumes it on the writer thread.
+pub(crate) struct Writer<B> {
+    backend: B,
+    format: AddressFormat,
+    address_len: usize,
+    capacity: usize,
+    shared: Arc<Shared>,
+    /// Every incarnation in the AV, by index: `None` where the AV holds nothing of ours.
+    entries: Vec<Option<Entry>>,
+    /// Identity → the index of its live or removing incarnation. Holds the index alone; the
+    /// identity's bytes are read from `entries`.
+    slots: HashTable<fi_addr_t>,
+    hasher: Hasher,
+    /// Incarnations parked behind a removal, by the index of the removing entry.
+    parked: HashMap<fi_addr_t, Box<Parked>, Hasher>,
+    clients: HashMap<u64, Holding, Hasher>,
+    /// Retired entries awaiting `fi_av_remove`, by ticket (tickets grow, so the oldest is first).
+    pending: BTreeMap<u64, Pending>,
+    /// Failed removals, by when their retry is due.
+    retries: BTreeSet<(Instant, u64)>,
+    /// Pending removals whose readers are gone and whose last lease the writer awaits.
+    awaiting_leases: u64,
+    /// The tickets the outstanding deferral covers, if one is out.
+    in_flight: Option<Range<u64>>,
+    /// Tickets from here on have not been deferred yet.
+    undeferred: u64,
+    /// How many deferrals have returned (their readers gone).
+    deferrals_returned: u64,
+    /// Whether this batch retired an entry.
+    retired_in_batch: bool,
+    /// Reused for lists of tickets and indices: at most the capacity.
+    scratch: Vec<u64>,
+    next_ticket: u64,
+    /// This cache's id: the writer thread is marked with it ([`on_writer_of`]).
+    #[cfg_attr(dma_loom, allow(dead_code))] // no thread-local marks under loom
+    cache: u64,
+    stats: CacheStats,
+    epoch: LocalHandle,
+    inbox: mpsc::Receiver<Request>,
+    quiescing: Vec<Quiescer>,
+    /// This batch's answers, sent once its counters are published.
+    replies: Vec<(Answer, Result<fi_addr_t, DmaError>)>,
+    /// This batch's answers to chunks, sent with the others.
+    chunk_replies: Vec<(ChunkReply, ChunkAnswer)>,
+    /// The state last published on the doorbell ([`APPLYING`], [`POLLING`] or [`PARKED`]).
+    state: u64,
+    /// The average wall time of a batch, from taking its first request to sending its answers,
+    /// in nanoseconds: an exponential average over the last few batches, published with the state
+    /// so that a waiter spins about as long as its answer takes (see [`super::doorbell`]).
+    batch_ns: u64,
+    /// The average time from a ring that unparked the writer to its running again, in
+    /// nanoseconds, published likewise: how long a waiter polls through a pending wake-up.
+    wake_ns: u64,
+}
+
+/// How many entries the cache keeps in `backend`: its capacity, up to
+/// [`Configuration::MAX_AV_CAPACITY`](crate::Configuration::MAX_AV_CAPACITY), since the index and
+/// the lease counters are allocated up front for every index. A backend that reports more (a
+/// model AV built by hand) is used up to that bound; an index past it is refused as outside the
+/// table.
+pub(crate) fn usable_capacity(backend: &impl AvBackend) -> usize {
+    backend
+        .capacity()
+        .min(crate::configuration::Configuration::MAX_AV_CAPACITY)
+}
+
+/// The inbox has been closed: the cache is gone.
+struct Stopped;
+
+/// The request waiting in `inbox`, if one is.
+#[cfg(not(dma_loom))]
+fn try_next(inbox: &mpsc::Receiver<Request>) -> Result<Option<Request>, Stopped> {
+    match inbox.try_recv() {
+        Ok(request) => Ok(Some(request)),
+        Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+        Err(std::sync::mpsc::TryRecvError::Disconnected) => Err(Stopped),
+    }
+}
+
+/// Whether work other than a request has come for the writer of `shared`: the deferral's readers
+/// have gone, or an awaited lease was dropped.
+#[cfg(not(dma_loom))]
+fn signalled(shared: &Shared) -> bool {
+    shared.readers_gone.load(Ordering::Relaxed) || shared.leases.reported()
+}
+
+impl<B: AvBackend> Writer<B> {
+    pub(crate) fn new(
+        backend: B,
+        shared: Arc<Shared>,
+        epoch: LocalHandle,
+        inbox: mpsc::Receiver<Request>,
+        cache: u64,
+    ) -> Self {
+        Self {
+            format: backend.format(),
+            address_len: backend.address_len(),
+            capacity: usable_capacity(&backend),
+            backend,
+            shared,
+            entries: Vec::new(),
+            slots: HashTable::new(),
+            hasher: Hasher::default(),
+            parked: HashMap::default(),
+            clients: HashMap::default(),
+            pending: BTreeMap::new(),
+            retries: BTreeSet::new(),
+            awaiting_leases: 0,
+            in_flight: None,
+            undeferred: 0,
+            deferrals_returned: 0,
+            retired_in_batch: false,
+            scratch: Vec::new(),
+            next_ticket: 0,
+            cache,
+            stats: CacheStats::default(),
+            epoch,
+            inbox,
+            quiescing: Vec::new(),
+            replies: Vec::new(),
+            chunk_replies: Vec::new(),
+            state: POLLING,
+            batch_ns: 0,
+            wake_ns: 0,
+        }
+    }
+
+    /// Publish `state` on the doorbell, with the costs, if it is not what is published.
+    fn set_state(&mut self, state: u64) {
+        if state != self.state {
+            self.state = state;
+            self.shared
+                .doorbell
+                .publish(state, self.batch_ns, self.wake_ns);
+        }
+    }
+
+    /// Fold one batch's wall time into its average.
+    fn measured_batch(&mut self, took: Duration) {
+        self.batch_ns = averaged(self.batch_ns, took);
+    }
+}
+
+/// `average` with `sample` folded in at a weight of 1/8 (a few samples move it), the sample
+/// capped at [`MAX_SPIN`] (a longer one is a preemption, not the cost of the work, and no spin
+/// lasts longer anyway); the sample alone if there is no average yet.
+fn averaged(average: u64, sample: Duration) -> u64 {
+    let sample = u64::try_from(sample.min(MAX_SPIN).as_nanos()).unwrap_or(u64::MAX);
+    if average == 0 {
+        sample
+    } else {
+        average - average / 8 + sample / 8
+    }
+}

@@ -1,0 +1,544 @@
+//! The writer's loop: waiting for requests (and publishing its state while it does), batches,
+//! epoch advances, reclamation rounds, quiescers, the counters, and shutdown.
+
+use std::hash::BuildHasher;
+use std::time::{Duration, Instant};
+
+#[cfg(not(dma_loom))]
+use super::averaged;
+use super::state::{Pending, Wait, identity_at};
+use super::{BATCH, Request, Stopped, Writer};
+#[cfg(not(dma_loom))]
+use super::{OWN_RELEASES, WRITER_OF, signalled, try_next};
+use crate::av::AvBackend;
+use crate::cache::doorbell::{APPLYING, PARKED, POLLING};
+use crate::sync::atomic::Ordering;
+use crate::sync::{Arc, mpsc};
+#[cfg(dma_loom)]
+use crate::sync::{recv_polling, recv_spinning};
+use crate::sys::fi_addr_t;
+
+/// How long the writer polls for the next request before it parks: long enough to stay awake
+/// through a burst of misses, short enough not to hold a core when idle.
+pub(super) const IDLE_SPIN: Duration = Duration::from_micros(30);
+
+/// The shortest wait between epoch advances while removals are pending.
+pub(super) const FIRST_TICK: Duration = Duration::from_micros(50);
+/// The longest, reached by doubling while readers or leases hold everything up.
+pub(super) const LAST_TICK: Duration = Duration::from_millis(10);
+/// The first wait before a failed `fi_av_remove` is tried again; it doubles up to
+/// [`LAST_RETRY`].
+pub(super) const FIRST_RETRY: Duration = Duration::from_millis(1);
+/// The longest wait between tries of a failing `fi_av_remove`.
+pub(super) const LAST_RETRY: Duration = Duration::from_secs(1);
+/// Epoch advances in a row that free nothing of a quiescer's removals before it starts to suspect
+/// that the rest are held back by pinned readers or leases. With no reader pinned, two advances
+/// expire every bag crossbeam holds, so four without progress cannot be a slow collector; they
+/// are taken back to back, so a `quiesce` with nothing held back answers within microseconds.
+///
+/// Rounds alone are not enough: a thread that is briefly pinned (one finalizing its epoch handle
+/// as it exits, or one running a deferred closure) and then preempted stops the epoch for a whole
+/// time slice, which four back-to-back rounds do not outlast on a loaded machine. So after these
+/// rounds the writer keeps advancing, sleeping between rounds, until the caller's patience
+/// ([`crate::AddressCache::quiesce_with_patience`]) has passed without progress.
+pub(super) const STALLED_ROUNDS: u32 = 4;
+
+/// A caller blocked in `quiesce`.
+pub(super) struct Quiescer {
+    reply: mpsc::Sender<()>,
+    patience: Duration,
+    /// The first ticket retired after the request: older ones are what it waits for.
+    watermark: u64,
+    /// How many of those were pending at the last round.
+    waiting_on: usize,
+    /// How many deferrals had returned at the last round: one returning is progress too, since a
+    /// ticket retired while another deferral was out waits for that one first.
+    deferrals_seen: u64,
+    /// Rounds in a row in which none of them was removed.
+    stalled: u32,
+    /// When one of them was last removed, or the request arrived.
+    progress_at: Instant,
+}
+
+impl<B: AvBackend> Writer<B> {
+    /// Serve requests until shutdown, then remove everything.
+    pub(crate) fn run(mut self) {
+        #[cfg(not(dma_loom))]
+        {
+            let _ = WRITER_OF.try_with(|writer| writer.set(self.cache));
+            self.shared.doorbell.answer_here();
+        }
+        let mut tick = FIRST_TICK;
+        let mut deferred_at_last_tick = u64::MAX;
+        let mut last_advance = Instant::now();
+        let mut last_request = Instant::now();
+        loop {
+            // Removals may have let parked incarnations in: publish them and answer their waiters
+            // before waiting for the next request.
+            if self.collect() || !self.replies.is_empty() {
+                self.finish_batch();
+            }
+            self.answer_quiescers();
+            // Quiescing, the first rounds run back to back; once they suspect a pinned reader or
+            // a lease, the writer sleeps between rounds so that reader gets the core to finish on.
+            let hurry = self
+                .quiescing
+                .iter()
+                .any(|quiescer| quiescer.stalled < STALLED_ROUNDS)
+                || cfg!(dma_loom) && !self.quiescing.is_empty();
+            // Removals awaiting only their leases need no ticks: the last lease rings.
+            let waiting =
+                self.in_flight.is_some() || !self.retries.is_empty() || !self.quiescing.is_empty();
+            let request = if hurry {
+                match self.inbox.try_recv() {
+                    Ok(request) => Some(request),
+                    Err(std::sync::mpsc::TryRecvError::Empty) => None,
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+                }
+            } else if waiting {
+                // Poll first, as when idle, for what is left of `IDLE_SPIN` since the last
+                // request: a miss that finds the writer parked pays a wake-up, and while removals
+                // are pending (most of the time under churn) that would be every miss. Polling
+                // longer than that, with no traffic, only took the core from the readers whose
+                // pins move the epoch on (the reclamation bench's delay went from 0.15 to 4 ms).
+                let spin = IDLE_SPIN.saturating_sub(last_request.elapsed()).min(tick);
+                match self.next_request(spin, Some(tick)) {
+                    Ok(request) => request,
+                    Err(Stopped) => break,
+                }
+            } else {
+                match self.next_request(IDLE_SPIN, None) {
+                    Ok(request) => request,
+                    Err(Stopped) => break,
+                }
+            };
+            let idle = request.is_none();
+            if !idle {
+                last_request = Instant::now();
+            }
+            let mut stop = false;
+            if let Some(request) = request {
+                // Awake and applying: a waiter that reads this spins for its answer.
+                let started = Instant::now();
+                self.set_state(APPLYING);
+                stop = self.accept(request, &mut tick);
+                // The rest of what is queued, as one batch.
+                let mut taken = 1;
+                while !stop && taken < BATCH {
+                    match self.inbox.try_recv() {
+                        Ok(request) => stop = self.accept(request, &mut tick),
+                        Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                        Err(std::sync::mpsc::TryRecvError::Disconnected) => stop = true,
+                    }
+                    taken += 1;
+                }
+                self.finish_batch();
+                self.measured_batch(started.elapsed());
+                self.set_state(POLLING);
+            }
+            if stop {
+                break;
+            }
+            // Move the epoch on so the outstanding deferral runs without reader traffic: when
+            // idle, and, while one is out, between requests too, at most once a tick (loom has no
+            // time, so there it advances only when idle).
+            let due = self.in_flight.is_some()
+                && cfg!(not(dma_loom))
+                && last_advance.elapsed() >= FIRST_TICK;
+            if idle || due {
+                // Back off only while readers hold the outstanding deferral up: a new deferral
+                // since the last round is progress.
+                let deferred = self.undeferred;
+                if deferred != deferred_at_last_tick {
+                    tick = FIRST_TICK;
+                } else if idle {
+                    tick = (tick * 2).min(LAST_TICK);
+                }
+                deferred_at_last_tick = deferred;
+                self.advance();
+                last_advance = Instant::now();
+                self.collect();
+                self.round();
+                self.finish_batch();
+            }
+        }
+        self.finish_batch();
+        self.shutdown();
+        // Gone for good: a waiter still polling stops at once (its answer is sent, or `Closed`).
+        self.set_state(PARKED);
+    }
+
+    /// The next request: polled for (yielding) for up to `spin`, then waited for, parked, until
+    /// `timeout` (none: until one comes). `None` if the wait ended first, or if other work came
+    /// (the deferral's readers have gone, an awaited lease was dropped).
+    #[cfg(not(dma_loom))]
+    pub(super) fn next_request(
+        &mut self,
+        spin: Duration,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Request>, Stopped> {
+        let started = Instant::now();
+        loop {
+            if let Some(request) = try_next(&self.inbox)? {
+                return Ok(Some(request));
+            }
+            if signalled(&self.shared) {
+                return Ok(None);
+            }
+            if started.elapsed() >= spin {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        let mut received = Ok(None);
+        let (inbox, shared) = (&self.inbox, &self.shared);
+        // Publishes `PARKED` (a waiter stops spinning) before its last look, `POLLING` after.
+        shared.doorbell.park(
+            || {
+                received = try_next(inbox);
+                !matches!(received, Ok(None)) || signalled(shared)
+            },
+            timeout.map(|timeout| timeout.saturating_sub(started.elapsed())),
+            (self.batch_ns, self.wake_ns),
+            |woke| {
+                if let Some(woke) = woke {
+                    self.wake_ns = averaged(self.wake_ns, woke);
+                }
+                (self.batch_ns, self.wake_ns)
+            },
+        );
+        self.state = POLLING;
+        match received {
+            Ok(None) => try_next(&self.inbox),
+            received => received,
+        }
+    }
+
+    /// The next request: under loom, waited for on the inbox alone (the models drive the writer
+    /// with requests; loom has no timed park).
+    #[cfg(dma_loom)]
+    pub(super) fn next_request(
+        &mut self,
+        spin: Duration,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Request>, Stopped> {
+        // Blocking on the inbox is this writer's park: a waiter that reads `PARKED` stops
+        // spinning, whichever way the race with this wait goes.
+        self.set_state(PARKED);
+        let received = match timeout {
+            Some(timeout) => match recv_polling(&self.inbox, spin, timeout) {
+                Ok(request) => Ok(Some(request)),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Stopped),
+            },
+            None => recv_spinning(&self.inbox, spin)
+                .map(Some)
+                .map_err(|_| Stopped),
+        };
+        self.set_state(POLLING);
+        received
+    }
+
+    /// Take one request of a batch; whether it asks the writer to stop.
+    pub(super) fn accept(&mut self, request: Request, tick: &mut Duration) -> bool {
+        match request {
+            Request::Shutdown => return true,
+            Request::Quiesce { reply, patience } => {
+                self.quiescing.push(Quiescer {
+                    reply,
+                    patience,
+                    watermark: self.next_ticket,
+                    waiting_on: usize::MAX,
+                    deferrals_seen: self.deferrals_returned,
+                    stalled: 0,
+                    progress_at: Instant::now(),
+                });
+                *tick = FIRST_TICK;
+            }
+            request => {
+                let retired = self.next_ticket;
+                self.apply(request);
+                // A new removal waits for epoch advances: start them at the shortest tick again,
+                // whatever the backoff had grown to while older removals were held.
+                if retired != self.next_ticket {
+                    *tick = FIRST_TICK;
+                }
+            }
+        }
+        false
+    }
+
+    /// End a batch: hand its retirements to the collector, publish the counters, then answer.
+    pub(super) fn finish_batch(&mut self) {
+        self.own_releases();
+        if std::mem::take(&mut self.retired_in_batch) && self.in_flight.is_some() {
+            // The new tickets wait for the deferral that is out: move the epoch on for it, as a
+            // deferral of their own would have (one pin and flush a batch, no bag).
+            self.advance();
+        }
+        self.defer_retired();
+        // Counters first, so a caller reading them after its reply sees its request.
+        self.publish_stats();
+        for (answer, result) in self.replies.drain(..) {
+            answer.send(result);
+        }
+        for (reply, results) in self.chunk_replies.drain(..) {
+            // The caller may have gone; nothing to do about that.
+            let _ = reply.send(results);
+        }
+    }
+
+    /// One round for the quiescers: count what each still waits for, note progress or a stall.
+    pub(super) fn round(&mut self) {
+        for quiescer in &mut self.quiescing {
+            let waiting_on = self.pending.range(..quiescer.watermark).count();
+            if waiting_on < quiescer.waiting_on
+                || self.deferrals_returned != quiescer.deferrals_seen
+            {
+                quiescer.deferrals_seen = self.deferrals_returned;
+                quiescer.stalled = 0;
+                quiescer.progress_at = Instant::now();
+            } else {
+                quiescer.stalled = quiescer.stalled.saturating_add(1);
+            }
+            quiescer.waiting_on = waiting_on;
+        }
+    }
+
+    /// Answer every quiescer that has nothing left to wait for: no removal retired before it
+    /// pending, or those left stalled for longer than its patience. Under loom time does not
+    /// pass, so rounds decide.
+    pub(super) fn answer_quiescers(&mut self) {
+        if self.quiescing.is_empty() {
+            return;
+        }
+        let oldest = self.pending.keys().next().copied();
+        let mut answered = false;
+        let mut index = 0;
+        while index < self.quiescing.len() {
+            let quiescer = &self.quiescing[index];
+            let done = oldest.is_none_or(|oldest| quiescer.watermark <= oldest);
+            let gave_up = quiescer.stalled >= STALLED_ROUNDS
+                && (cfg!(dma_loom) || quiescer.progress_at.elapsed() >= quiescer.patience);
+            if done || gave_up {
+                if !answered {
+                    self.publish_stats();
+                    answered = true;
+                }
+                let quiescer = self.quiescing.swap_remove(index);
+                // The caller may have gone; nothing to do about that.
+                let _ = quiescer.reply.send(());
+            } else {
+                index += 1;
+            }
+        }
+    }
+
+    /// Pin, flush this thread's deferred closures to the collector, and let it collect.
+    pub(super) fn advance(&mut self) {
+        let guard = self.epoch.pin();
+        guard.flush();
+    }
+
+    /// If no deferral is out and tickets retired since the last one are still pending, defer one
+    /// closure that covers them all, and hand it to the collector. See "One deferral at a time".
+    pub(super) fn defer_retired(&mut self) {
+        if self.in_flight.is_some() || self.pending.range(self.undeferred..).next().is_none() {
+            return;
+        }
+        self.in_flight = Some(self.undeferred..self.next_ticket);
+        self.undeferred = self.next_ticket;
+        let shared = Arc::clone(&self.shared);
+        let guard = self.epoch.pin();
+        guard.defer(move || {
+            // Release: pairs with the writer's Acquire swap, after which it removes. A swap, not a
+            // store: under loom a plain store from inside crossbeam's collection was not seen by
+            // the writer's later swap (a model of `aba` failed that way), and an exchange costs the
+            // same on this rare path.
+            shared.readers_gone.swap(true, Ordering::AcqRel);
+            shared.doorbell.ring();
+        });
+        // The closure waits in this thread's bag until it is flushed; flush so that readers'
+        // pins can collect it too.
+        guard.flush();
+    }
+
+    /// Apply the releases that code on this thread queued while the inbox was full.
+    pub(super) fn own_releases(&mut self) {
+        #[cfg(not(dma_loom))]
+        {
+            let released = OWN_RELEASES
+                .try_with(|own| std::mem::take(&mut *own.borrow_mut()))
+                .unwrap_or_default();
+            for client in released {
+                self.apply(Request::Release { client });
+            }
+        }
+    }
+
+    /// Take what the readers and leases reported: the outstanding deferral's tickets, whose
+    /// readers have gone, and awaited removals whose last lease was dropped; retry the failed
+    /// removals that are due. Whether anything was removed. Costs nothing per removal that is
+    /// still waiting.
+    pub(super) fn collect(&mut self) -> bool {
+        let removes = self.stats.removes;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        // Acquire: pairs with the closure's Release; the closure ran after every reader pinned
+        // at the deferral unpinned.
+        if self.shared.readers_gone.swap(false, Ordering::Acquire) {
+            if let Some(range) = self.in_flight.take() {
+                self.deferrals_returned += 1;
+                scratch.clear();
+                scratch.extend(self.pending.range(range).map(|(&ticket, _)| ticket));
+                for &ticket in &scratch {
+                    self.readers_gone(ticket);
+                }
+            }
+        }
+        scratch.clear();
+        self.shared
+            .leases
+            .take_released(|fi_addr| scratch.push(fi_addr));
+        for &fi_addr in &scratch {
+            // A report for an entry revived (or already removed) since is stale.
+            let ticket = self
+                .entry(fi_addr)
+                .filter(|entry| !entry.is_live())
+                .map(|entry| entry.removal);
+            if let Some(ticket) = ticket {
+                self.lease_released(ticket);
+            }
+        }
+        scratch.clear();
+        self.scratch = scratch;
+        if let Some(&(first, _)) = self.retries.first() {
+            let now = Instant::now();
+            if first <= now || cfg!(dma_loom) {
+                while let Some(&(at, ticket)) = self.retries.first() {
+                    if now < at && cfg!(not(dma_loom)) {
+                        break;
+                    }
+                    self.retries.pop_first();
+                    if let Some(Pending {
+                        wait: Wait::Held { retry_at, .. },
+                        ..
+                    }) = self.pending.get_mut(&ticket)
+                    {
+                        *retry_at = None;
+                    }
+                    self.try_remove(ticket, now);
+                }
+            }
+        }
+        self.defer_retired();
+        removes != self.stats.removes
+    }
+
+    /// The last lease of `ticket`'s entry was dropped: remove it if it was awaited.
+    pub(super) fn lease_released(&mut self, ticket: u64) {
+        let awaited = matches!(
+            self.pending.get(&ticket),
+            Some(Pending {
+                wait: Wait::Held { awaited: true, .. },
+                ..
+            })
+        );
+        if awaited {
+            self.try_remove(ticket, Instant::now());
+        }
+    }
+
+    /// Publish the counters: O(1), and the tables' shrink checks.
+    pub(super) fn publish_stats(&mut self) {
+        self.stats.pending_removals = self.pending.len() as u64;
+        self.stats.removals_awaiting_leases = self.awaiting_leases;
+        self.shared.counters.publish(&self.stats);
+        self.shrink();
+    }
+
+    /// Give memory back once the tables have emptied well below their peak, so the writer's
+    /// memory follows the live entries rather than the most it ever held (invariant 4).
+    pub(super) fn shrink(&mut self) {
+        fn roomy(capacity: usize, len: usize) -> bool {
+            capacity > 64 && capacity > 4 * len
+        }
+        if roomy(self.clients.capacity(), self.clients.len()) {
+            self.clients.shrink_to(2 * self.clients.len());
+        }
+        if roomy(self.parked.capacity(), self.parked.len()) {
+            self.parked.shrink_to(2 * self.parked.len());
+        }
+        if roomy(self.slots.capacity(), self.slots.len()) {
+            let (entries, hasher) = (&self.entries, &self.hasher);
+            self.slots.shrink_to(2 * self.slots.len(), |&fi_addr| {
+                hasher.hash_one(identity_at(entries, fi_addr))
+            });
+        }
+        // Indices are handed out lowest first, so the table ends at the highest one in use.
+        if self.entries.last().is_some_and(Option::is_none) {
+            let used = self
+                .entries
+                .iter()
+                .rposition(Option::is_some)
+                .map_or(0, |last| last + 1);
+            self.entries.truncate(used);
+        }
+        if roomy(self.entries.capacity(), self.entries.len()) {
+            self.entries.shrink_to(2 * self.entries.len());
+        }
+        if roomy(self.scratch.capacity(), self.pending.len()) {
+            self.scratch.shrink_to(2 * self.pending.len());
+        }
+    }
+
+    /// No reader and no lease can exist any more (the cache is being dropped, and every `Pinned`
+    /// and every `Lease` borrows it), so everything is removed now, pending removals first.
+    pub(super) fn shutdown(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        self.retries.clear();
+        self.awaiting_leases = 0;
+        for (_, pending) in pending {
+            self.remove_at_shutdown(pending.fi_addr);
+            self.forget(pending.fi_addr);
+        }
+        for fi_addr in 0..self.entries.len() as fi_addr_t {
+            let Some(entry) = self.entry_mut(fi_addr) else {
+                continue;
+            };
+            let holders = std::mem::take(&mut entry.holders);
+            for client in holders.to_vec() {
+                self.unregister(client, fi_addr);
+            }
+            self.stats.entries -= 1;
+            self.remove_at_shutdown(fi_addr);
+            self.forget(fi_addr);
+        }
+        // Waiters on a parked incarnation are told `Closed` when their senders drop with it.
+        self.parked.clear();
+        self.clients.clear();
+        for quiescer in self.quiescing.drain(..) {
+            let _ = quiescer.reply.send(());
+        }
+        self.publish_stats();
+        tracing::debug!(
+            inserts = self.stats.inserts,
+            removes = self.stats.removes,
+            failed_removes = self.stats.failed_removes,
+            "address cache writer stopped"
+        );
+    }
+
+    /// `fi_av_remove` at shutdown, tried a few times: there is no later to retry in.
+    pub(super) fn remove_at_shutdown(&mut self, fi_addr: fi_addr_t) {
+        for attempt in 1..=3 {
+            self.stats.removes += 1;
+            match self.backend.remove(fi_addr) {
+                Ok(()) => return,
+                Err(error) => {
+                    self.stats.failed_removes += 1;
+                    tracing::error!(op = "remove_failed", fi_addr, attempt, %error, "fi_av_remove failed at shutdown");
+                }
+            }
+        }
+    }
+}

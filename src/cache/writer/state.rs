@@ -1,0 +1,187 @@
+//! The writer's state, entry by entry: holders, entries, where each client is, parked
+//! incarnations and pending removals.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use super::Hasher;
+use crate::cache::reply::Answer;
+use crate::cache::stored::StoredAddress;
+use crate::error::DmaError;
+use crate::sys::fi_addr_t;
+
+/// The clients that hold a live entry. Nearly every entry has one, so one is stored inline.
+#[derive(Default)]
+pub(super) enum Holders {
+    #[default]
+    None,
+    One(u64),
+    // Boxed so that `Holders` stays 16 bytes in every entry; a set is rare.
+    #[allow(clippy::box_collection)]
+    Many(Box<HashSet<u64, Hasher>>),
+}
+
+impl Holders {
+    /// Add `client`; whether it was new.
+    pub(super) fn insert(&mut self, client: u64) -> bool {
+        match self {
+            Self::None => {
+                *self = Self::One(client);
+                true
+            }
+            Self::One(held) if *held == client => false,
+            Self::One(held) => {
+                let mut many = HashSet::with_capacity_and_hasher(2, Hasher::default());
+                many.insert(*held);
+                many.insert(client);
+                *self = Self::Many(Box::new(many));
+                true
+            }
+            Self::Many(many) => many.insert(client),
+        }
+    }
+
+    /// Drop `client`; whether it was there.
+    pub(super) fn remove(&mut self, client: u64) -> bool {
+        match self {
+            Self::None => false,
+            Self::One(held) if *held == client => {
+                *self = Self::None;
+                true
+            }
+            Self::One(_) => false,
+            Self::Many(many) => {
+                let removed = many.remove(&client);
+                if many.len() <= 1 {
+                    *self = many.iter().next().map_or(Self::None, |&one| Self::One(one));
+                }
+                removed
+            }
+        }
+    }
+
+    pub(super) fn contains(&self, client: u64) -> bool {
+        match self {
+            Self::None => false,
+            Self::One(held) => *held == client,
+            Self::Many(many) => many.contains(&client),
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        matches!(self, Self::None)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Self::None => 0,
+            Self::One(_) => 1,
+            Self::Many(many) => many.len(),
+        }
+    }
+
+    pub(super) fn to_vec(&self) -> Vec<u64> {
+        match self {
+            Self::None => Vec::new(),
+            Self::One(held) => vec![*held],
+            Self::Many(many) => many.iter().copied().collect(),
+        }
+    }
+}
+
+/// The ticket of an entry that is published, not awaiting removal.
+pub(super) const LIVE: u64 = u64::MAX;
+
+/// An incarnation in the AV, at its own index.
+pub(super) struct Entry {
+    pub(super) address: StoredAddress,
+    pub(super) holders: Holders,
+    /// [`LIVE`] while published; once retired, the ticket of its pending removal.
+    pub(super) removal: u64,
+}
+
+impl Entry {
+    pub(super) fn is_live(&self) -> bool {
+        LIVE == self.removal
+    }
+}
+
+/// Where a client is: holding the live entry at an index, or waiting on the incarnation parked
+/// behind the removing entry at an index.
+#[derive(Clone, Copy)]
+pub(super) struct Holding(u64);
+
+impl Holding {
+    const PARKED: u64 = 1 << 63;
+
+    pub(super) fn live(fi_addr: fi_addr_t) -> Self {
+        Self(fi_addr)
+    }
+
+    pub(super) fn parked(fi_addr: fi_addr_t) -> Self {
+        Self(fi_addr | Self::PARKED)
+    }
+
+    pub(super) fn fi_addr(self) -> fi_addr_t {
+        self.0 & !Self::PARKED
+    }
+
+    pub(super) fn is_parked(self) -> bool {
+        0 != self.0 & Self::PARKED
+    }
+}
+
+/// A newer incarnation waiting for the removal of the entry it is parked behind.
+pub(super) struct Parked {
+    pub(super) address: StoredAddress,
+    pub(super) clients: HashSet<u64, Hasher>,
+    /// Callers of `AddressCache::lease` waiting for this incarnation to enter the AV.
+    pub(super) waiters: Vec<(u64, Answer)>,
+}
+
+impl Parked {
+    /// Tell `client`'s waiters (every waiter, for `None`) that this incarnation will not get in
+    /// for them: they resolve again.
+    pub(super) fn turn_away(&mut self, client: Option<u64>) {
+        let (turned_away, kept) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .partition(|(waiter, _)| client.is_none_or(|client| client == *waiter));
+        self.waiters = kept;
+        for (_, answer) in turned_away {
+            answer.send(Err(DmaError::WouldBlock));
+        }
+    }
+}
+
+/// Why a retired entry has not been removed yet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wait {
+    /// Readers pinned at its unlink may still be pinned: the epoch deferral has not reported.
+    Readers,
+    /// Its readers are gone; removed once its leases are dropped (`awaited`: the last one's drop
+    /// reports it) and any retry is due (`retry_at`, also in the writer's `retries`).
+    Held {
+        retry_at: Option<Instant>,
+        backoff: Duration,
+        awaited: bool,
+    },
+}
+
+/// A retired entry awaiting `fi_av_remove`; its address stays in its [`Entry`] until then.
+pub(super) struct Pending {
+    pub(super) fi_addr: fi_addr_t,
+    pub(super) wait: Wait,
+}
+
+/// The entry at `fi_addr` in `entries`.
+pub(super) fn entry_in(entries: &[Option<Entry>], fi_addr: fi_addr_t) -> Option<&Entry> {
+    usize::try_from(fi_addr)
+        .ok()
+        .and_then(|index| entries.get(index))
+        .and_then(Option::as_ref)
+}
+
+/// The identity of the entry at `fi_addr`: what `slots` hashes and compares.
+pub(super) fn identity_at(entries: &[Option<Entry>], fi_addr: fi_addr_t) -> &[u8] {
+    entry_in(entries, fi_addr).map_or(&[], |entry| entry.address.identity())
+}
