@@ -52,6 +52,33 @@ use dma_libfabric::Configuration;
 /// The error type of every role.
 pub type Result<T> = std::result::Result<T, Box<dyn Error + Send + Sync>>;
 
+/// The providers the fleet runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FleetProvider {
+    /// `tcp;ofi_rxm`.
+    Tcp,
+    /// libfabric 2.x's native `tcp` RDM endpoint.
+    TcpNative,
+}
+
+impl FleetProvider {
+    /// The crate's provider.
+    pub fn provider(self) -> dma_libfabric::Provider {
+        match self {
+            Self::Tcp => dma_libfabric::Provider::Tcp,
+            Self::TcpNative => dma_libfabric::Provider::TcpNative,
+        }
+    }
+
+    /// The command-line spelling.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::TcpNative => "tcp-native",
+        }
+    }
+}
+
 /// Which process this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Role {
@@ -89,12 +116,26 @@ pub struct Flags {
     /// `FI_TCP_PORT_LOW_RANGE`/`HIGH_RANGE`), so the new process has the old one's address.
     #[arg(long)]
     pub reuse_ports: bool,
-    /// Run the fleet in a network namespace of its own (root only; not built yet).
+    /// The provider: `tcp` (tcp;ofi_rxm, every libfabric) or `tcp-native` (libfabric 2.x's
+    /// native tcp reliable-datagram endpoint).
+    #[arg(long, value_enum, default_value_t = FleetProvider::Tcp)]
+    pub provider: FleetProvider,
+    /// Run the fleet in a network namespace of its own (root only): a fresh loopback, each
+    /// client on an address of its own in 127.0.0.0/8, removed on every exit path.
     #[arg(long)]
     pub netns: bool,
-    /// Partitions a second (needs --netns; not built yet).
+    /// Partitions a second (needs --netns): an nftables rule drops one client's packets both
+    /// ways for a random 1–10 s, or (one partition in five) for the rest of the run.
     #[arg(long, default_value_t = 0.0)]
     pub partition_rate: f64,
+    /// With --netns: set the namespace's `net.ipv4.tcp_retries2` (how many times tcp retransmits
+    /// unacknowledged data before it gives the connection up; the kernel's default is 15, about
+    /// 15 minutes on loopback; 5 is about 12.6 s). Without it the kernel's value stays.
+    #[arg(long)]
+    pub tcp_retries2: Option<u32>,
+    /// Supervisor: already inside the namespace `--netns` created (set by the outer supervisor).
+    #[arg(long, hide = true)]
+    pub inside_netns: bool,
     /// Client and server: the supervisor's pid (a child exits if its parent is not it).
     #[arg(long, hide = true, default_value_t = 0)]
     pub supervisor_pid: i32,

@@ -12,6 +12,22 @@ pub const CLIENT_SLOTS: usize = 64;
 /// The largest control frame accepted.
 const MAX_FRAME: usize = 4096;
 
+/// The exit status of a client whose connections to the server failed during the run (a
+/// partition that outlasted tcp's retransmissions): the supervisor starts a new incarnation.
+pub const EXIT_LOST_SERVER: u8 = 3;
+
+/// Where client `id` lives: 127.0.0.1, or inside the fleet's own network namespace an address
+/// of its own (127.1.x.y, on the namespace's loopback), so that a partition can cut exactly its
+/// packets off, its fabric connections and its control connection alike.
+pub fn client_host(inside_netns: bool, id: u32) -> std::net::Ipv4Addr {
+    if inside_netns {
+        // 250 clients per /24; ids are far fewer than 250 * 256.
+        std::net::Ipv4Addr::new(127, 1, (id / 250) as u8, (id % 250 + 1) as u8)
+    } else {
+        std::net::Ipv4Addr::LOCALHOST
+    }
+}
+
 /// A control message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {

@@ -95,6 +95,8 @@ struct Server {
     /// Departures learned from an error completion (the rest: the control connection closed).
     error_departures: AtomicU64,
     departures: AtomicU64,
+    /// Error completions by their error's text.
+    error_kinds: Mutex<Vec<(String, u64)>>,
     /// The longest a departed registration still had writes (so leases) in flight, nanoseconds.
     longest_lease_after_departure: AtomicU64,
 }
@@ -174,10 +176,19 @@ pub fn run(flags: &Flags) -> Result<()> {
     let configuration = Configuration {
         rma: true,
         av_capacity: (clients * 8).max(256),
+        providers: vec![flags.provider.provider()],
         ..Configuration::default()
     };
     let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
-    let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))?;
+    // Inside the fleet's own namespace every client connects to its own loopback address (so a
+    // partition cuts its control connection too): listen on all of them. Nothing outside the
+    // namespace can reach it.
+    let listen_on = if flags.inside_netns {
+        Ipv4Addr::UNSPECIFIED
+    } else {
+        Ipv4Addr::LOCALHOST
+    };
+    let listener = TcpListener::bind(SocketAddrV4::new(listen_on, 0))?;
     listener.set_nonblocking(true)?;
     let server = Arc::new(Server {
         endpoint,
@@ -196,6 +207,7 @@ pub fn run(flags: &Flags) -> Result<()> {
         resolve_errors: AtomicU64::new(0),
         error_departures: AtomicU64::new(0),
         departures: AtomicU64::new(0),
+        error_kinds: Mutex::new(Vec::new()),
         longest_lease_after_departure: AtomicU64::new(0),
     });
     {
@@ -312,6 +324,12 @@ pub fn run(flags: &Flags) -> Result<()> {
             registration.in_flight.load(Ordering::SeqCst),
         )?;
     }
+    let kinds = lock(&server.error_kinds)
+        .iter()
+        .map(|(kind, count)| format!("{count}x \"{kind}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    writeln!(stdout, "FLEET-ERRORS {kinds}")?;
     writeln!(
         stdout,
         "FLEET-TOTALS provider={} posted={} ok={} error={} in_flight={} not_posted={} resolve_errors={} \
@@ -608,6 +626,14 @@ fn reap(server: &Server) -> Vec<Sample> {
                 }
                 Err(error) => {
                     server.completed_error.fetch_add(1, Ordering::SeqCst);
+                    {
+                        let text = error.to_string();
+                        let mut kinds = lock(&server.error_kinds);
+                        match kinds.iter_mut().find(|(kind, _)| *kind == text) {
+                            Some((_, count)) => *count += 1,
+                            None => kinds.push((text, 1)),
+                        }
+                    }
                     if DEPARTED != registration.state.load(Ordering::SeqCst) {
                         server.error_departures.fetch_add(1, Ordering::Relaxed);
                         server.depart(&registration, &format!("error completion: {error}"));
