@@ -56,6 +56,7 @@ pub use av::{AvBackend, FabricAv};
 pub use cache::{AddressCache, CacheStats, Lease, Peer, Pinned};
 pub use configuration::{Configuration, Provider, RxmSizing};
 pub use endpoint::{
-    Completion, Description, LibfabricEndpoint, MemoryRegion, Operation, RemoteRegion, Segment,
+    Completion, Description, LibfabricEndpoint, MemoryRegion, Operation, OverdueOperation,
+    RemoteRegion, Segment,
 };
 pub use error::DmaError;

@@ -125,9 +125,19 @@ pub struct Flags {
     #[arg(long)]
     pub netns: bool,
     /// Partitions a second (needs --netns): an nftables rule drops one client's packets both
-    /// ways for a random 1–10 s, or (one partition in five) for the rest of the run.
+    /// ways for a random 1–10 s, or (`--partition-for-good` of them) for the rest of the run.
     #[arg(long, default_value_t = 0.0)]
     pub partition_rate: f64,
+    /// Server: a client with a write in flight for this many seconds has stopped answering: the
+    /// server departs it (stops writing, releases its entry, closes its control connection) and
+    /// its entry goes once the provider completes what is in flight. 0 turns it off. Well above
+    /// the longest SIGSTOP (3 s), so a stopped client keeps its transfers even when a stop and a
+    /// partition follow each other.
+    #[arg(long, default_value_t = 10.0)]
+    pub write_deadline: f64,
+    /// The share of partitions that last until the run ends (the rest last 1–10 s).
+    #[arg(long, default_value_t = 0.2)]
+    pub partition_for_good: f64,
     /// With --netns: set the namespace's `net.ipv4.tcp_retries2` (how many times tcp retransmits
     /// unacknowledged data before it gives the connection up; the kernel's default is 15, about
     /// 15 minutes on loopback; 5 is about 12.6 s). Without it the kernel's value stays.

@@ -223,18 +223,27 @@ pub fn unix_nanos() -> u64 {
         .unwrap_or(0)
 }
 
+/// The unit of [`Sample::latency`]: 16 ns, so that a `u32` holds writes that wait seconds for a
+/// partition to heal.
+pub const LATENCY_UNIT_NANOS: u128 = 16;
+
 /// One post-to-completion sample, as the server writes it: 16 bytes, little endian.
 #[derive(Debug, Clone, Copy)]
 pub struct Sample {
     /// When the write was posted ([`unix_nanos`]).
     pub posted: u64,
-    /// Post to completion, in nanoseconds (saturated).
+    /// Post to completion, in units of [`LATENCY_UNIT_NANOS`] (saturated, at about 68 s).
     pub latency: u32,
     /// The target client's id.
     pub client: u32,
 }
 
 impl Sample {
+    /// Post to completion, in nanoseconds.
+    pub fn latency_nanos(&self) -> u64 {
+        u64::from(self.latency) * LATENCY_UNIT_NANOS as u64
+    }
+
     /// Its bytes.
     pub fn to_bytes(self) -> [u8; 16] {
         let mut out = [0; 16];

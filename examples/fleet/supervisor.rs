@@ -107,6 +107,7 @@ struct Fleet {
     windows: Vec<Window>,
     reuse_ports: bool,
     provider: crate::FleetProvider,
+    write_deadline: f64,
     inside_netns: bool,
     partitions: u64,
     /// Of the partitions, those for good (until the run ends).
@@ -177,6 +178,7 @@ impl Fleet {
             .args(["--role", role])
             .args(["--supervisor-pid", &self.supervisor_pid.to_string()])
             .args(["--provider", self.provider.flag()])
+            .args(["--write-deadline", &self.write_deadline.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -497,6 +499,7 @@ pub fn run(flags: &Flags) -> Result<bool> {
         windows: Vec::new(),
         reuse_ports: flags.reuse_ports,
         provider: flags.provider,
+        write_deadline: flags.write_deadline,
         inside_netns: flags.inside_netns,
         partitions: 0,
         partitions_for_good: 0,
@@ -623,8 +626,8 @@ pub fn run(flags: &Flags) -> Result<bool> {
             next_partition = next_after(&mut random, flags.partition_rate, now);
             match fleet.pick(&mut random, true) {
                 Some(id) => {
-                    // One partition in five lasts until the run ends; the rest 1-10 s.
-                    let until = (random.unit() >= 0.2)
+                    // Some last until the run ends; the rest 1-10 s.
+                    let until = (random.unit() >= flags.partition_for_good)
                         .then(|| now + Duration::from_secs_f64(1.0 + 9.0 * random.unit()));
                     fleet.partition(id, until)?;
                 }

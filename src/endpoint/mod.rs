@@ -60,6 +60,7 @@
 
 mod deadline;
 mod handles;
+pub mod in_flight;
 pub mod memory;
 mod receive;
 pub mod rma;
@@ -72,6 +73,7 @@ use std::time::Duration;
 
 use self::deadline::Deadline;
 use self::handles::Handles;
+pub use self::in_flight::OverdueOperation;
 pub use self::memory::{MemoryRegion, RemoteRegion, Segment};
 use self::receive::ReceiveSlots;
 pub use self::rma::{Completion, MAX_OPERATIONS, Operation};

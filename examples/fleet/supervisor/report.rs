@@ -88,7 +88,7 @@ fn timeline(fleet: &Fleet, faults: &[(u32, u32, u64)], what: &str) -> String {
 }
 
 /// The p99 of `sorted`, in nanoseconds.
-fn p99(sorted: &[u32]) -> Option<u32> {
+fn p99(sorted: &[u64]) -> Option<u64> {
     if sorted.is_empty() {
         return None;
     }
@@ -155,16 +155,16 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
             }
         }
         if own_stop {
-            to_stopped.push(sample.latency);
+            to_stopped.push(sample.latency_nanos());
         }
         if own_cut {
-            to_cut.push(sample.latency);
+            to_cut.push(sample.latency_nanos());
         }
         first = first.min(sample.posted);
         last = last.max(sample.posted);
         match (active, own) {
-            (false, _) => without.push(sample.latency),
-            (true, false) => during.push(sample.latency),
+            (false, _) => without.push(sample.latency_nanos()),
+            (true, false) => during.push(sample.latency_nanos()),
             (true, true) => {}
         }
     }
@@ -223,8 +223,8 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
             "p99 post-to-completion, other clients, during faults / without",
             format!(
                 "{} / {}",
-                p99_during.map_or("-".into(), |p| millis(u64::from(p))),
-                p99_without.map_or("-".into(), |p| millis(u64::from(p)))
+                p99_during.map_or("-".into(), |p| millis(p)),
+                p99_without.map_or("-".into(), |p| millis(p))
             ),
         ),
         ("leases left after shutdown", leases.to_string()),
@@ -235,10 +235,8 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
         "details: writes posted to a client while it was stopped {}, their post-to-completion \
          p99 {} and longest {}",
         to_stopped.len(),
-        p99(&to_stopped).map_or("-".into(), |p| millis(u64::from(p))),
-        to_stopped
-            .last()
-            .map_or("-".into(), |&p| millis(u64::from(p)))
+        p99(&to_stopped).map_or("-".into(), |p| millis(p)),
+        to_stopped.last().map_or("-".into(), |&p| millis(p))
     );
     if 0 < fleet.partitions {
         println!(
@@ -246,8 +244,8 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
              p99 {} and longest {}; partitions for good {}, clients that lost their connections \
              to a partition (restarted) {}",
             to_cut.len(),
-            p99(&to_cut).map_or("-".into(), |p| millis(u64::from(p))),
-            to_cut.last().map_or("-".into(), |&p| millis(u64::from(p))),
+            p99(&to_cut).map_or("-".into(), |p| millis(p)),
+            to_cut.last().map_or("-".into(), |&p| millis(p)),
             fleet.partitions_for_good,
             fleet.lost_to_partition,
         );
@@ -269,13 +267,16 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
     );
     println!(
         "details: provider {}, writes not posted (backpressure or resolve) {}, departures {} \
-         (of which learned from an error completion {}), fi_av_insert / fi_av_remove {} / {}, \
+         (of which learned from an error completion {}, from the write deadline {}), oldest write \
+         in flight seen {}, fi_av_insert / fi_av_remove {} / {}, \
          clients that sent a last report {} of {} registrations, samples during faults / \
          without {} / {}, faults skipped (no eligible client) {}{}",
         totals.get("provider").unwrap_or(&"?"),
         number("not_posted")?,
         number("departures")?,
         number("error_departures")?,
+        number("deadline_departures")?,
+        millis(number("oldest_write_ns")?),
         number("inserts")?,
         number("removes")?,
         number("reported_last")?,
@@ -317,7 +318,7 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
     }
     match (p99_during, p99_without) {
         (Some(during), Some(without)) => {
-            let ratio = f64::from(during) / f64::from(without.max(1));
+            let ratio = during as f64 / without.max(1) as f64;
             if ratio > P99_BOUND {
                 fail(format!(
                     "other clients' p99 during faults is {ratio:.1}x the p99 without (bound {P99_BOUND}x)"
