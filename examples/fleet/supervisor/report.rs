@@ -9,6 +9,15 @@ use crate::{Flags, Result};
 
 /// The p99 bound: other clients' p99 during faults within this many times the p99 without.
 const P99_BOUND: f64 = 5.0;
+/// The least p99 "without" the bound is taken of. On a machine whose cores are shared (two
+/// cores and other builds, where the suite runs), one preempted time slice moves a p99 of
+/// fractions of a millisecond by milliseconds whether or not a fault is going on: "without"
+/// p99s from 0.5 to 7.7 ms were measured across runs of the same build, in either direction of
+/// the "during" one. Below this floor the ratio measures the scheduler, not the faults, so the
+/// check is `during <= 5 x max(without, floor)`. A fault that holds other clients up (a posting
+/// thread waiting behind a stopped client, a shared queue blocked by a partitioned one) costs
+/// them tens of milliseconds to seconds, far above it.
+const P99_FLOOR_NANOS: u64 = 2_000_000;
 
 /// For each fault in `faults` (SIGKILLs or partitions): how long until the server saw the
 /// departure, and until its last lease returned (from the server's `FLEET-DEPARTURE` lines), as
@@ -318,14 +327,16 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
     }
     match (p99_during, p99_without) {
         (Some(during), Some(without)) => {
-            let ratio = during as f64 / without.max(1) as f64;
+            let ratio = during as f64 / without.max(P99_FLOOR_NANOS) as f64;
             if ratio > P99_BOUND {
                 fail(format!(
-                    "other clients' p99 during faults is {ratio:.1}x the p99 without (bound {P99_BOUND}x)"
+                    "other clients' p99 during faults is {ratio:.1}x the p99 without, or the \
+                     floor of {} when that is higher (bound {P99_BOUND}x)",
+                    millis(P99_FLOOR_NANOS)
                 ));
             }
         }
-        (None, _) if 0 == fleet.killed + fleet.stopped => {}
+        (None, _) if 0 == fleet.killed + fleet.stopped + fleet.partitions => {}
         _ => fail("too few samples to compare the p99s".into()),
     }
     if ok {
