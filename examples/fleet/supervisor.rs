@@ -688,6 +688,7 @@ pub fn run(flags: &Flags) -> Result<bool> {
         }
     }
     let mut ok = true;
+    let mut lost_after_run = 0;
     let deadline = Instant::now() + CLIENT_EXIT_PATIENCE;
     for id in 0..fleet.clients.len() {
         let client = &mut fleet.clients[id];
@@ -697,6 +698,13 @@ pub fn run(flags: &Flags) -> Result<bool> {
         let left = deadline.saturating_duration_since(Instant::now());
         match wait_within(child, left)? {
             Some(status) if status.success() => {}
+            Some(status)
+                if client.was_cut
+                    && status.code() == Some(i32::from(protocol::EXIT_LOST_SERVER)) =>
+            {
+                // Departed by the server during a partition, and told so once it healed.
+                lost_after_run += 1;
+            }
             Some(status) => {
                 eprintln!(
                     "FAIL: client {id} incarnation {} exited with {status}",
@@ -716,6 +724,7 @@ pub fn run(flags: &Flags) -> Result<bool> {
         }
         client.child = None;
     }
+    fleet.lost_to_partition += lost_after_run;
     if let Some(mut stdin) = fleet.server_stdin.take() {
         let _ = stdin.write_all(b"stop\n");
     }
