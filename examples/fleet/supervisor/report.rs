@@ -232,8 +232,8 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
             "p99 post-to-completion, other clients, during faults / without",
             format!(
                 "{} / {}",
-                p99_during.map_or("-".into(), |p| millis(p)),
-                p99_without.map_or("-".into(), |p| millis(p))
+                p99_during.map_or("-".into(), millis),
+                p99_without.map_or("-".into(), millis)
             ),
         ),
         ("leases left after shutdown", leases.to_string()),
@@ -244,7 +244,7 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
         "details: writes posted to a client while it was stopped {}, their post-to-completion \
          p99 {} and longest {}",
         to_stopped.len(),
-        p99(&to_stopped).map_or("-".into(), |p| millis(p)),
+        p99(&to_stopped).map_or("-".into(), millis),
         to_stopped.last().map_or("-".into(), |&p| millis(p))
     );
     if 0 < fleet.partitions {
@@ -253,7 +253,7 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
              p99 {} and longest {}; partitions for good {}, clients that lost their connections \
              to a partition (restarted) {}",
             to_cut.len(),
-            p99(&to_cut).map_or("-".into(), |p| millis(p)),
+            p99(&to_cut).map_or("-".into(), millis),
             to_cut.last().map_or("-".into(), |&p| millis(p)),
             fleet.partitions_for_good,
             fleet.lost_to_partition,
