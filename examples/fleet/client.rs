@@ -206,14 +206,33 @@ pub fn run(flags: &Flags) -> Result<()> {
         }
     }
 
+    // A clean exit. Inside the fleet's namespace a control connection that fails now is one the
+    // server closed while this client was cut off: it lost the server, as during the run.
+    if let Err(error) = leave(flags, &endpoint, &mut checker, &mut framer, &mut control) {
+        return Err(lost_server(flags, &error.to_string()));
+    }
+    drop(memory);
+    drop(endpoint);
+    Ok(())
+}
+
+/// Say `Leaving`, wait for `Drained`, check once more, send the last report, wait for the server
+/// to close.
+fn leave(
+    flags: &Flags,
+    endpoint: &LibfabricEndpoint,
+    checker: &mut Checker<'_>,
+    framer: &mut Framer,
+    control: &mut TcpStream,
+) -> Result<()> {
     // A clean exit: the server stops writing, drains, says so; then the last check and report.
-    protocol::send(&mut control, &Message::Leaving)?;
+    protocol::send(control, &Message::Leaving)?;
     let deadline = Instant::now() + DRAIN_PATIENCE;
     let mut drained = false;
     while Instant::now() < deadline {
         endpoint.progress();
         checker.check(false)?;
-        match framer.poll(&mut control) {
+        match framer.poll(control) {
             Polled::Message(Message::Drained) => {
                 drained = true;
                 break;
@@ -234,7 +253,7 @@ pub fn run(flags: &Flags) -> Result<()> {
     checker.check(true)?;
     checker.counts.last = true;
     control.set_nonblocking(false)?;
-    protocol::send(&mut control, &Message::Counts(checker.counts))?;
+    protocol::send(control, &Message::Counts(checker.counts))?;
     control.shutdown(std::net::Shutdown::Write)?;
     if !drained {
         eprintln!(
@@ -244,8 +263,6 @@ pub fn run(flags: &Flags) -> Result<()> {
     }
     // The server closes once it has the report; bounded.
     control.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let _ = std::io::copy(&mut control, &mut std::io::sink());
-    drop(memory);
-    drop(endpoint);
+    let _ = std::io::copy(control, &mut std::io::sink());
     Ok(())
 }
