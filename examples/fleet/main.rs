@@ -19,11 +19,20 @@
 //!   corrupt: a bad checksum that stays bad) and reports its counts over the control connection,
 //!   periodically and before a clean exit.
 //!
+//! With `--netns` (root only) the supervisor first creates a network namespace of its own and
+//! runs the fleet inside it (`supervisor/netns.rs`): each client on an address of its own there,
+//! so that `--partition-rate` can cut one client off, both ways, with an nftables rule, for 1–10 s
+//! or for good; `--tcp-retries2` sets how long tcp retransmits to a peer that does not answer. The
+//! server departs a client whose oldest write has been in flight for `--write-deadline` seconds
+//! (`LibfabricEndpoint::overdue_operations`). `--provider tcp-native` runs libfabric 2.x's native
+//! tcp instead of tcp;ofi_rxm. `docs/faults.md` has what these runs measured.
+//!
 //! Every process stays on 127.0.0.0/8. Children die with the supervisor (`PR_SET_PDEATHSIG`,
 //! and a closed stdin asks them to stop), and the supervisor kills and reaps every child on every
 //! exit path: normal exit, error, panic (a drop guard) and Ctrl-C (a SIGINT handler that sets a
 //! flag; the children run in process groups of their own, so the terminal's SIGINT reaches only
-//! the supervisor).
+//! the supervisor). The namespace is removed on the same paths by the supervisor that created it,
+//! and one left by a supervisor killed with SIGKILL by the next run.
 
 mod client;
 mod protocol;
