@@ -78,7 +78,7 @@ impl PostedAt {
 impl LibfabricEndpoint {
     /// How long the oldest RMA operation in flight has been in flight; `None` when none is.
     ///
-    /// ```no_run
+    /// ```
     /// use std::time::Duration;
     /// use dma_libfabric::{Configuration, LibfabricEndpoint};
     ///
@@ -105,7 +105,7 @@ impl LibfabricEndpoint {
     /// return how many were appended. The operations stay in flight (see the
     /// [module docs](self)): the caller decides what an overdue peer means to it.
     ///
-    /// ```no_run
+    /// ```
     /// use std::time::Duration;
     /// use dma_libfabric::{Configuration, LibfabricEndpoint};
     ///
