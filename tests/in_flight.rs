@@ -111,3 +111,123 @@ fn writes_to_a_peer_that_stops_progressing_grow_old_and_complete_once_it_progres
     assert_eq!(0, server.overdue_operations(Duration::ZERO, &mut overdue));
     assert_eq!(0, server.peers().stats().leases);
 }
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// A peer process with writes in flight to it is killed: the kernel resets its connections, the
+/// writes complete (ok or with an error), their leases come back, and the peer's entry is
+/// removed once the server releases it.
+#[test]
+fn writes_to_a_killed_peer_process_complete_and_its_entry_goes() {
+    const NAME: &str = "writes_to_a_killed_peer_process_complete_and_its_entry_goes";
+    let Some(mut child) = testkit::spawn_child(NAME) else {
+        // The peer: announce itself, then never progress, until killed (or its stdin closes).
+        let peer = rma_tcp();
+        let target = peer.register(CHUNK).expect("peer memory");
+        println!(
+            "PEER {} {}",
+            hex(&peer.local_address().expect("address")),
+            hex(&target.remote().to_bytes())
+        );
+        std::io::Write::flush(&mut std::io::stdout()).expect("flush");
+        // Progress (so the server can connect) until the parent says "hold", then never again:
+        // wait on stdin until killed, or until the parent goes (EOF).
+        let (said, heard) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut byte = [0; 1];
+            while let Ok(1) = std::io::Read::read(&mut std::io::stdin(), &mut byte) {
+                let _ = said.send(());
+            }
+            std::process::exit(0);
+        });
+        while heard.try_recv().is_err() {
+            peer.progress();
+            std::thread::yield_now();
+        }
+        loop {
+            std::thread::park();
+        }
+    };
+    // libtest prints "test NAME ... " before the child's own output, on the same line.
+    let mut line = String::new();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let announced = loop {
+        line.clear();
+        let read = std::io::BufRead::read_line(&mut stdout, &mut line).expect("read");
+        assert!(0 < read, "the peer ended before announcing itself");
+        if let Some(at) = line.find("PEER ") {
+            break line[at..].to_string();
+        }
+    };
+    let mut fields = announced.split_whitespace().skip(1);
+    let address = unhex(fields.next().expect("address"));
+    let region = dma_libfabric::RemoteRegion::from_bytes(&unhex(fields.next().expect("region")))
+        .expect("region");
+
+    let server = rma_tcp();
+    let source = server.register(CHUNK).expect("server memory");
+    // Connect while the peer progresses, then tell it to stop.
+    let lease = server.peers().lease(1, &address).expect("a lease");
+    server
+        .write(
+            lease,
+            source.segment(0, 8).expect("segment"),
+            region.slice(0, 8).expect("slice"),
+            100,
+        )
+        .expect("posted");
+    server.wait_for(100, PATIENCE).expect("completed");
+    let mut stdin = child.stdin.take().expect("piped");
+    std::io::Write::write_all(&mut stdin, b"h").expect("tell the peer to hold");
+    for id in 1..=WRITES {
+        let lease = server.peers().lease(1, &address).expect("a lease");
+        server
+            .write_within(
+                lease,
+                source.segment(0, CHUNK).expect("segment"),
+                region.slice(0, CHUNK as u64).expect("slice"),
+                id,
+                PATIENCE,
+            )
+            .expect("posted");
+    }
+    let mut done = Vec::new();
+    for _ in 0..1000 {
+        server.poll_completions(&mut done).expect("poll");
+    }
+    assert!(
+        server.operations_in_flight() > 0,
+        "a peer that does not progress cannot take 64 MiB"
+    );
+    assert!(server.oldest_operation_age().is_some());
+
+    child.kill().expect("kill the peer");
+    drop(stdin);
+    child.wait().expect("reap the peer");
+    for id in 1..=WRITES {
+        if done.iter().any(|completion| completion.id == id) {
+            continue;
+        }
+        // Ok (it was in the socket) or an error (reset, broken pipe, cancelled): either way it
+        // completes, bounded by the test's patience, not tcp's retransmissions.
+        server
+            .wait_for(id, PATIENCE)
+            .expect("completed after the kill");
+    }
+    assert_eq!(None, server.oldest_operation_age());
+    assert_eq!(0, server.peers().stats().leases, "every lease came back");
+    server.peers().release(1);
+    server.peers().quiesce_with_patience(PATIENCE);
+    let stats = server.peers().stats();
+    assert_eq!(0, stats.entries, "the killed peer's entry is gone");
+    assert_eq!(stats.inserts, stats.removes, "and removed from the AV");
+}
