@@ -468,6 +468,13 @@ fn drain_lines(fleet: &mut Fleet, lines: &Receiver<Line>, totals: &mut Option<St
 
 /// Run the fleet; `Ok(false)` when a requirement failed.
 pub fn run(flags: &Flags) -> Result<bool> {
+    if flags.tcp_retries2.is_some() && !flags.netns {
+        return Err(
+            "--tcp-retries2 needs --netns: it is set in the fleet's own namespace, never \
+                    on the host"
+                .into(),
+        );
+    }
     if (flags.netns || flags.partition_rate > 0.0) && !flags.inside_netns {
         return netns::run_outside(flags);
     }
