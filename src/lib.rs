@@ -56,7 +56,8 @@ pub use av::{AvBackend, FabricAv};
 pub use cache::{AddressCache, CacheStats, Lease, Peer, Pinned};
 pub use configuration::{Configuration, Provider, RxmSizing};
 pub use endpoint::{
-    Completion, Description, LibfabricEndpoint, MemoryRegion, Operation, RemoteRegion, Segment,
+    Completion, Description, LibfabricEndpoint, MemoryRegion, Operation, OverdueOperation,
+    RemoteRegion, Segment,
 };
 pub use error::DmaError;
 

@@ -1,7 +1,7 @@
 //! A client process: its own endpoint, a ring of record slots, a control connection.
 
 use std::io::{BufRead, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::net::{SocketAddrV4, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
@@ -90,6 +90,21 @@ impl Checker<'_> {
     }
 }
 
+/// The control connection failed during the run. Inside the fleet's namespace that is a
+/// partition outlasting tcp's retransmissions: the process exits with
+/// [`protocol::EXIT_LOST_SERVER`] so that the supervisor starts a new incarnation; elsewhere it
+/// is an error.
+fn lost_server(flags: &Flags, why: &str) -> Box<dyn std::error::Error + Send + Sync> {
+    if flags.inside_netns {
+        eprintln!(
+            "fleet client {} incarnation {}: lost the server ({why}): exiting for a new incarnation",
+            flags.id, flags.incarnation
+        );
+        std::process::exit(i32::from(protocol::EXIT_LOST_SERVER));
+    }
+    format!("the server went away: {why}").into()
+}
+
 /// Run one client process until asked to stop (a `stop` line or EOF on stdin, or SIGTERM).
 pub fn run(flags: &Flags) -> Result<()> {
     signals::die_with_parent(flags.supervisor_pid)?;
@@ -110,15 +125,20 @@ pub fn run(flags: &Flags) -> Result<()> {
         })?;
     }
 
+    let host = protocol::client_host(flags.inside_netns, flags.id);
     let configuration = Configuration {
         rma: true,
+        providers: vec![flags.provider.provider()],
         ..Configuration::default()
     };
-    let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    let endpoint = LibfabricEndpoint::open(&configuration, Some(&host.to_string()))?;
     let address = endpoint.local_address()?;
     let memory = endpoint.register(CLIENT_SLOTS * RECORD_LEN)?;
 
-    let server = SocketAddrV4::new(Ipv4Addr::LOCALHOST, flags.server_port);
+    // In the fleet's namespace the server listens on every address of its loopback, and the
+    // client connects to its own: the kernel then sends from that address too, so a partition
+    // of it cuts the control connection as well.
+    let server = SocketAddrV4::new(host, flags.server_port);
     let deadline = Instant::now() + CONNECT_PATIENCE;
     let mut control = loop {
         match TcpStream::connect_timeout(&server.into(), Duration::from_secs(1)) {
@@ -173,9 +193,11 @@ pub fn run(flags: &Flags) -> Result<()> {
         }
         if last_report.elapsed() >= REPORT_EVERY {
             last_report = Instant::now();
-            protocol::send(&mut control, &Message::Counts(checker.counts))?;
+            if let Err(error) = protocol::send(&mut control, &Message::Counts(checker.counts)) {
+                return Err(lost_server(flags, &error.to_string()));
+            }
             match framer.poll(&mut control) {
-                Polled::Closed(why) => return Err(format!("the server went away: {why}").into()),
+                Polled::Closed(why) => return Err(lost_server(flags, &why)),
                 Polled::Message(message) => {
                     return Err(format!("unexpected {message:?} from the server").into());
                 }
@@ -184,14 +206,33 @@ pub fn run(flags: &Flags) -> Result<()> {
         }
     }
 
+    // A clean exit. Inside the fleet's namespace a control connection that fails now is one the
+    // server closed while this client was cut off: it lost the server, as during the run.
+    if let Err(error) = leave(flags, &endpoint, &mut checker, &mut framer, &mut control) {
+        return Err(lost_server(flags, &error.to_string()));
+    }
+    drop(memory);
+    drop(endpoint);
+    Ok(())
+}
+
+/// Say `Leaving`, wait for `Drained`, check once more, send the last report, wait for the server
+/// to close.
+fn leave(
+    flags: &Flags,
+    endpoint: &LibfabricEndpoint,
+    checker: &mut Checker<'_>,
+    framer: &mut Framer,
+    control: &mut TcpStream,
+) -> Result<()> {
     // A clean exit: the server stops writing, drains, says so; then the last check and report.
-    protocol::send(&mut control, &Message::Leaving)?;
+    protocol::send(control, &Message::Leaving)?;
     let deadline = Instant::now() + DRAIN_PATIENCE;
     let mut drained = false;
     while Instant::now() < deadline {
         endpoint.progress();
         checker.check(false)?;
-        match framer.poll(&mut control) {
+        match framer.poll(control) {
             Polled::Message(Message::Drained) => {
                 drained = true;
                 break;
@@ -212,7 +253,7 @@ pub fn run(flags: &Flags) -> Result<()> {
     checker.check(true)?;
     checker.counts.last = true;
     control.set_nonblocking(false)?;
-    protocol::send(&mut control, &Message::Counts(checker.counts))?;
+    protocol::send(control, &Message::Counts(checker.counts))?;
     control.shutdown(std::net::Shutdown::Write)?;
     if !drained {
         eprintln!(
@@ -222,8 +263,6 @@ pub fn run(flags: &Flags) -> Result<()> {
     }
     // The server closes once it has the report; bounded.
     control.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let _ = std::io::copy(&mut control, &mut std::io::sink());
-    drop(memory);
-    drop(endpoint);
+    let _ = std::io::copy(control, &mut std::io::sink());
     Ok(())
 }

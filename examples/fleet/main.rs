@@ -19,11 +19,20 @@
 //!   corrupt: a bad checksum that stays bad) and reports its counts over the control connection,
 //!   periodically and before a clean exit.
 //!
+//! With `--netns` (root only) the supervisor first creates a network namespace of its own and
+//! runs the fleet inside it (`supervisor/netns.rs`): each client on an address of its own there,
+//! so that `--partition-rate` can cut one client off, both ways, with an nftables rule, for 1–10 s
+//! or for good; `--tcp-retries2` sets how long tcp retransmits to a peer that does not answer. The
+//! server departs a client whose oldest write has been in flight for `--write-deadline` seconds
+//! (`LibfabricEndpoint::overdue_operations`). `--provider tcp-native` runs libfabric 2.x's native
+//! tcp instead of tcp;ofi_rxm. `docs/faults.md` has what these runs measured.
+//!
 //! Every process stays on 127.0.0.0/8. Children die with the supervisor (`PR_SET_PDEATHSIG`,
 //! and a closed stdin asks them to stop), and the supervisor kills and reaps every child on every
 //! exit path: normal exit, error, panic (a drop guard) and Ctrl-C (a SIGINT handler that sets a
 //! flag; the children run in process groups of their own, so the terminal's SIGINT reaches only
-//! the supervisor).
+//! the supervisor). The namespace is removed on the same paths by the supervisor that created it,
+//! and one left by a supervisor killed with SIGKILL by the next run.
 
 mod client;
 mod protocol;
@@ -51,6 +60,33 @@ use dma_libfabric::Configuration;
 
 /// The error type of every role.
 pub type Result<T> = std::result::Result<T, Box<dyn Error + Send + Sync>>;
+
+/// The providers the fleet runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FleetProvider {
+    /// `tcp;ofi_rxm`.
+    Tcp,
+    /// libfabric 2.x's native `tcp` RDM endpoint.
+    TcpNative,
+}
+
+impl FleetProvider {
+    /// The crate's provider.
+    pub fn provider(self) -> dma_libfabric::Provider {
+        match self {
+            Self::Tcp => dma_libfabric::Provider::Tcp,
+            Self::TcpNative => dma_libfabric::Provider::TcpNative,
+        }
+    }
+
+    /// The command-line spelling.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::TcpNative => "tcp-native",
+        }
+    }
+}
 
 /// Which process this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -89,12 +125,36 @@ pub struct Flags {
     /// `FI_TCP_PORT_LOW_RANGE`/`HIGH_RANGE`), so the new process has the old one's address.
     #[arg(long)]
     pub reuse_ports: bool,
-    /// Run the fleet in a network namespace of its own (root only; not built yet).
+    /// The provider: `tcp` (tcp;ofi_rxm, every libfabric) or `tcp-native` (libfabric 2.x's
+    /// native tcp reliable-datagram endpoint).
+    #[arg(long, value_enum, default_value_t = FleetProvider::Tcp)]
+    pub provider: FleetProvider,
+    /// Run the fleet in a network namespace of its own (root only): a fresh loopback, each
+    /// client on an address of its own in 127.0.0.0/8, removed on every exit path.
     #[arg(long)]
     pub netns: bool,
-    /// Partitions a second (needs --netns; not built yet).
+    /// Partitions a second (needs --netns): an nftables rule drops one client's packets both
+    /// ways for a random 1–10 s, or (`--partition-for-good` of them) for the rest of the run.
     #[arg(long, default_value_t = 0.0)]
     pub partition_rate: f64,
+    /// Server: a client with a write in flight for this many seconds has stopped answering: the
+    /// server departs it (stops writing, releases its entry, closes its control connection) and
+    /// its entry goes once the provider completes what is in flight. 0 turns it off. Well above
+    /// the longest SIGSTOP (3 s), so a stopped client keeps its transfers even when a stop and a
+    /// partition follow each other.
+    #[arg(long, default_value_t = 10.0)]
+    pub write_deadline: f64,
+    /// The share of partitions that last until the run ends (the rest last 1–10 s).
+    #[arg(long, default_value_t = 0.2)]
+    pub partition_for_good: f64,
+    /// With --netns: set the namespace's `net.ipv4.tcp_retries2` (how many times tcp retransmits
+    /// unacknowledged data before it gives the connection up; the kernel's default is 15, about
+    /// 15 minutes on loopback; 5 is about 12.6 s). Without it the kernel's value stays.
+    #[arg(long)]
+    pub tcp_retries2: Option<u32>,
+    /// Supervisor: already inside the namespace `--netns` created (set by the outer supervisor).
+    #[arg(long, hide = true)]
+    pub inside_netns: bool,
     /// Client and server: the supervisor's pid (a child exits if its parent is not it).
     #[arg(long, hide = true, default_value_t = 0)]
     pub supervisor_pid: i32,

@@ -12,6 +12,22 @@ pub const CLIENT_SLOTS: usize = 64;
 /// The largest control frame accepted.
 const MAX_FRAME: usize = 4096;
 
+/// The exit status of a client whose connections to the server failed during the run (a
+/// partition that outlasted tcp's retransmissions): the supervisor starts a new incarnation.
+pub const EXIT_LOST_SERVER: u8 = 3;
+
+/// Where client `id` lives: 127.0.0.1, or inside the fleet's own network namespace an address
+/// of its own (127.1.x.y, on the namespace's loopback), so that a partition can cut exactly its
+/// packets off, its fabric connections and its control connection alike.
+pub fn client_host(inside_netns: bool, id: u32) -> std::net::Ipv4Addr {
+    if inside_netns {
+        // 250 clients per /24; ids are far fewer than 250 * 256.
+        std::net::Ipv4Addr::new(127, 1, (id / 250) as u8, (id % 250 + 1) as u8)
+    } else {
+        std::net::Ipv4Addr::LOCALHOST
+    }
+}
+
 /// A control message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
@@ -207,18 +223,27 @@ pub fn unix_nanos() -> u64 {
         .unwrap_or(0)
 }
 
+/// The unit of [`Sample::latency`]: 16 ns, so that a `u32` holds writes that wait seconds for a
+/// partition to heal.
+pub const LATENCY_UNIT_NANOS: u128 = 16;
+
 /// One post-to-completion sample, as the server writes it: 16 bytes, little endian.
 #[derive(Debug, Clone, Copy)]
 pub struct Sample {
     /// When the write was posted ([`unix_nanos`]).
     pub posted: u64,
-    /// Post to completion, in nanoseconds (saturated).
+    /// Post to completion, in units of [`LATENCY_UNIT_NANOS`] (saturated, at about 68 s).
     pub latency: u32,
     /// The target client's id.
     pub client: u32,
 }
 
 impl Sample {
+    /// Post to completion, in nanoseconds.
+    pub fn latency_nanos(&self) -> u64 {
+        u64::from(self.latency) * LATENCY_UNIT_NANOS as u64
+    }
+
     /// Its bytes.
     pub fn to_bytes(self) -> [u8; 16] {
         let mut out = [0; 16];

@@ -35,6 +35,8 @@ const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(5);
 const LEAVE_PATIENCE: Duration = Duration::from_secs(3);
 /// The most post-to-completion samples kept (16 bytes each).
 const MAX_SAMPLES: usize = 4 << 20;
+/// How often the completion thread looks for writes past the deadline.
+const DEADLINE_CHECK: Duration = Duration::from_millis(100);
 /// Control connections' read timeout: how often their threads look at the stop flag.
 const CONTROL_TICK: Duration = Duration::from_millis(50);
 
@@ -95,6 +97,14 @@ struct Server {
     /// Departures learned from an error completion (the rest: the control connection closed).
     error_departures: AtomicU64,
     departures: AtomicU64,
+    /// Departures for a write older than the deadline.
+    deadline_departures: AtomicU64,
+    /// `--write-deadline`.
+    write_deadline: Option<Duration>,
+    /// The oldest write in flight seen, nanoseconds.
+    oldest_write: AtomicU64,
+    /// Error completions by their error's text.
+    error_kinds: Mutex<Vec<(String, u64)>>,
     /// The longest a departed registration still had writes (so leases) in flight, nanoseconds.
     longest_lease_after_departure: AtomicU64,
 }
@@ -115,6 +125,8 @@ impl Server {
             "superseded"
         } else if why == "shutdown" {
             "shutdown"
+        } else if why.starts_with("deadline") {
+            "deadline"
         } else {
             "control-closed"
         };
@@ -174,10 +186,19 @@ pub fn run(flags: &Flags) -> Result<()> {
     let configuration = Configuration {
         rma: true,
         av_capacity: (clients * 8).max(256),
+        providers: vec![flags.provider.provider()],
         ..Configuration::default()
     };
     let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
-    let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))?;
+    // Inside the fleet's own namespace every client connects to its own loopback address (so a
+    // partition cuts its control connection too): listen on all of them. Nothing outside the
+    // namespace can reach it.
+    let listen_on = if flags.inside_netns {
+        Ipv4Addr::UNSPECIFIED
+    } else {
+        Ipv4Addr::LOCALHOST
+    };
+    let listener = TcpListener::bind(SocketAddrV4::new(listen_on, 0))?;
     listener.set_nonblocking(true)?;
     let server = Arc::new(Server {
         endpoint,
@@ -196,6 +217,11 @@ pub fn run(flags: &Flags) -> Result<()> {
         resolve_errors: AtomicU64::new(0),
         error_departures: AtomicU64::new(0),
         departures: AtomicU64::new(0),
+        error_kinds: Mutex::new(Vec::new()),
+        deadline_departures: AtomicU64::new(0),
+        write_deadline: (flags.write_deadline > 0.0)
+            .then(|| Duration::from_secs_f64(flags.write_deadline)),
+        oldest_write: AtomicU64::new(0),
         longest_lease_after_departure: AtomicU64::new(0),
     });
     {
@@ -312,11 +338,17 @@ pub fn run(flags: &Flags) -> Result<()> {
             registration.in_flight.load(Ordering::SeqCst),
         )?;
     }
+    let kinds = lock(&server.error_kinds)
+        .iter()
+        .map(|(kind, count)| format!("{count}x \"{kind}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    writeln!(stdout, "FLEET-ERRORS {kinds}")?;
     writeln!(
         stdout,
         "FLEET-TOTALS provider={} posted={} ok={} error={} in_flight={} not_posted={} resolve_errors={} \
          checked={} misdirected={} corrupt={} reported_last={} registrations={} departures={} \
-         error_departures={} longest_lease_ns={} leases={} av_entries={} inserts={} removes={} \
+         error_departures={} deadline_departures={} oldest_write_ns={} longest_lease_ns={} leases={} av_entries={} inserts={} removes={} \
          failed_removes={} samples={}",
         server.endpoint.describe().provider,
         server.posted.load(Ordering::SeqCst),
@@ -332,6 +364,8 @@ pub fn run(flags: &Flags) -> Result<()> {
         all.len(),
         server.departures.load(Ordering::SeqCst),
         server.error_departures.load(Ordering::SeqCst),
+        server.deadline_departures.load(Ordering::SeqCst),
+        server.oldest_write.load(Ordering::SeqCst),
         server.longest_lease_after_departure.load(Ordering::SeqCst),
         stats.leases,
         av_entries,
@@ -382,6 +416,14 @@ fn control(server: &Server, mut stream: TcpStream) {
     let why = loop {
         if server.stop_control.load(Ordering::SeqCst) {
             break "shutdown".to_string();
+        }
+        if registration
+            .as_ref()
+            .is_some_and(|held| DEPARTED == held.state.load(Ordering::SeqCst))
+        {
+            // Departed on an error completion or the write deadline: close the connection, so a
+            // client that is still alive learns it and comes back as a new incarnation.
+            break "departed".to_string();
         }
         match framer.poll(&mut stream) {
             Polled::Nothing => continue,
@@ -475,12 +517,16 @@ fn post(server: &Server, thread_index: usize) -> Result<()> {
             thread::sleep(Duration::from_micros(100));
             idle = 0;
         }
-        let slot = next_slot;
-        if lock(&slots[slot]).is_some() {
+        // The next free source slot: one whose write is still in flight (to a stopped or cut off
+        // client, say) is skipped, not waited for, so it cannot hold up writes to the others.
+        let Some(slot) = (0..SOURCE_SLOTS)
+            .map(|step| (next_slot + step) % SOURCE_SLOTS)
+            .find(|&slot| lock(&slots[slot]).is_none())
+        else {
             idle += 1;
             thread::yield_now();
-            continue; // its write is in flight: the completion thread frees it
-        }
+            continue; // every write is in flight: the completion thread frees them
+        };
         let id = random.below(clients) as usize;
         let Some(registration) = lock(&server.current[id]).clone() else {
             idle += 1;
@@ -568,12 +614,54 @@ fn post(server: &Server, thread_index: usize) -> Result<()> {
     Ok(())
 }
 
+/// Record the oldest write's age, and depart every live client with a write older than the
+/// deadline: it has stopped answering for longer than any stop a live client is allowed, so the
+/// server stops writing to it and releases its entry, which goes once the provider has completed
+/// what is in flight (the writes are not abandoned: their leases and buffers stay).
+fn check_deadline(server: &Server, overdue: &mut Vec<dma_libfabric::OverdueOperation>) {
+    if let Some(age) = server.endpoint.oldest_operation_age() {
+        server
+            .oldest_write
+            .fetch_max(age.as_nanos() as u64, Ordering::Relaxed);
+    }
+    let Some(deadline) = server.write_deadline else {
+        return;
+    };
+    overdue.clear();
+    server.endpoint.overdue_operations(deadline, overdue);
+    for operation in overdue.iter() {
+        let thread_index = (operation.id >> 32) as usize;
+        let slot = (operation.id & u64::from(u32::MAX)) as usize;
+        let Some(registration) = server
+            .slots
+            .get(thread_index)
+            .and_then(|slots| slots.get(slot))
+            .and_then(|slot| lock(slot).as_ref().map(|(held, _, _)| Arc::clone(held)))
+        else {
+            continue;
+        };
+        if LIVE == registration.state.load(Ordering::SeqCst) {
+            server.deadline_departures.fetch_add(1, Ordering::Relaxed);
+            server.depart(
+                &registration,
+                &format!("deadline: a write in flight for {:?}", operation.age),
+            );
+        }
+    }
+}
+
 /// The completion thread: reap completions (the endpoint drops their leases), free the source
 /// slots, count, sample the post-to-completion time.
 fn reap(server: &Server) -> Vec<Sample> {
     let mut samples = Vec::new();
     let mut completions = Vec::new();
+    let mut overdue = Vec::new();
+    let mut next_check = Instant::now();
     while !server.stop_completions.load(Ordering::SeqCst) {
+        if Instant::now() >= next_check {
+            next_check = Instant::now() + DEADLINE_CHECK;
+            check_deadline(server, &mut overdue);
+        }
         completions.clear();
         if server.endpoint.poll_completions(&mut completions).is_err() || completions.is_empty() {
             thread::yield_now();
@@ -598,7 +686,10 @@ fn reap(server: &Server) -> Vec<Sample> {
             if samples.len() < MAX_SAMPLES {
                 samples.push(Sample {
                     posted: posted_unix,
-                    latency: u32::try_from(posted_at.elapsed().as_nanos()).unwrap_or(u32::MAX),
+                    latency: u32::try_from(
+                        posted_at.elapsed().as_nanos() / protocol::LATENCY_UNIT_NANOS,
+                    )
+                    .unwrap_or(u32::MAX),
                     client: registration.id,
                 });
             }
@@ -608,6 +699,14 @@ fn reap(server: &Server) -> Vec<Sample> {
                 }
                 Err(error) => {
                     server.completed_error.fetch_add(1, Ordering::SeqCst);
+                    {
+                        let text = error.to_string();
+                        let mut kinds = lock(&server.error_kinds);
+                        match kinds.iter_mut().find(|(kind, _)| *kind == text) {
+                            Some((_, count)) => *count += 1,
+                            None => kinds.push((text, 1)),
+                        }
+                    }
                     if DEPARTED != registration.state.load(Ordering::SeqCst) {
                         server.error_departures.fetch_add(1, Ordering::Relaxed);
                         server.depart(&registration, &format!("error completion: {error}"));

@@ -8,7 +8,7 @@ const SIGINT: i32 = 2;
 /// `SIGKILL`.
 const SIGKILL: i32 = 9;
 /// `SIGTERM`.
-const SIGTERM: i32 = 15;
+pub const SIGTERM: i32 = 15;
 /// `SIGCONT` (Linux on x86, arm and most others; not alpha, mips or sparc).
 pub const SIGCONT: i32 = 18;
 /// `SIGSTOP` (as `SIGCONT`).

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use crate::protocol::{self, Random};
 use crate::{Flags, Result, signals};
 
+mod netns;
 mod report;
 
 /// How long the server and the clients may take to start.
@@ -71,6 +72,10 @@ struct ClientProcess {
     /// With --reuse-ports: the predecessor's port this incarnation was asked to bind.
     asked_port: Option<u16>,
     ready: bool,
+    /// `Some(until)` while partitioned (`Some(None)`: for good, until the run ends).
+    cut_until: Option<Option<Instant>>,
+    /// This incarnation was partitioned at some time (so it may lose its connections).
+    was_cut: bool,
     /// The open fault window of this client, an index into `Fleet::windows`.
     window: Option<usize>,
 }
@@ -83,6 +88,8 @@ struct Window {
     end: Option<u64>,
     /// A kill's window lasts until the new incarnation is ready (and at least `KILL_WINDOW`).
     kill: bool,
+    /// A partition's window (else a stop's, when not a kill).
+    partition: bool,
 }
 
 /// The processes and what happened to them. Dropping it kills (SIGKILL, which reaches stopped
@@ -99,6 +106,14 @@ struct Fleet {
     lines: Sender<Line>,
     windows: Vec<Window>,
     reuse_ports: bool,
+    provider: crate::FleetProvider,
+    write_deadline: f64,
+    inside_netns: bool,
+    partitions: u64,
+    /// Of the partitions, those for good (until the run ends).
+    partitions_for_good: u64,
+    /// Partitioned clients that lost their connections (exited for a new incarnation).
+    lost_to_partition: u64,
     started: u64,
     killed: u64,
     stopped: u64,
@@ -111,6 +126,12 @@ struct Fleet {
     skipped: u64,
     /// (id, incarnation, when) of each SIGKILL.
     kills: Vec<(u32, u32, u64)>,
+    /// (id, incarnation, when) of each partition.
+    cuts: Vec<(u32, u32, u64)>,
+    /// When the run's faults ended and shutdown began ([`protocol::unix_nanos`]).
+    shutdown_at: u64,
+    /// The server's `FLEET-ERRORS` line.
+    errors: Option<String>,
     /// The server's `FLEET-DEPARTURE` lines.
     departures: Vec<String>,
 }
@@ -156,12 +177,17 @@ impl Fleet {
         command
             .args(["--role", role])
             .args(["--supervisor-pid", &self.supervisor_pid.to_string()])
+            .args(["--provider", self.provider.flag()])
+            .args(["--write-deadline", &self.write_deadline.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             // A process group of its own: the terminal's Ctrl-C reaches the supervisor alone,
             // which then stops the children itself.
             .process_group(0);
+        if self.inside_netns {
+            command.arg("--inside-netns");
+        }
         command
     }
 
@@ -206,6 +232,8 @@ impl Fleet {
             port: None,
             asked_port: port,
             ready: false,
+            cut_until: None,
+            was_cut: false,
             window: None,
         };
         match self.clients.get_mut(id as usize) {
@@ -223,7 +251,7 @@ impl Fleet {
                 let client = &self.clients[id as usize];
                 client.ready
                     && client.child.is_some()
-                    && (!running || client.stopped_until.is_none())
+                    && (!running || (client.stopped_until.is_none() && client.cut_until.is_none()))
             })
             .collect();
         if candidates.is_empty() {
@@ -248,12 +276,20 @@ impl Fleet {
                 self.windows[window].end = Some(now);
             }
         }
+        if client.cut_until.take().is_some() {
+            // Killed while cut off: the new incarnation starts on a healed network.
+            netns::heal(protocol::client_host(true, id))?;
+            if let Some(window) = client.window.take() {
+                self.windows[window].end = Some(now);
+            }
+        }
         self.kills.push((id, client.incarnation, now));
         self.windows.push(Window {
             client: id,
             start: now,
             end: None,
             kill: true,
+            partition: false,
         });
         let window = self.windows.len() - 1;
         let incarnation = client.incarnation + 1;
@@ -276,6 +312,7 @@ impl Fleet {
             start: protocol::unix_nanos(),
             end: None,
             kill: false,
+            partition: false,
         });
         client.window = Some(self.windows.len() - 1);
         Ok(())
@@ -287,6 +324,40 @@ impl Fleet {
         if let Some(child) = &client.child {
             signals::send(child.id(), signals::SIGCONT)?;
         }
+        if let Some(window) = client.window.take() {
+            self.windows[window].end = Some(protocol::unix_nanos());
+        }
+        Ok(())
+    }
+
+    /// Cut client `id` off (both ways) until `until`, or for good (`None`: until the run ends).
+    fn partition(&mut self, id: u32, until: Option<Instant>) -> Result<()> {
+        netns::cut(crate::protocol::client_host(true, id))?;
+        let client = &mut self.clients[id as usize];
+        client.cut_until = Some(until);
+        client.was_cut = true;
+        self.partitions += 1;
+        if until.is_none() {
+            self.partitions_for_good += 1;
+        }
+        let now = protocol::unix_nanos();
+        self.cuts.push((id, client.incarnation, now));
+        self.windows.push(Window {
+            client: id,
+            start: now,
+            end: None,
+            kill: false,
+            partition: true,
+        });
+        client.window = Some(self.windows.len() - 1);
+        Ok(())
+    }
+
+    /// End client `id`'s partition.
+    fn heal(&mut self, id: u32) -> Result<()> {
+        netns::heal(crate::protocol::client_host(true, id))?;
+        let client = &mut self.clients[id as usize];
+        client.cut_until = None;
         if let Some(window) = client.window.take() {
             self.windows[window].end = Some(protocol::unix_nanos());
         }
@@ -342,7 +413,16 @@ impl Fleet {
             if let Some(status) = child.try_wait()? {
                 client.child = None;
                 let incarnation = client.incarnation + 1;
-                if client.ready || !self.reuse_ports {
+                let lost =
+                    client.was_cut && status.code() == Some(i32::from(protocol::EXIT_LOST_SERVER));
+                if lost {
+                    // Its connections outlasted tcp's retransmissions: a new incarnation, on a
+                    // healed network (as a host that comes back).
+                    self.lost_to_partition += 1;
+                    if client.cut_until.take().is_some() {
+                        netns::heal(protocol::client_host(true, id))?;
+                    }
+                } else if client.ready || !self.reuse_ports {
                     self.unexpected_exits.push(format!(
                         "client {id} incarnation {} exited on its own: {status}",
                         client.incarnation
@@ -378,6 +458,8 @@ fn drain_lines(fleet: &mut Fleet, lines: &Receiver<Line>, totals: &mut Option<St
             *totals = Some(line);
         } else if who == Who::Server && line.starts_with("FLEET-DEPARTURE ") {
             fleet.departures.push(line);
+        } else if who == Who::Server && line.starts_with("FLEET-ERRORS") {
+            fleet.errors = Some(line);
         } else {
             fleet.on_line(who, &line);
         }
@@ -386,23 +468,24 @@ fn drain_lines(fleet: &mut Fleet, lines: &Receiver<Line>, totals: &mut Option<St
 
 /// Run the fleet; `Ok(false)` when a requirement failed.
 pub fn run(flags: &Flags) -> Result<bool> {
-    if flags.netns || flags.partition_rate > 0.0 {
-        // SAFETY: geteuid(2) takes no arguments and cannot fail.
-        let root = 0 == unsafe { geteuid() };
-        if !root {
-            return Err(
-                "--netns (and --partition-rate, which needs it) must run as root: it \
-                        creates a network namespace and nftables rules; run with sudo, or \
-                        leave both out"
-                    .into(),
-            );
-        }
-        return Err("--netns and --partition-rate are not built yet (issue 20, later work)".into());
+    if flags.tcp_retries2.is_some() && !flags.netns {
+        return Err(
+            "--tcp-retries2 needs --netns: it is set in the fleet's own namespace, never \
+                    on the host"
+                .into(),
+        );
+    }
+    if (flags.netns || flags.partition_rate > 0.0) && !flags.inside_netns {
+        return netns::run_outside(flags);
+    }
+    if flags.inside_netns {
+        // The outer supervisor waits for this one and removes the namespace: die with it.
+        signals::die_with_parent(flags.supervisor_pid)?;
     }
     if 0 == flags.clients || flags.seconds.is_nan() || flags.seconds <= 0.0 {
         return Err("--clients and --seconds must be positive".into());
     }
-    if flags.kill_rate < 0.0 || flags.stop_rate < 0.0 {
+    if flags.kill_rate < 0.0 || flags.stop_rate < 0.0 || flags.partition_rate < 0.0 {
         return Err("rates cannot be negative".into());
     }
     signals::catch_interrupts()?;
@@ -422,6 +505,12 @@ pub fn run(flags: &Flags) -> Result<bool> {
         lines: sender,
         windows: Vec::new(),
         reuse_ports: flags.reuse_ports,
+        provider: flags.provider,
+        write_deadline: flags.write_deadline,
+        inside_netns: flags.inside_netns,
+        partitions: 0,
+        partitions_for_good: 0,
+        lost_to_partition: 0,
         started: 0,
         killed: 0,
         stopped: 0,
@@ -431,6 +520,9 @@ pub fn run(flags: &Flags) -> Result<bool> {
         skipped: 0,
         killed_stopped: 0,
         kills: Vec::new(),
+        cuts: Vec::new(),
+        shutdown_at: u64::MAX,
+        errors: None,
         departures: Vec::new(),
     };
     let mut totals = None;
@@ -468,9 +560,15 @@ pub fn run(flags: &Flags) -> Result<bool> {
         }
     }
     println!(
-        "fleet: server and {} client processes on 127.0.0.1, {} s ({:.1} s without faults first), \
-         kill rate {}/s, stop rate {}/s{}",
+        "fleet: server and {} client processes on {}, {}, {} s ({:.1} s without faults first), \
+         kill rate {}/s, stop rate {}/s{}{}",
         flags.clients,
+        if flags.inside_netns {
+            "a network namespace of their own"
+        } else {
+            "127.0.0.1"
+        },
+        flags.provider.provider(),
         flags.seconds,
         flags.seconds / 4.0,
         flags.kill_rate,
@@ -479,6 +577,17 @@ pub fn run(flags: &Flags) -> Result<bool> {
             ", restarted clients reuse their ports"
         } else {
             ""
+        },
+        if flags.partition_rate > 0.0 {
+            format!(
+                ", partition rate {}/s (tcp_retries2 {})",
+                flags.partition_rate,
+                flags
+                    .tcp_retries2
+                    .map_or("the kernel's".to_string(), |n| n.to_string())
+            )
+        } else {
+            String::new()
         }
     );
 
@@ -493,6 +602,7 @@ pub fn run(flags: &Flags) -> Result<bool> {
     };
     let mut next_kill = next_after(&mut random, flags.kill_rate, faults_from);
     let mut next_stop = next_after(&mut random, flags.stop_rate, faults_from);
+    let mut next_partition = next_after(&mut random, flags.partition_rate, faults_from);
     let panic_at = crate::panic_injected(crate::Role::Supervisor).then_some(faults_from);
     while started.elapsed() < run_for {
         if signals::interrupted() {
@@ -511,6 +621,24 @@ pub fn run(flags: &Flags) -> Result<bool> {
                 .is_some_and(|until| until <= now)
             {
                 fleet.resume(id)?;
+            }
+            if fleet.clients[id as usize]
+                .cut_until
+                .is_some_and(|until| until.is_some_and(|until| until <= now))
+            {
+                fleet.heal(id)?;
+            }
+        }
+        if next_partition.is_some_and(|at| at <= now) {
+            next_partition = next_after(&mut random, flags.partition_rate, now);
+            match fleet.pick(&mut random, true) {
+                Some(id) => {
+                    // Some last until the run ends; the rest 1-10 s.
+                    let until = (random.unit() >= flags.partition_for_good)
+                        .then(|| now + Duration::from_secs_f64(1.0 + 9.0 * random.unit()));
+                    fleet.partition(id, until)?;
+                }
+                None => fleet.skipped += 1,
             }
         }
         if next_kill.is_some_and(|at| at <= now) {
@@ -533,11 +661,14 @@ pub fn run(flags: &Flags) -> Result<bool> {
         }
     }
 
-    // Shutdown: resume the stopped, let restarts finish, ask each client to leave, then the
+    // Shutdown: heal the partitions, resume the stopped, let restarts finish, ask each client to leave, then the
     // server; each bounded.
     for id in 0..fleet.clients.len() as u32 {
         if fleet.clients[id as usize].stopped_until.is_some() {
             fleet.resume(id)?;
+        }
+        if fleet.clients[id as usize].cut_until.is_some() {
+            fleet.heal(id)?;
         }
     }
     let deadline = Instant::now() + START_PATIENCE;
@@ -550,6 +681,7 @@ pub fn run(flags: &Flags) -> Result<bool> {
         fleet.reap_unexpected()?;
     }
     let end_of_faults = protocol::unix_nanos();
+    fleet.shutdown_at = end_of_faults;
     for window in &mut fleet.windows {
         window.end.get_or_insert(if window.kill {
             window.start + KILL_WINDOW.as_nanos() as u64
@@ -563,6 +695,7 @@ pub fn run(flags: &Flags) -> Result<bool> {
         }
     }
     let mut ok = true;
+    let mut lost_after_run = 0;
     let deadline = Instant::now() + CLIENT_EXIT_PATIENCE;
     for id in 0..fleet.clients.len() {
         let client = &mut fleet.clients[id];
@@ -572,6 +705,13 @@ pub fn run(flags: &Flags) -> Result<bool> {
         let left = deadline.saturating_duration_since(Instant::now());
         match wait_within(child, left)? {
             Some(status) if status.success() => {}
+            Some(status)
+                if client.was_cut
+                    && status.code() == Some(i32::from(protocol::EXIT_LOST_SERVER)) =>
+            {
+                // Departed by the server during a partition, and told so once it healed.
+                lost_after_run += 1;
+            }
             Some(status) => {
                 eprintln!(
                     "FAIL: client {id} incarnation {} exited with {status}",
@@ -591,6 +731,7 @@ pub fn run(flags: &Flags) -> Result<bool> {
         }
         client.child = None;
     }
+    fleet.lost_to_partition += lost_after_run;
     if let Some(mut stdin) = fleet.server_stdin.take() {
         let _ = stdin.write_all(b"stop\n");
     }
@@ -619,6 +760,9 @@ pub fn run(flags: &Flags) -> Result<bool> {
             Ok((Who::Server, line)) if line.starts_with("FLEET-DEPARTURE ") => {
                 fleet.departures.push(line);
             }
+            Ok((Who::Server, line)) if line.starts_with("FLEET-ERRORS") => {
+                fleet.errors = Some(line);
+            }
             Ok((who, line)) => fleet.on_line(who, &line),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
@@ -636,8 +780,4 @@ pub fn run(flags: &Flags) -> Result<bool> {
         ok = false;
     }
     Ok(ok)
-}
-
-unsafe extern "C" {
-    fn geteuid() -> u32;
 }

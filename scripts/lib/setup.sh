@@ -3,7 +3,7 @@
 
 # The system packages the build needs: libfabric's headers and library, its tools (fi_info),
 # libclang for bindgen, and pkg-config to find them.
-PACKAGES=(libfabric-dev libfabric-bin libclang-dev pkg-config)
+PACKAGES=(libfabric-dev libfabric-bin libclang-dev pkg-config iproute2 nftables)
 
 # What building libfabric from its git source needs (scripts/libfabric-build): the autotools for
 # autogen.sh, and the verbs and rdma-cm headers without which configure leaves out the efa and

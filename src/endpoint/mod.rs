@@ -60,6 +60,7 @@
 
 mod deadline;
 mod handles;
+pub mod in_flight;
 mod lookup;
 pub mod memory;
 mod messaging;
@@ -72,6 +73,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use self::handles::Handles;
+pub use self::in_flight::OverdueOperation;
 pub use self::memory::{MemoryRegion, RemoteRegion, Segment};
 use self::messaging::read_error_entry;
 use self::receive::ReceiveSlots;

@@ -56,9 +56,10 @@ use std::ffi::c_void;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::LibfabricEndpoint;
+use super::in_flight::PostedAt;
 use super::memory::{MemoryRegion, Pool, Registration, RemoteRegion, Segment};
 use crate::cache::{Lease, Peer};
 use crate::error::DmaError;
@@ -122,6 +123,8 @@ struct InFlight {
 struct OperationSlot {
     context: UnsafeCell<sys::fi_context2>,
     operation: UnsafeCell<Option<InFlight>>,
+    /// When its operation was posted, for any thread to read (see `in_flight`).
+    posted_at: PostedAt,
 }
 
 /// The slab of operation slots and the queues that hand them around.
@@ -131,6 +134,8 @@ pub(super) struct Operations {
     ready: Mutex<VecDeque<(usize, Completion)>>,
     /// Posted and not yet reaped.
     in_flight: AtomicUsize,
+    /// The time every slot's `posted_at` counts from.
+    pub(super) born: Instant,
     /// Where the provider does not choose keys (no `FI_MR_PROV_KEY`): each key requested is
     /// `keys.hash_one(counter)`, a SipHash of a counter under a key `std` drew from the
     /// operating system's random source (see `memory`, "Keys").
@@ -179,11 +184,13 @@ impl Operations {
                 .map(|_| OperationSlot {
                     context: UnsafeCell::new(sys::fi_context2::default()),
                     operation: UnsafeCell::new(None),
+                    posted_at: PostedAt::default(),
                 })
                 .collect(),
             free: Mutex::new((0..count).rev().collect()),
             ready: Mutex::new(VecDeque::new()),
             in_flight: AtomicUsize::new(0),
+            born: Instant::now(),
             keys: RandomState::new(),
             next_key: AtomicU64::new(0),
             #[cfg(test)]
@@ -208,6 +215,11 @@ impl Operations {
                 return key;
             }
         }
+    }
+
+    /// Every slot's post time (`in_flight`).
+    pub(super) fn posted_at(&self) -> impl Iterator<Item = &PostedAt> {
+        self.slots.iter().map(|slot| &slot.posted_at)
     }
 
     /// The slot whose context is `context`, if it is one of ours: addresses only, nothing is
@@ -279,6 +291,7 @@ impl Operations {
             );
             return;
         };
+        self.slots[index].posted_at.clear();
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         // Name the operation that failed rather than the queue read that reported it.
         let result = result.map_err(|error| match error {
@@ -372,6 +385,7 @@ impl Operations {
             if slot.operation.get_mut().take().is_some() {
                 abandoned += 1;
             }
+            slot.posted_at.clear();
         }
         self.in_flight.store(0, Ordering::Release);
         abandoned
@@ -676,6 +690,7 @@ impl LibfabricEndpoint {
                 region: Arc::clone(local.region),
             });
         }
+        slot.posted_at.set(self.operations.born, id);
         self.operations.in_flight.fetch_add(1, Ordering::AcqRel);
         loop {
             // SAFETY: the endpoint is open; `buffer` is `local.len` bytes inside a registered
@@ -715,6 +730,7 @@ impl LibfabricEndpoint {
                 // Not posted: the slot is still this thread's. Its lease and buffer go now.
                 // SAFETY: as above, the provider did not take the slot.
                 drop(unsafe { (*slot.operation.get()).take() });
+                slot.posted_at.clear();
                 self.operations.in_flight.fetch_sub(1, Ordering::AcqRel);
                 lock(&self.operations.free).push(index);
                 return Err(if code == -(sys::FI_EAGAIN as isize) {

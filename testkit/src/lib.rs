@@ -293,6 +293,27 @@ pub fn child_output(name: &str) -> Option<std::process::Output> {
     )
 }
 
+/// Run the rest of test `name` in a child process that keeps running, for a test that kills it:
+/// `None` in the child (which goes on with the test), the running child in the parent, with its
+/// stdin and stdout piped. A child that waits on its stdin ends when the parent drops its
+/// `Child` (the pipe closes), so a parent that fails before it kills the child leaves nothing
+/// behind.
+pub fn spawn_child(name: &str) -> Option<std::process::Child> {
+    if std::env::var(CHILD_TEST).as_deref() == Ok(name) {
+        return None;
+    }
+    Some(
+        std::process::Command::new(std::env::current_exe().expect("this test binary"))
+            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_TEST, name)
+            .current_dir(std::env::temp_dir())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("re-run this test binary"),
+    )
+}
+
 /// An [`Observer`] that holds the writer inside its first insert until the test says go: it
 /// signals `entered` from there, then waits on `go`. So a test can fill the writer's inbox.
 #[derive(Debug)]

@@ -9,10 +9,21 @@ use crate::{Flags, Result};
 
 /// The p99 bound: other clients' p99 during faults within this many times the p99 without.
 const P99_BOUND: f64 = 5.0;
+/// The least p99 "without" the bound is taken of. On a machine whose cores are shared (two
+/// cores and other builds, where the suite runs), one preempted time slice moves a p99 of
+/// fractions of a millisecond by milliseconds whether or not a fault is going on: "without"
+/// p99s from 0.5 to 7.7 ms were measured across runs of the same build, in either direction of
+/// the "during" one. Below this floor the ratio measures the scheduler, not the faults, so the
+/// check is `during <= 5 x max(without, floor)`. A fault that holds other clients up (a posting
+/// thread waiting behind a stopped client, a shared queue blocked by a partitioned one) costs
+/// them tens of milliseconds to seconds, far above it.
+const P99_FLOOR_NANOS: u64 = 2_000_000;
 
-/// For each SIGKILL: how long until the server saw the departure, and until its last lease
-/// returned (from the server's `FLEET-DEPARTURE` lines), as median and longest.
-fn kill_timeline(fleet: &Fleet) -> String {
+/// For each fault in `faults` (SIGKILLs or partitions): how long until the server saw the
+/// departure, and until its last lease returned (from the server's `FLEET-DEPARTURE` lines), as
+/// median and longest. A partition the incarnation survived has no departure before shutdown:
+/// those are counted, not timed.
+fn timeline(fleet: &Fleet, faults: &[(u32, u32, u64)], what: &str) -> String {
     let mut departures: HashMap<(u32, u32), (u64, u64, u64)> = HashMap::new();
     let mut reasons: HashMap<String, u64> = HashMap::new();
     for line in &fleet.departures {
@@ -41,8 +52,13 @@ fn kill_timeline(fleet: &Fleet) -> String {
     let mut detect = Vec::new();
     let mut returned = Vec::new();
     let mut in_flight = Vec::new();
-    for (id, incarnation, killed) in &fleet.kills {
+    let mut survived = 0;
+    for (id, incarnation, killed) in faults {
         if let Some(&(detected, leases, writes)) = departures.get(&(*id, *incarnation)) {
+            if "a partition" == what && fleet.shutdown_at <= detected {
+                survived += 1;
+                continue;
+            }
             detect.push(detected.saturating_sub(*killed));
             returned.push(leases.max(detected).saturating_sub(*killed));
             in_flight.push(writes);
@@ -59,11 +75,15 @@ fn kill_timeline(fleet: &Fleet) -> String {
     let mut reasons: Vec<_> = reasons.into_iter().collect();
     reasons.sort();
     format!(
-        "after a SIGKILL ({} matched, {} of them of a stopped client) the server saw the departure after (median / longest) {}, \
+        "after {what} ({} matched, {}) the server saw the departure after (median / longest) {}, \
          with (median / most) {} / {} writes in flight to it, and its last lease returned after \
          {}; departures by how the server learned of them: {}",
         detect.len(),
-        fleet.killed_stopped,
+        if "a partition" == what {
+            format!("{survived} more the incarnation outlived")
+        } else {
+            format!("{} of them of a stopped client", fleet.killed_stopped)
+        },
         median_max(&detect),
         in_flight.get(in_flight.len() / 2).copied().unwrap_or(0),
         in_flight.last().copied().unwrap_or(0),
@@ -77,7 +97,7 @@ fn kill_timeline(fleet: &Fleet) -> String {
 }
 
 /// The p99 of `sorted`, in nanoseconds.
-fn p99(sorted: &[u32]) -> Option<u32> {
+fn p99(sorted: &[u64]) -> Option<u64> {
     if sorted.is_empty() {
         return None;
     }
@@ -121,14 +141,17 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
     let bytes = std::fs::read(fleet.scratch.join("samples"))?;
     let mut during = Vec::new();
     let mut without = Vec::new();
-    // Writes to a client while it was stopped.
+    // Writes to a client while it was stopped, and while it was cut off.
     let mut to_stopped = Vec::new();
+    let mut to_cut = Vec::new();
     let mut windows = fleet.windows.clone();
     windows.sort_by_key(|window| window.start);
+    let (mut first, mut last) = (u64::MAX, 0_u64);
     for sample in bytes.chunks_exact(16).filter_map(Sample::from_bytes) {
         let mut active = false;
         let mut own = false;
         let mut own_stop = false;
+        let mut own_cut = false;
         for window in &windows {
             if window.start > sample.posted {
                 break;
@@ -136,21 +159,48 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
             if window.end.is_some_and(|end| sample.posted < end) {
                 active = true;
                 own |= window.client == sample.client;
-                own_stop |= window.client == sample.client && !window.kill;
+                own_stop |= window.client == sample.client && !window.kill && !window.partition;
+                own_cut |= window.client == sample.client && window.partition;
             }
         }
         if own_stop {
-            to_stopped.push(sample.latency);
+            to_stopped.push(sample.latency_nanos());
         }
+        if own_cut {
+            to_cut.push(sample.latency_nanos());
+        }
+        first = first.min(sample.posted);
+        last = last.max(sample.posted);
         match (active, own) {
-            (false, _) => without.push(sample.latency),
-            (true, false) => during.push(sample.latency),
+            (false, _) => without.push(sample.latency_nanos()),
+            (true, false) => during.push(sample.latency_nanos()),
             (true, true) => {}
         }
     }
     during.sort_unstable();
     without.sort_unstable();
     to_stopped.sort_unstable();
+    to_cut.sort_unstable();
+    // Other clients' completed writes a second, during faults and without: the time covered by
+    // some fault window, within the sampled span, and the rest.
+    let mut during_nanos = 0_u64;
+    let mut covered_to = first;
+    for window in &windows {
+        let start = window.start.clamp(first, last).max(covered_to);
+        let end = window.end.unwrap_or(last).clamp(first, last);
+        if start < end {
+            during_nanos += end - start;
+            covered_to = end;
+        }
+    }
+    let without_nanos = last.saturating_sub(first).saturating_sub(during_nanos);
+    let rate = |count: usize, nanos: u64| {
+        if 0 == nanos {
+            "-".to_string()
+        } else {
+            format!("{:.0}/s", count as f64 * 1e9 / nanos as f64)
+        }
+    };
     let (p99_during, p99_without) = (p99(&during), p99(&without));
 
     let rows: Vec<(&str, String)> = vec![
@@ -163,7 +213,7 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
             "client processes stopped (SIGSTOP)",
             fleet.stopped.to_string(),
         ),
-        ("partitions", "0".to_string()),
+        ("partitions", fleet.partitions.to_string()),
         ("writes posted", posted.to_string()),
         ("writes completed ok", ok_writes.to_string()),
         ("writes completed with error", error_writes.to_string()),
@@ -182,8 +232,8 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
             "p99 post-to-completion, other clients, during faults / without",
             format!(
                 "{} / {}",
-                p99_during.map_or("-".into(), |p| millis(u64::from(p))),
-                p99_without.map_or("-".into(), |p| millis(u64::from(p)))
+                p99_during.map_or("-".into(), millis),
+                p99_without.map_or("-".into(), millis)
             ),
         ),
         ("leases left after shutdown", leases.to_string()),
@@ -194,21 +244,48 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
         "details: writes posted to a client while it was stopped {}, their post-to-completion \
          p99 {} and longest {}",
         to_stopped.len(),
-        p99(&to_stopped).map_or("-".into(), |p| millis(u64::from(p))),
-        to_stopped
-            .last()
-            .map_or("-".into(), |&p| millis(u64::from(p)))
+        p99(&to_stopped).map_or("-".into(), millis),
+        to_stopped.last().map_or("-".into(), |&p| millis(p))
     );
-    println!("details: {}", kill_timeline(fleet));
+    if 0 < fleet.partitions {
+        println!(
+            "details: writes posted to a client while it was cut off {}, their post-to-completion \
+             p99 {} and longest {}; partitions for good {}, clients that lost their connections \
+             to a partition (restarted) {}",
+            to_cut.len(),
+            p99(&to_cut).map_or("-".into(), millis),
+            to_cut.last().map_or("-".into(), |&p| millis(p)),
+            fleet.partitions_for_good,
+            fleet.lost_to_partition,
+        );
+        println!("details: {}", timeline(fleet, &fleet.cuts, "a partition"));
+    }
+    println!("details: {}", timeline(fleet, &fleet.kills, "a SIGKILL"));
+    println!(
+        "details: other clients' completed writes during faults / without {} / {} (over {:.1} s / \
+         {:.1} s); error completions by error: {}",
+        rate(during.len(), during_nanos),
+        rate(without.len(), without_nanos),
+        during_nanos as f64 / 1e9,
+        without_nanos as f64 / 1e9,
+        fleet
+            .errors
+            .as_deref()
+            .and_then(|line| line.strip_prefix("FLEET-ERRORS"))
+            .map_or("-", str::trim)
+    );
     println!(
         "details: provider {}, writes not posted (backpressure or resolve) {}, departures {} \
-         (of which learned from an error completion {}), fi_av_insert / fi_av_remove {} / {}, \
+         (of which learned from an error completion {}, from the write deadline {}), oldest write \
+         in flight seen {}, fi_av_insert / fi_av_remove {} / {}, \
          clients that sent a last report {} of {} registrations, samples during faults / \
          without {} / {}, faults skipped (no eligible client) {}{}",
         totals.get("provider").unwrap_or(&"?"),
         number("not_posted")?,
         number("departures")?,
         number("error_departures")?,
+        number("deadline_departures")?,
+        millis(number("oldest_write_ns")?),
         number("inserts")?,
         number("removes")?,
         number("reported_last")?,
@@ -250,14 +327,16 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
     }
     match (p99_during, p99_without) {
         (Some(during), Some(without)) => {
-            let ratio = f64::from(during) / f64::from(without.max(1));
+            let ratio = during as f64 / without.max(P99_FLOOR_NANOS) as f64;
             if ratio > P99_BOUND {
                 fail(format!(
-                    "other clients' p99 during faults is {ratio:.1}x the p99 without (bound {P99_BOUND}x)"
+                    "other clients' p99 during faults is {ratio:.1}x the p99 without, or the \
+                     floor of {} when that is higher (bound {P99_BOUND}x)",
+                    millis(P99_FLOOR_NANOS)
                 ));
             }
         }
-        (None, _) if 0 == fleet.killed + fleet.stopped => {}
+        (None, _) if 0 == fleet.killed + fleet.stopped + fleet.partitions => {}
         _ => fail("too few samples to compare the p99s".into()),
     }
     if ok {

@@ -1,0 +1,233 @@
+//! The age of RMA operations in flight (`oldest_operation_age`, `overdue_operations`) on the real
+//! tcp provider: a write to a peer that stops progressing stays in flight and grows old, holding
+//! its lease, and completes once the peer progresses again.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+
+use std::time::Duration;
+
+use dma_libfabric::OverdueOperation;
+use testkit::{PATIENCE, rma_tcp, with_progress};
+
+/// Large enough that a few writes of it cannot all fit in loopback's socket buffers.
+const CHUNK: usize = 16 << 20;
+const WRITES: u64 = 4;
+
+#[test]
+fn an_endpoint_with_nothing_in_flight_has_no_age_and_nothing_overdue() {
+    let endpoint = rma_tcp();
+    assert_eq!(None, endpoint.oldest_operation_age());
+    let mut overdue = vec![OverdueOperation {
+        id: 7,
+        age: Duration::ZERO,
+    }];
+    assert_eq!(0, endpoint.overdue_operations(Duration::ZERO, &mut overdue));
+    assert_eq!(1, overdue.len(), "appends, never clears what was there");
+}
+
+#[test]
+fn writes_to_a_peer_that_stops_progressing_grow_old_and_complete_once_it_progresses() {
+    let server = rma_tcp();
+    let client = rma_tcp();
+    let target = client.register(CHUNK).expect("client memory");
+    let source = server.register(CHUNK).expect("server memory");
+    let address = client.local_address().expect("address");
+
+    // Connect while the client progresses, so that what follows is only the data's wait.
+    with_progress(&client, || {
+        let lease = server.peers().lease(1, &address).expect("a lease");
+        server
+            .write(
+                lease,
+                source.segment(0, 8).expect("segment"),
+                target.remote().slice(0, 8).expect("slice"),
+                100,
+            )
+            .expect("posted");
+        server.wait_for(100, PATIENCE).expect("completed");
+    });
+    assert_eq!(None, server.oldest_operation_age());
+
+    // The client stops progressing: its sockets fill, and the writes stay in flight.
+    for id in 1..=WRITES {
+        let lease = server.peers().lease(1, &address).expect("a lease");
+        server
+            .write_within(
+                lease,
+                source.segment(0, CHUNK).expect("segment"),
+                target.remote().slice(0, CHUNK as u64).expect("slice"),
+                id,
+                PATIENCE,
+            )
+            .expect("posted");
+    }
+    // Drive the server for a while: what the sockets take completes, the rest cannot (the
+    // kernel's socket buffers are a few MiB; the client reads nothing).
+    let mut done = Vec::new();
+    for _ in 0..1000 {
+        server.poll_completions(&mut done).expect("poll");
+    }
+    let in_flight = server.operations_in_flight();
+    assert!(in_flight > 0, "64 MiB cannot all be in loopback's sockets");
+    let first = server
+        .oldest_operation_age()
+        .expect("something is in flight");
+    let mut overdue = Vec::new();
+    assert_eq!(
+        in_flight,
+        server.overdue_operations(Duration::ZERO, &mut overdue),
+        "every operation in flight is at least zero old: {overdue:?}"
+    );
+    for operation in &overdue {
+        assert!((1..=WRITES).contains(&operation.id), "{operation:?}");
+        assert!(operation.age <= server.oldest_operation_age().expect("still in flight"));
+    }
+    let mut none = Vec::new();
+    assert_eq!(
+        0,
+        server.overdue_operations(Duration::MAX, &mut none),
+        "nothing is older than Duration::MAX"
+    );
+    server.progress();
+    let later = server.oldest_operation_age().expect("still in flight");
+    assert!(later >= first, "the oldest only grows while it waits");
+    assert_eq!(
+        in_flight as u64,
+        server.peers().stats().leases,
+        "each write in flight holds its lease"
+    );
+
+    // The client progresses again: every write completes and nothing is in flight any more.
+    with_progress(&client, || {
+        for id in 1..=WRITES {
+            if done.iter().any(|completion| completion.id == id) {
+                continue;
+            }
+            let completion = server.wait_for(id, PATIENCE).expect("completed");
+            assert_eq!(Ok(()), completion.result);
+        }
+    });
+    assert_eq!(None, server.oldest_operation_age());
+    let mut overdue = Vec::new();
+    assert_eq!(0, server.overdue_operations(Duration::ZERO, &mut overdue));
+    assert_eq!(0, server.peers().stats().leases);
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// A peer process with writes in flight to it is killed: the kernel resets its connections, the
+/// writes complete (ok or with an error), their leases come back, and the peer's entry is
+/// removed once the server releases it.
+#[test]
+fn writes_to_a_killed_peer_process_complete_and_its_entry_goes() {
+    const NAME: &str = "writes_to_a_killed_peer_process_complete_and_its_entry_goes";
+    let Some(mut child) = testkit::spawn_child(NAME) else {
+        // The peer: announce itself, then never progress, until killed (or its stdin closes).
+        let peer = rma_tcp();
+        let target = peer.register(CHUNK).expect("peer memory");
+        println!(
+            "PEER {} {}",
+            hex(&peer.local_address().expect("address")),
+            hex(&target.remote().to_bytes())
+        );
+        std::io::Write::flush(&mut std::io::stdout()).expect("flush");
+        // Progress (so the server can connect) until the parent says "hold", then never again:
+        // wait on stdin until killed, or until the parent goes (EOF).
+        let (said, heard) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut byte = [0; 1];
+            while let Ok(1) = std::io::Read::read(&mut std::io::stdin(), &mut byte) {
+                let _ = said.send(());
+            }
+            std::process::exit(0);
+        });
+        while heard.try_recv().is_err() {
+            peer.progress();
+            std::thread::yield_now();
+        }
+        loop {
+            std::thread::park();
+        }
+    };
+    // libtest prints "test NAME ... " before the child's own output, on the same line.
+    let mut line = String::new();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let announced = loop {
+        line.clear();
+        let read = std::io::BufRead::read_line(&mut stdout, &mut line).expect("read");
+        assert!(0 < read, "the peer ended before announcing itself");
+        if let Some(at) = line.find("PEER ") {
+            break line[at..].to_string();
+        }
+    };
+    let mut fields = announced.split_whitespace().skip(1);
+    let address = unhex(fields.next().expect("address"));
+    let region = dma_libfabric::RemoteRegion::from_bytes(&unhex(fields.next().expect("region")))
+        .expect("region");
+
+    let server = rma_tcp();
+    let source = server.register(CHUNK).expect("server memory");
+    // Connect while the peer progresses, then tell it to stop.
+    let lease = server.peers().lease(1, &address).expect("a lease");
+    server
+        .write(
+            lease,
+            source.segment(0, 8).expect("segment"),
+            region.slice(0, 8).expect("slice"),
+            100,
+        )
+        .expect("posted");
+    server.wait_for(100, PATIENCE).expect("completed");
+    let mut stdin = child.stdin.take().expect("piped");
+    std::io::Write::write_all(&mut stdin, b"h").expect("tell the peer to hold");
+    for id in 1..=WRITES {
+        let lease = server.peers().lease(1, &address).expect("a lease");
+        server
+            .write_within(
+                lease,
+                source.segment(0, CHUNK).expect("segment"),
+                region.slice(0, CHUNK as u64).expect("slice"),
+                id,
+                PATIENCE,
+            )
+            .expect("posted");
+    }
+    let mut done = Vec::new();
+    for _ in 0..1000 {
+        server.poll_completions(&mut done).expect("poll");
+    }
+    assert!(
+        server.operations_in_flight() > 0,
+        "a peer that does not progress cannot take 64 MiB"
+    );
+    assert!(server.oldest_operation_age().is_some());
+
+    child.kill().expect("kill the peer");
+    drop(stdin);
+    child.wait().expect("reap the peer");
+    for id in 1..=WRITES {
+        if done.iter().any(|completion| completion.id == id) {
+            continue;
+        }
+        // Ok (it was in the socket) or an error (reset, broken pipe, cancelled): either way it
+        // completes, bounded by the test's patience, not tcp's retransmissions.
+        server
+            .wait_for(id, PATIENCE)
+            .expect("completed after the kill");
+    }
+    assert_eq!(None, server.oldest_operation_age());
+    assert_eq!(0, server.peers().stats().leases, "every lease came back");
+    server.peers().release(1);
+    server.peers().quiesce_with_patience(PATIENCE);
+    let stats = server.peers().stats();
+    assert_eq!(0, stats.entries, "the killed peer's entry is gone");
+    assert_eq!(stats.inserts, stats.removes, "and removed from the AV");
+}
