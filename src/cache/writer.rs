@@ -179,7 +179,14 @@ pub(crate) struct Shared {
     /// Set by the outstanding deferral's closure: every reader pinned when it was deferred has
     /// unpinned.
     pub(crate) readers_gone: AtomicBool,
+    /// Told, on the writer thread, of each client an efa eviction of a live entry drops (other
+    /// than the client whose new incarnation evicted it): set once, by a rail set.
+    pub(crate) on_evict: EvictionHook,
 }
+
+/// What [`Shared::on_evict`] holds: a call per evicted client, made on the writer thread, which
+/// must not wait for any writer.
+pub(crate) type EvictionHook = std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>;
 
 impl Shared {
     pub(crate) fn new(capacity: usize) -> Self {
@@ -190,6 +197,7 @@ impl Shared {
             failures: Failures::default(),
             doorbell: Doorbell::default(),
             readers_gone: AtomicBool::new(false),
+            on_evict: EvictionHook::new(),
         }
     }
 }
@@ -1220,6 +1228,11 @@ impl<B: AvBackend> Writer<B> {
         for holder in holders.to_vec() {
             self.unregister(holder, fi_addr);
             self.clients.remove(&holder);
+            if holder != asking {
+                if let Some(hook) = self.shared.on_evict.get() {
+                    hook(holder);
+                }
+            }
         }
         self.stats.entries -= 1;
         self.stats.evictions += 1;
