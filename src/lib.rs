@@ -63,6 +63,6 @@ pub use endpoint::{
 };
 pub use error::DmaError;
 pub use rails::{
-    MAX_RAILS, RailCaches, RailLease, RailPeers, RailRegion, RailRemoteRegion, RailSegment,
-    RailSet, RailsPinned,
+    MAX_RAILS, MIN_STRIPE, RailCaches, RailLease, RailPeers, RailRegion, RailRemoteRegion,
+    RailSegment, RailSet, RailsPinned,
 };

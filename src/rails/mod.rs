@@ -98,6 +98,7 @@
 //! and recycles its slot on one rail, over the model AV with efa's rules.
 //!
 //! ```
+//! use std::sync::atomic::{AtomicBool, Ordering};
 //! use std::time::Duration;
 //! use dma_libfabric::{Configuration, RailSet};
 //!
@@ -110,14 +111,19 @@
 //!
 //! let addresses = client.local_addresses();
 //! let addresses: Vec<&[u8]> = addresses.iter().map(Vec::as_slice).collect();
-//! let lease = server.lease(1, &addresses)?;
-//! server.write(lease, source.segment(0, 1 << 20)?, memory.remote(), 42)?;
+//! // tcp progresses manually: the target polls while the source posts and waits.
+//! let stop = AtomicBool::new(false);
 //! let done = std::thread::scope(|scope| {
-//!     // tcp progresses manually: the target polls while the source waits.
-//!     let stop = std::sync::atomic::AtomicBool::new(false);
-//!     scope.spawn(|| while !stop.load(std::sync::atomic::Ordering::Relaxed) { client.progress() });
-//!     let done = server.wait_for(42, Duration::from_secs(10));
-//!     stop.store(true, std::sync::atomic::Ordering::Relaxed);
+//!     scope.spawn(|| {
+//!         while !stop.load(Ordering::Relaxed) {
+//!             client.progress();
+//!         }
+//!     });
+//!     let done = server.lease(1, &addresses).and_then(|lease| {
+//!         server.write(lease, source.segment(0, 1 << 20)?, memory.remote(), 42)?;
+//!         server.wait_for(42, Duration::from_secs(10))
+//!     });
+//!     stop.store(true, Ordering::Relaxed);
 //!     done
 //! })?;
 //! assert_eq!(Ok(()), done.result);
