@@ -583,6 +583,19 @@ impl MemoryRegion<'_> {
         }
     }
 
+    /// The same region with its borrow of the endpoint erased: for a rail set's region that keeps
+    /// its rail set alive through an `Arc` instead.
+    ///
+    /// # Safety
+    /// The endpoint this region is registered with outlives the returned region.
+    pub(crate) unsafe fn unbind(self) -> MemoryRegion<'static> {
+        MemoryRegion {
+            inner: self.inner,
+            owner: self.owner,
+            endpoint: PhantomData,
+        }
+    }
+
     /// The region's length in bytes (never 0).
     pub fn len(&self) -> usize {
         self.inner.len

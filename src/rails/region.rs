@@ -15,6 +15,11 @@ use crate::error::DmaError;
 pub struct RailRegion<'rails> {
     /// Rail `i`'s registration in slot `i`; rail 0 owns the memory.
     pub(crate) regions: Vec<MemoryRegion<'rails>>,
+    /// The rail set, for a region made by
+    /// [`register_shared`](super::RailSet::register_shared): declared after `regions`, so the
+    /// registrations go before the rail set can. Held for its `Drop`.
+    #[allow(dead_code)]
+    pub(crate) owner: Option<std::sync::Arc<super::RailSet>>,
 }
 
 impl RailRegion<'_> {

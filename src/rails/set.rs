@@ -173,7 +173,46 @@ impl RailSet {
             regions.push(unsafe { rail.register_alias(&primary) }?);
         }
         regions.insert(0, primary);
-        Ok(RailRegion { regions })
+        Ok(RailRegion {
+            regions,
+            owner: None,
+        })
+    }
+
+    /// [`register`](Self::register) for a rail set shared through an `Arc`: the region keeps the
+    /// rail set alive rather than borrowing it, so it can be stored beside it (a client that
+    /// advertises its memory for as long as it lives).
+    ///
+    /// # Errors
+    /// As `register`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use dma_libfabric::{Configuration, RailRegion, RailSet};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let rails = Arc::new(RailSet::open(&configuration, &["127.0.0.1", "127.0.0.2"])?);
+    /// let region: RailRegion<'static> = rails.register_shared(64)?;
+    /// drop(rails); // the region still holds it
+    /// assert_eq!((64, 2), (region.len(), region.remote().len()));
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn register_shared(
+        self: &std::sync::Arc<Self>,
+        len: usize,
+    ) -> Result<RailRegion<'static>, DmaError> {
+        let region = self.register(len)?;
+        let regions = region
+            .regions
+            .into_iter()
+            // SAFETY: the returned region holds an `Arc` of the rail set, declared after its
+            // registrations, so every rail's endpoint outlives them.
+            .map(|region| unsafe { region.unbind() })
+            .collect();
+        Ok(RailRegion {
+            regions,
+            owner: Some(std::sync::Arc::clone(self)),
+        })
     }
 
     /// `fi_write` of `source` into the peer's `target`, striped across the rails (see
