@@ -94,6 +94,9 @@ fn hit(c: &mut Criterion) {
             black_box(peers.rail(3).fi_addr());
         })
     });
+    group.bench_function("rail set: pin alone, 4 rails", |b| {
+        b.iter(|| black_box(server.pin()))
+    });
     group.bench_function("4 caches: pin + resolve each", |b| {
         b.iter(|| {
             for (rail, address) in addresses.iter().enumerate() {

@@ -75,7 +75,9 @@ impl Evictions {
 
     /// The clients queued since the last call (deduplicated).
     fn take(&self) -> Vec<u64> {
-        if !self.pending.swap(false, Ordering::Acquire) {
+        // A load first: the swap is a write, which every pin would otherwise put on this one
+        // shared cache line.
+        if !self.pending.load(Ordering::Relaxed) || !self.pending.swap(false, Ordering::Acquire) {
             return Vec::new();
         }
         let mut clients =
