@@ -116,7 +116,12 @@ fn hit(c: &mut Criterion) {
     group.bench_function("1 cache: pin + resolve", |b| {
         b.iter(|| {
             let pinned = server.rail(0).peers().pin();
-            black_box(pinned.resolve(1, black_box(addresses[0])).unwrap().fi_addr());
+            black_box(
+                pinned
+                    .resolve(1, black_box(addresses[0]))
+                    .unwrap()
+                    .fi_addr(),
+            );
         })
     });
     group.finish();
