@@ -1,4 +1,4 @@
-//! Gives this crate's tests, examples and benches an rpath to the libfabric that libfabric-sys
+//! Gives this crate's tests, examples and benches an rpath to the libfabric that dma-libfabric-sys
 //! found through pkg-config, so a build with `PKG_CONFIG_PATH` pointing at another install (say
 //! `target/libfabric-2.6.0/lib/pkgconfig`) also runs against it, without `LD_LIBRARY_PATH`.
 //! The system's own libdir needs no rpath and gets none.

@@ -3,7 +3,7 @@
 //!
 //! The modules, bottom up; each uses only those above it (`tests/layout.rs` checks it):
 //!
-//! - [`sys`]: the raw libfabric bindings (the `libfabric-sys` crate).
+//! - [`sys`]: the raw libfabric bindings (the `dma-libfabric-sys` crate).
 //! - [`error`], [`address`], [`configuration`]: the error type, which bytes of an address name a
 //!   peer ([`AddressFormat`]), and how an endpoint is opened.
 //! - [`av`]: the address-vector layer: [`AvBackend`], the real [`FabricAv`], the model AV.
@@ -50,7 +50,7 @@ pub mod rails;
 pub(crate) mod sync;
 
 /// The raw bindings, for code that calls libfabric itself.
-pub use libfabric_sys as sys;
+pub use dma_libfabric_sys as sys;
 
 pub use address::AddressFormat;
 #[cfg(any(test, feature = "model"))]
@@ -66,3 +66,8 @@ pub use rails::{
     MAX_RAILS, MIN_STRIPE, RailCaches, RailLease, RailPeers, RailRegion, RailRemoteRegion,
     RailSegment, RailSet, RailsPinned,
 };
+
+/// The README's first program, run as a doc test so the front page cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -5,6 +5,8 @@
 //! anywhere) must name a module at or below the one it is written in. Names re-exported at the
 //! crate root count as the module they come from. (`super::` never leaves a top-level module
 //! here: each is a directory whose files reach their siblings through it.)
+//!
+//! And no file under `src/` holds more code than a reader keeps in their head: see [`MOST_LINES`].
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::path::{Path, PathBuf};
@@ -142,4 +144,72 @@ fn the_check_sees_a_dependency_pointing_up() {
     assert!(named("use crate::{cache::Pinned, error::DmaError};").contains(&"cache".to_string()));
     assert_eq!(Some(5), layer("endpoint"));
     assert!(layer("endpoint") > layer("cache") && layer("cache") > layer("av"));
+}
+
+/// The most lines of code (its `#[cfg(test)] mod tests` aside) a file under `src/` may hold: about
+/// what a reader keeps in their head at once.
+const MOST_LINES: usize = 700;
+
+/// Files allowed past [`MOST_LINES`], and why.
+const LONGER: &[(&str, &str)] = &[
+    (
+        "cache/mod.rs",
+        "AddressCache's public API, whose docs are most of it; not split yet",
+    ),
+    (
+        "cache/writer.rs",
+        "the writer's state and its loop; not split yet",
+    ),
+    (
+        "endpoint/rma.rs",
+        "one concept: operations in flight, from posting to their completion",
+    ),
+    (
+        "endpoint/memory.rs",
+        "one concept: a registration's life, keys, and parked buffers",
+    ),
+];
+
+/// The lines of `text` before its test module.
+fn code_lines(text: &str) -> usize {
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .windows(2)
+        .position(|pair| pair[0] == "#[cfg(test)]" && pair[1].starts_with("mod tests"))
+        .unwrap_or(lines.len())
+}
+
+#[test]
+fn no_source_file_is_longer_than_a_reader_holds() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    let mut long = Vec::new();
+    for file in &files {
+        let relative = file.strip_prefix(&root).expect("under src");
+        let name = relative.to_string_lossy().replace('\\', "/");
+        let lines = code_lines(&std::fs::read_to_string(file).expect("read"));
+        if lines > MOST_LINES && !LONGER.iter().any(|(longer, _)| *longer == name) {
+            long.push(format!("{name}: {lines} lines of code"));
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "split these along their seams (or name them in LONGER, with why): {}",
+        long.join(", ")
+    );
+}
+
+#[test]
+fn the_length_check_counts_code_not_tests() {
+    assert_eq!(
+        2,
+        code_lines("fn a() {}\nfn b() {}\n#[cfg(test)]\nmod tests {\n}\n")
+    );
+    assert_eq!(3, code_lines("fn a() {}\n#[cfg(test)]\nfn b() {}\n"));
+    assert!(
+        !LONGER
+            .iter()
+            .any(|(name, _)| name.starts_with("endpoint/mod"))
+    );
 }

@@ -7,6 +7,11 @@
 //! libfabric man page of the call: every function is `unsafe` and takes raw pointers.
 //!
 //! Macros that bindgen cannot evaluate (casts, function-like macros) are written out below.
+//!
+//! The build finds libfabric with pkg-config, and fails, saying what to install, when it is not
+//! there. Documentation builds with `DOCS_RS` set (docs.rs has no libfabric) use bindings
+//! generated from libfabric 1.17's headers and checked in with the crate, and link nothing; the
+//! build script says how to regenerate them.
 
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 #![allow(unsafe_op_in_unsafe_fn)]

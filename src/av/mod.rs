@@ -1,7 +1,7 @@
 //! The address-vector layer: what the cache's writer needs from an AV, and the AVs that ship.
 //!
 //! This layer sits between the bindings and the cache, and depends on neither the cache nor the
-//! endpoint: `libfabric-sys` → `av` → `cache` → `endpoint`.
+//! endpoint: `dma-libfabric-sys` → `av` → `cache` → `endpoint`.
 //!
 //! - [`AvBackend`]: the trait the writer drives (`fi_av_insert`, `fi_av_remove`, the layout).
 //! - [`FabricAv`]: a real libfabric `FI_AV_TABLE`, as an endpoint opens it.

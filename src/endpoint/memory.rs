@@ -51,8 +51,9 @@
 //!   then moves through those raw pointers over later progress calls, for as long as the peer
 //!   keeps sending or receiving. `fi_close` of the registration removes the key from the
 //!   domain's map, which refuses *new* transfers, but touches no transfer already admitted.
-//!   Measured on 1.17 (issue 19): 8 MiB written by a peer landed in an unrelated `Vec` allocated
-//!   after the region was dropped, and a peer's read was answered with unrelated memory.
+//!   Measured on 1.17 (`tests/rma_edges.rs`, before parking): 8 MiB written by a peer landed in
+//!   an unrelated `Vec` allocated after the region was dropped, and a peer's read was answered
+//!   with unrelated memory.
 //! - **fi_mr(3)** (2.6.0 `man/fi_mr.3.md`, "fi_close") promises no more for any provider:
 //!   "Active or queued operations that reference a memory region being closed may attempt to
 //!   access an invalid memory region and fail [...] Applications are responsible for ensuring
@@ -89,7 +90,7 @@
 //! needs a valid key), which the pool owns for as long as the provider may run, and which this
 //! crate only ever touches through byte copies (see "Contents"; the zeroing for the new region is
 //! one more), never through a reference. No allocation outside the pool can be written or
-//! leaked, which is what issue 19 showed.
+//! leaked, which is what freeing the buffer at the drop allowed.
 //!
 //! Reuse cannot be argued sound for the *contents* while the endpoint is open: no condition this
 //! process can observe proves that a peer's transfer admitted before the drop has finished (it

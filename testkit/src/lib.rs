@@ -285,6 +285,9 @@ pub fn child_output(name: &str) -> Option<std::process::Output> {
         std::process::Command::new(std::env::current_exe().expect("this test binary"))
             .args([name, "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD_TEST, name)
+            // A child that dies may leave a crash report in its working directory (this
+            // machine's handler writes `*.btr` files): keep them out of the source tree.
+            .current_dir(std::env::temp_dir())
             .output()
             .expect("re-run this test binary"),
     )
