@@ -144,7 +144,9 @@ pub use self::set::RailSet;
 pub use self::stripe::{MIN_STRIPE, STRIPE_ALIGN};
 
 #[cfg(doc)]
-use crate::{cache::Lease, cache::Peer, endpoint::Completion, endpoint::LibfabricEndpoint};
+use crate::{
+    cache::Lease, cache::Peer, endpoint::Completion, endpoint::LibfabricEndpoint, error::DmaError,
+};
 
 /// The most rails a rail set has (and the most a peer may advertise). aws-ofi-nccl uses at most
 /// 4; a p5 host has 4 EFA devices per GPU.
