@@ -165,8 +165,9 @@ impl<'rails> RailsPinned<'rails> {
 /// use dma_libfabric::{AddressCache, AddressFormat, ModelAv, RailCaches};
 ///
 /// let rails = RailCaches::new(vec![AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque))]).unwrap();
+/// let addresses: [&[u8]; 1] = [&[1; 16]];
 /// let pinned = rails.pin();
-/// let peers = pinned.resolve(1, &[&[1; 16]]).unwrap();
+/// let peers = pinned.resolve(1, &addresses).unwrap();
 /// drop(pinned);
 /// let _ = peers.rail(0); // peers cannot outlive their pin
 /// ```

@@ -138,6 +138,25 @@ impl RailSet {
     /// [`AddressCache::lease`](crate::AddressCache::lease) for each rail (refused rather than a
     /// wait on the calling thread's own pin or lease). On an error `client` is released on every
     /// rail (bad input aside, which changes nothing).
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, RailSet};
+    ///
+    /// let server = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"])?;
+    /// let client = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"])?;
+    /// let addresses = client.local_addresses();
+    /// let addresses: Vec<&[u8]> = addresses.iter().map(Vec::as_slice).collect();
+    /// let lease = server.lease(1, &addresses)?;
+    /// server.release(1);
+    /// server.quiesce();
+    /// // Released, but the lease holds both rails' entries in their AVs until it is dropped.
+    /// assert_eq!(Some(addresses[1]), server.rail(1).lookup(lease.rail(1).fi_addr())?.as_deref());
+    /// assert_eq!(1, server.rail(1).peers().stats().removals_awaiting_leases);
+    /// drop(lease);
+    /// server.quiesce();
+    /// assert_eq!(0, server.rail(1).peers().stats().entries);
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
     pub fn lease(&self, client: u64, addresses: &[&[u8]]) -> Result<RailLease<'_>, DmaError> {
         self.core.lease(client, addresses)
     }
@@ -164,6 +183,22 @@ impl RailSet {
     ///
     /// # Errors
     /// As [`LibfabricEndpoint::register`], for any rail; nothing stays registered.
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, RailRemoteRegion, RailSet};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let rails = RailSet::open(&configuration, &["127.0.0.1", "127.0.0.2"])?;
+    /// let region = rails.register(1 << 20)?;
+    /// region.write_bytes(0, b"one buffer")?;
+    /// let remote = region.remote(); // one key per rail, one length
+    /// assert_eq!((2, 1 << 20), (remote.len(), remote.region_len()));
+    /// assert_ne!(remote.rail(0).key, remote.rail(1).key);
+    /// assert_eq!(remote, RailRemoteRegion::from_bytes(&remote.to_bytes())?);
+    /// assert!(region.segment(1 << 19, 1 << 19).is_ok());
+    /// assert!(region.segment(1 << 19, (1 << 19) + 1).is_err());
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
     pub fn register(&self, len: usize) -> Result<RailRegion<'_>, DmaError> {
         let primary = self.core.rail(0).register(len)?;
         let mut regions = Vec::with_capacity(self.len());
@@ -229,6 +264,8 @@ impl RailSet {
     /// call returns `Ok`: a later stripe that cannot be posted (backpressure past a second, a
     /// failed `fi_write`) is the transfer's completion error, handed out once the posted stripes
     /// have completed.
+    ///
+    /// The [module docs](super) have an example.
     pub fn write(
         &self,
         lease: RailLease<'_>,
