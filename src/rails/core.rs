@@ -45,8 +45,8 @@ pub(crate) trait Rails: Sync {
     fn count(&self) -> usize;
     /// A pin of rail `rail`'s cache.
     fn pin_rail(&self, rail: usize) -> Option<Pinned<'_>>;
-    /// How long an address rail `rail`'s AV takes.
-    fn address_len(&self, rail: usize) -> usize;
+    /// How many rails, and how long an address each rail's AV takes.
+    fn shape(&self) -> &Shape;
     /// Release `client` on every rail, after releasing the clients evicted meanwhile.
     fn release_everywhere(&self, client: u64);
 }
@@ -94,6 +94,7 @@ impl Evictions {
 pub(crate) struct RailCore<T: RailCache> {
     /// Rail 0 first. Dropped last to first (see `Drop`).
     rails: Vec<T>,
+    shape: Shape,
     evictions: Arc<Evictions>,
 }
 
@@ -128,7 +129,18 @@ impl<T: RailCache> RailCore<T> {
                 ));
             }
         }
-        Ok(Self { rails, evictions })
+        let mut address_lens = [0; MAX_RAILS];
+        for (len, rail) in address_lens.iter_mut().zip(&rails) {
+            *len = rail.cache().address_len();
+        }
+        Ok(Self {
+            shape: Shape {
+                count: rails.len(),
+                address_lens,
+            },
+            rails,
+            evictions,
+        })
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -169,7 +181,7 @@ impl<T: RailCache> RailCore<T> {
         client: u64,
         addresses: &[&[u8]],
     ) -> Result<RailLease<'_>, DmaError> {
-        check_addresses(self, addresses)?;
+        check_addresses(&self.shape, addresses)?;
         loop {
             // Wait for every rail's registration first, holding no lease of our own while a rail
             // waits (a parked incarnation waits for leases; two threads each holding one rail's
@@ -219,10 +231,8 @@ impl<T: RailCache> Rails for RailCore<T> {
         self.rails.get(rail).map(|rail| rail.cache().pin())
     }
 
-    fn address_len(&self, rail: usize) -> usize {
-        self.rails
-            .get(rail)
-            .map_or(0, |rail| rail.cache().address_len())
+    fn shape(&self) -> &Shape {
+        &self.shape
     }
 
     fn release_everywhere(&self, client: u64) {
@@ -253,16 +263,22 @@ pub(crate) fn address_for<'a>(addresses: &[&'a [u8]], rail: usize) -> &'a [u8] {
 
 /// Refuse a wrong number of addresses, or an address of the wrong length or all zero bytes for
 /// the rail that would use it, before any rail's writer is asked anything.
-pub(crate) fn check_addresses(rails: &dyn Rails, addresses: &[&[u8]]) -> Result<(), DmaError> {
+/// How many rails, and each rail's address length: what checking addresses needs, read without
+/// a call through `dyn Rails`.
+pub(crate) struct Shape {
+    pub(crate) count: usize,
+    address_lens: [usize; MAX_RAILS],
+}
+
+pub(crate) fn check_addresses(rails: &Shape, addresses: &[&[u8]]) -> Result<(), DmaError> {
     if addresses.is_empty() || addresses.len() > MAX_RAILS {
         return Err(DmaError::InvalidArgument(format!(
             "a peer advertises 1 to {MAX_RAILS} rail addresses, not {}",
             addresses.len()
         )));
     }
-    for rail in 0..rails.count() {
+    for (rail, &expected) in rails.address_lens[..rails.count].iter().enumerate() {
         let address = address_for(addresses, rail);
-        let expected = rails.address_len(rail);
         if address.len() != expected {
             return Err(DmaError::InvalidAddress(format!(
                 "rail {rail} takes {expected}-byte addresses; the peer's rail {} gave {}",

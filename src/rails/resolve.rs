@@ -29,7 +29,13 @@ impl<'rails> RailsPinned<'rails> {
     /// Pin every rail of `rails`, rail 0 first.
     pub(crate) fn new(rails: &'rails dyn Rails) -> Self {
         Self {
-            pins: std::array::from_fn(|rail| rails.pin_rail(rail)),
+            pins: std::array::from_fn(|rail| {
+                if rail < rails.shape().count {
+                    rails.pin_rail(rail)
+                } else {
+                    None
+                }
+            }),
             rails,
         }
     }
@@ -81,7 +87,7 @@ impl<'rails> RailsPinned<'rails> {
     /// # Ok::<(), DmaError>(())
     /// ```
     pub fn resolve(&self, client: u64, addresses: &[&[u8]]) -> Result<RailPeers<'_>, DmaError> {
-        check_addresses(self.rails, addresses)?;
+        check_addresses(self.rails.shape(), addresses)?;
         let mut peers = RailPeers {
             peers: [Peer::new(0, 0); MAX_RAILS],
             len: 0,
