@@ -323,3 +323,42 @@ fn readers_striping_over_two_rails_never_see_two_incarnations_while_a_slot_is_re
     }
     assert_clean(&avs);
 }
+
+/// `RailSet::lease` (here `RailCaches::lease`) waits, holding no lease of its own, while a rail's
+/// new incarnation waits for the old one's removal, which another thread's lease holds back; once
+/// that lease is dropped it returns the new incarnation on every rail.
+#[test]
+fn a_blocking_lease_waits_for_an_old_incarnation_held_by_another_thread() {
+    let (avs, rails) = rails(2);
+    let old = incarnation(2, 1, 1);
+    let new = incarnation(2, 1, 2);
+    let held = rails.lease(1, &slices(&old)).expect("the old incarnation");
+    let old_rail0 = held.rail(0).fi_addr();
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            let lease = rails.lease(1, &slices(&new)).expect("the new incarnation");
+            (0..2)
+                .map(|rail| avs[rail].lookup(lease.rail(rail).fi_addr()))
+                .collect::<Vec<_>>()
+        });
+        // Drop the old lease only once the new incarnation is parked behind it (the old entry
+        // has been unlinked and awaits this lease), so the waiter really waited.
+        let deadline = std::time::Instant::now() + testkit::PATIENCE;
+        while 0 == rails.rail(0).stats().removals_awaiting_leases {
+            assert!(std::time::Instant::now() < deadline, "never parked");
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            Some(old[0].clone()),
+            avs[0].lookup(old_rail0),
+            "held by the lease"
+        );
+        drop(held);
+        let seen = waiter.join().expect("the waiter");
+        assert_eq!(vec![Some(new[0].clone()), Some(new[1].clone())], seen);
+    });
+    rails.release(1);
+    rails.quiesce();
+    assert!(avs.iter().all(ModelAv::is_empty));
+    assert_clean(&avs);
+}
