@@ -35,8 +35,9 @@
 //! 2. **All or nothing.** A resolve or lease covers the whole address set of that call on every
 //!    rail, or fails. A wrong number of addresses, or an address the rail using it would refuse
 //!    (wrong length, all zero bytes), is an error before any rail is asked anything, and changes
-//!    nothing. A failure on one rail (a full AV, a failed insert) releases the client on every
-//!    rail before the call returns: it is never left half registered by a failure.
+//!    nothing. A failure on one rail (a full AV, a failed insert) queues a release of the client
+//!    on every rail before the call returns, after whatever that call registered on each rail:
+//!    it is never left half registered by a failure.
 //! 3. **One incarnation per client.** An efa eviction of a client on one rail (a new incarnation
 //!    took its slot: its process is gone) releases it on every rail, and a later resolve
 //!    registers it anew on all of them.

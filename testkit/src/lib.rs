@@ -368,3 +368,38 @@ pub fn wait_for_rail_bytes(region: &dma_libfabric::RailRegion<'_>, offset: usize
         std::thread::yield_now();
     }
 }
+
+/// A global allocator that counts the allocations of the current thread only (so a writer
+/// thread's work and the test harness's do not blur the count), for a test binary that checks an
+/// allocation-free path: `#[global_allocator] static GLOBAL: CountingAllocator =
+/// CountingAllocator;`, then [`allocations`] before and after.
+pub struct CountingAllocator;
+
+std::thread_local! {
+    static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
+// const-initialised thread-local without a destructor, so touching it never allocates or
+// re-enters the allocator.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
+        // SAFETY: forwarded with the caller's layout, as GlobalAlloc requires.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, pointer: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: `pointer` came from `System.alloc` with this layout.
+        unsafe { std::alloc::System.dealloc(pointer, layout) }
+    }
+    unsafe fn realloc(&self, pointer: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
+        // SAFETY: as for `dealloc`, and `size` is the caller's.
+        unsafe { std::alloc::System.realloc(pointer, layout, size) }
+    }
+}
+
+/// How many allocations [`CountingAllocator`] has counted on this thread.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.with(std::cell::Cell::get)
+}
