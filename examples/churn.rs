@@ -801,7 +801,13 @@ fn post_rails(
         }
         let operation = ((thread_index as u64) << 32) | slot as u64;
         busy[slot].store(true, Ordering::Release);
-        match rails.write(lease, source.segment(local_at, len)?, target, operation) {
+        match rails.write_within(
+            lease,
+            source.segment(local_at, len)?,
+            target,
+            operation,
+            SEND_PATIENCE,
+        ) {
             Ok(()) => {
                 if !large {
                     next_slot = (slot + 1) % (SOURCE_SLOTS - 1);

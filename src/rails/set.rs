@@ -12,7 +12,8 @@ use crate::configuration::Configuration;
 use crate::endpoint::{Completion, LibfabricEndpoint, Operation, RemoteRegion, Segment};
 use crate::error::DmaError;
 
-/// How long a stripe's post retries backpressure before the transfer gives up on it.
+/// How long a stripe's post retries backpressure before the transfer gives up on it, for
+/// [`RailSet::write`] and [`RailSet::read`] (as for [`LibfabricEndpoint::write`]).
 const POST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// One [`LibfabricEndpoint`] per NIC, driven as one: a client is resolved and leased on every
@@ -273,7 +274,23 @@ impl RailSet {
         target: RailRemoteRegion,
         id: u64,
     ) -> Result<(), DmaError> {
-        self.transfer(Operation::Write, lease, source, &target, id)
+        self.transfer(Operation::Write, lease, source, &target, id, POST_TIMEOUT)
+    }
+
+    /// [`write`](Self::write), each stripe's post retrying backpressure for at most `timeout`
+    /// (any `Duration`, as for [`LibfabricEndpoint::write_within`]).
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    pub fn write_within(
+        &self,
+        lease: RailLease<'_>,
+        source: RailSegment<'_>,
+        target: RailRemoteRegion,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        self.transfer(Operation::Write, lease, source, &target, id, timeout)
     }
 
     /// `fi_read` of the peer's `source` into `destination`, striped as [`write`](Self::write).
@@ -287,7 +304,29 @@ impl RailSet {
         source: RailRemoteRegion,
         id: u64,
     ) -> Result<(), DmaError> {
-        self.transfer(Operation::Read, lease, destination, &source, id)
+        self.transfer(
+            Operation::Read,
+            lease,
+            destination,
+            &source,
+            id,
+            POST_TIMEOUT,
+        )
+    }
+
+    /// [`read`](Self::read), each stripe's post retrying backpressure for at most `timeout`.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    pub fn read_within(
+        &self,
+        lease: RailLease<'_>,
+        destination: RailSegment<'_>,
+        source: RailRemoteRegion,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        self.transfer(Operation::Read, lease, destination, &source, id, timeout)
     }
 
     fn transfer(
@@ -297,6 +336,7 @@ impl RailSet {
         local: RailSegment<'_>,
         remote: &RailRemoteRegion,
         id: u64,
+        timeout: Duration,
     ) -> Result<(), DmaError> {
         let rails = self.len();
         if lease.len() != rails || local.rails() != rails {
@@ -341,12 +381,8 @@ impl RailSet {
             let len = segment.len();
             let result = match leases.get_mut(rail).and_then(Option::take) {
                 Some(lease) => match operation {
-                    Operation::Write => {
-                        endpoint.write_within(lease, segment, target, tag, POST_TIMEOUT)
-                    }
-                    Operation::Read => {
-                        endpoint.read_within(lease, segment, target, tag, POST_TIMEOUT)
-                    }
+                    Operation::Write => endpoint.write_within(lease, segment, target, tag, timeout),
+                    Operation::Read => endpoint.read_within(lease, segment, target, tag, timeout),
                 },
                 None => Err(DmaError::InvalidArgument(format!(
                     "no lease for rail {rail}"
