@@ -262,7 +262,7 @@ impl RailSet {
     /// count, a target whose rail count is not the lease's peer's, a source longer than the
     /// target, or a segment of another rail set; otherwise as
     /// [`LibfabricEndpoint::write_within`] for the first stripe. Once a stripe is posted the
-    /// call returns `Ok`: a later stripe that cannot be posted (backpressure past a second, a
+    /// call returns `Ok`: a later stripe that cannot be posted (backpressure past the timeout, a
     /// failed `fi_write`) is the transfer's completion error, handed out once the posted stripes
     /// have completed.
     ///
