@@ -236,6 +236,75 @@ mod tests {
         stripes
     }
 
+    fn stripe_done(tag: u64, result: Result<(), DmaError>) -> Completion {
+        Completion {
+            id: tag,
+            operation: Operation::Write,
+            len: MIN_STRIPE,
+            result,
+        }
+    }
+
+    #[test]
+    fn one_completion_once_every_stripe_is_in_with_the_first_error() {
+        let transfers = Transfers::default();
+        let tag = transfers.begin(42, Operation::Write, 3 * MIN_STRIPE, 3);
+        let mut out = Vec::new();
+        assert_eq!(0, transfers.complete(stripe_done(tag, Ok(())), &mut out));
+        let failed = DmaError::InvalidArgument("stripe".into());
+        assert_eq!(
+            0,
+            transfers.complete(stripe_done(tag, Err(failed.clone())), &mut out)
+        );
+        assert!(out.is_empty(), "not before the last stripe");
+        assert_eq!(1, transfers.complete(stripe_done(tag, Ok(())), &mut out));
+        assert_eq!(
+            vec![Completion {
+                id: 42,
+                operation: Operation::Write,
+                len: 3 * MIN_STRIPE,
+                result: Err(failed),
+            }],
+            out
+        );
+        assert_eq!(0, transfers.in_flight());
+        // A completion of no transfer passes through unchanged.
+        assert_eq!(1, transfers.complete(stripe_done(999, Ok(())), &mut out));
+        assert_eq!(999, out[1].id);
+    }
+
+    #[test]
+    fn stripes_never_posted_count_as_completed_with_their_error() {
+        let transfers = Transfers::default();
+        let mut out = Vec::new();
+        // The posted stripe completes before the post of the others fails.
+        let tag = transfers.begin(1, Operation::Read, 4 * MIN_STRIPE, 4);
+        transfers.complete(stripe_done(tag, Ok(())), &mut out);
+        transfers.unposted(tag, 3, DmaError::WouldBlock);
+        assert_eq!(1, transfers.take_ready(&mut out));
+        assert_eq!(
+            (1, Err(DmaError::WouldBlock)),
+            (out[0].id, out[0].result.clone())
+        );
+        // Or after: the last posted stripe's completion hands it out.
+        out.clear();
+        let tag = transfers.begin(2, Operation::Read, 4 * MIN_STRIPE, 4);
+        transfers.unposted(tag, 2, DmaError::WouldBlock);
+        assert_eq!(0, transfers.take_ready(&mut out));
+        transfers.complete(stripe_done(tag, Ok(())), &mut out);
+        assert!(out.is_empty());
+        transfers.complete(stripe_done(tag, Ok(())), &mut out);
+        assert_eq!(
+            (2, Err(DmaError::WouldBlock)),
+            (out[0].id, out[0].result.clone())
+        );
+        assert_eq!(0, transfers.in_flight());
+        // A transfer none of whose stripes went is forgotten.
+        let tag = transfers.begin(3, Operation::Write, 4 * MIN_STRIPE, 4);
+        transfers.abandon(tag, 4);
+        assert_eq!((0, 2), (transfers.in_flight(), transfers.striped()));
+    }
+
     #[test]
     fn small_transfers_go_whole_to_one_rail() {
         assert_eq!(
