@@ -92,7 +92,11 @@
 //! another rail, and its peers are then valid for their pin (guarantee 1 is untouched), and the
 //! next resolve after the release misses on every rail and registers the client anew, from the
 //! addresses it is given then. An eviction during `quiesce` is released and quiesced in a second
-//! round, so after `quiesce` no rail holds a client evicted on another.
+//! round, so after `quiesce` no rail holds a client evicted on another. The flag cannot hide a
+//! client: the writer pushes under the queue's mutex and only then stores the flag (`Release`);
+//! a call that reads it set swaps it clear (`Acquire`) before it takes the mutex, so it finds
+//! every client pushed before that store, and a push that lands after the swap stores the flag
+//! again, for the next call.
 //!
 //! The test of the heart of this (`tests/rails_model.rs`) runs readers that resolve, lease and
 //! check both rails' entries against one incarnation while another thread restarts the client
