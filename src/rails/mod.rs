@@ -67,7 +67,12 @@
 //! AV only after the old entry's removal (cache guarantee 3), and that removal waits for `P_i`
 //! and for rail `i`'s lease. Two incarnations in one transfer would need two address sets in one
 //! `RailPeers`, and there is no way to build one: peers of different calls cannot be combined,
-//! and a call that fails or must wait hands out no peer at all.
+//! and a call that fails or must wait hands out no peer at all. (What an address set holds is
+//! the caller's: the rail set takes one call's addresses as one advertisement, as the client sent
+//! them.) Two threads resolving one client from two address sets at once (an old advertisement
+//! and a new one) may leave its registrations mixed, each rail keeping the last address it was
+//! given; each call's peers still come from its own set, and the next resolve of either set
+//! re-registers whichever rails differ.
 //!
 //! **Guarantee 2.** Addresses are checked against every rail before the first rail's writer sees
 //! a request. Past that, rails are resolved in order, rail 0 first; on the first error other than
