@@ -287,3 +287,60 @@ fn a_remote_region_round_trips_and_bad_bytes_are_refused() {
     assert!(RailRemoteRegion::new(vec![remote.rail(0), uneven]).is_err());
     assert!(RailSet::open(&Configuration::default(), &["127.0.0.1"; 9]).is_err());
 }
+
+/// Dropping a rail set whose striped read is still in flight (the target stopped progressing)
+/// drains or abandons every rail's stripe: the other rails close before rail 0, whose buffer
+/// their registrations of the region share, so no rail frees memory another may still reach.
+#[test]
+fn dropping_a_rail_set_with_stripes_in_flight_abandons_them_in_order() {
+    let client = rma_rails(2);
+    let exposed = client.register(2 * MIN_STRIPE).unwrap();
+    let addresses = addresses(&client);
+    {
+        let server = rma_rails(2);
+        let landing = server.register(2 * MIN_STRIPE).unwrap();
+        // Connect both rails (one short write each, round-robin) while the client progresses.
+        with_rails_progress(&client, || {
+            for id in 0..2 {
+                let lease = server.lease(1, &slices(&addresses)).unwrap();
+                let remote = exposed.remote().slice(0, 64).unwrap();
+                server
+                    .write(lease, landing.segment(0, 64).unwrap(), remote, id)
+                    .unwrap();
+                assert_eq!(Ok(()), server.wait_for(id, PATIENCE).unwrap().result);
+            }
+        });
+        assert!(server.bytes_per_rail().iter().all(|&bytes| 64 == bytes));
+        // The client no longer progresses: the read's stripes stay in flight.
+        let lease = server.lease(1, &slices(&addresses)).unwrap();
+        server
+            .read(
+                lease,
+                landing.segment(0, 2 * MIN_STRIPE).unwrap(),
+                exposed.remote(),
+                9,
+            )
+            .unwrap();
+        drop(landing);
+        let in_flight: usize = (0..2)
+            .map(|rail| server.rail(rail).operations_in_flight())
+            .sum();
+        assert_eq!(2, in_flight, "one stripe a rail");
+        assert_eq!(1, server.transfers_in_flight());
+    }
+    // The client is untouched, and a new server reaches it.
+    let server = rma_rails(2);
+    let landing = server.register(64).unwrap();
+    with_rails_progress(&client, || {
+        let lease = server.lease(1, &slices(&addresses)).unwrap();
+        server
+            .read(
+                lease,
+                landing.segment(0, 64).unwrap(),
+                exposed.remote().slice(0, 64).unwrap(),
+                1,
+            )
+            .unwrap();
+        assert_eq!(Ok(()), server.wait_for(1, PATIENCE).unwrap().result);
+    });
+}
