@@ -11,6 +11,8 @@
 //!   [`Lease`]s for operations in flight.
 //! - [`endpoint`]: [`LibfabricEndpoint`], a reliable-datagram endpoint that owns its AV, its
 //!   queues and a cache over that AV.
+//! - [`rails`]: [`RailSet`], one endpoint per NIC driven as one: a client resolved on every rail
+//!   at once, memory on every rail, transfers striped across them.
 //!
 //! What the types enforce: safe code posts only to a [`Peer`], which a [`Pinned`] resolve makes
 //! and which cannot outlive that pin, so it cannot post to an index the cache has removed or
@@ -44,6 +46,7 @@ pub mod cache;
 pub mod configuration;
 pub mod endpoint;
 pub mod error;
+pub mod rails;
 pub(crate) mod sync;
 
 /// The raw bindings, for code that calls libfabric itself.
@@ -60,6 +63,10 @@ pub use endpoint::{
     RemoteRegion, Segment,
 };
 pub use error::DmaError;
+pub use rails::{
+    MAX_RAILS, MIN_STRIPE, RailCaches, RailLease, RailPeers, RailRegion, RailRemoteRegion,
+    RailSegment, RailSet, RailsPinned,
+};
 
 /// The README's first program, run as a doc test so the front page cannot go stale.
 #[cfg(doctest)]

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("av", 3),
     ("cache", 4),
     ("endpoint", 5),
+    ("rails", 6),
 ];
 
 /// Root re-exports, by the module that defines them.
@@ -40,6 +41,8 @@ const ROOT_NAMES: &[(&str, &str)] = &[
     ("Pinned", "cache"),
     ("LibfabricEndpoint", "endpoint"),
     ("Description", "endpoint"),
+    ("RailSet", "rails"),
+    ("RailCaches", "rails"),
 ];
 
 fn layer(module: &str) -> Option<u32> {

@@ -710,6 +710,14 @@ impl<B: AvBackend> AddressCache<B> {
         self.core.shared.leases.force(fi_addr, leases);
     }
 
+    /// Call `hook` on the writer thread for each client an efa eviction of a live entry drops
+    /// (other than the client whose new incarnation evicted it); `false` if a hook is set already.
+    /// For the rail set, which evicts such a client on every rail. The hook must not wait for any
+    /// cache's writer.
+    pub(crate) fn on_eviction(&self, hook: Box<dyn Fn(u64) + Send + Sync>) -> bool {
+        self.core.shared.on_evict.set(hook).is_ok()
+    }
+
     /// The most leases one entry may have out at once: [`Pinned::lease`] refuses past it, and
     /// `Lease::clone` aborts the process past it (as `Arc::clone` does), so a lease counter never
     /// wraps.

@@ -284,8 +284,13 @@ pub(crate) struct Registration {
     buffer: *mut u8,
     /// The registered length, at most `memory`'s capacity.
     len: usize,
-    /// The memory, handed back to `pool` in `Drop`; `None` only inside `Drop`.
+    /// The memory, handed back to `pool` in `Drop`; `None` inside `Drop`, and for a registration
+    /// of another's memory (`shares`).
     memory: Option<Buffer>,
+    /// The registration whose memory this one registers again in another domain (a rail set's
+    /// region), held for as long as this one lives.
+    #[allow(dead_code)] // held for its `Drop`
+    shares: Option<Arc<Registration>>,
     /// The endpoint's pool.
     pool: Arc<Pool>,
     /// The domain it is registered in, so an endpoint refuses another endpoint's region.
@@ -328,16 +333,10 @@ impl Registration {
                  (MAX_REGION_LEN)"
             )));
         }
-        if 0 != mr_mode & sys::FI_MR_RAW as i32 {
-            return Err(DmaError::InvalidArgument(
-                "the provider asks for FI_MR_RAW (keys wider than 64 bits), which this crate does \
-                 not support"
-                    .into(),
-            ));
-        }
+        refuse_raw_keys(mr_mode)?;
         let memory = pool.take(len)?;
         let buffer = memory.start.as_ptr();
-        let mut registration = Self {
+        let registration = Self {
             mr: AtomicPtr::new(ptr::null_mut()),
             desc: ptr::null_mut(),
             key: 0,
@@ -345,9 +344,63 @@ impl Registration {
             buffer,
             len,
             memory: Some(memory),
+            shares: None,
             pool: Arc::clone(pool),
             domain,
         };
+        // SAFETY: the caller's promise, and `registration` owns the `len` bytes at `buffer`.
+        unsafe { registration.register(ep, mr_mode, keys) }
+    }
+
+    /// `primary`'s memory registered again, in `domain` (another endpoint's): one buffer that
+    /// peers reach through either domain, as a rail set's region is. The new registration holds
+    /// `primary`, so the memory lives (and is parked by `primary`'s endpoint) until both are
+    /// dropped; its own drop closes only its own registration.
+    ///
+    /// # Safety
+    /// As [`new`](Self::new) for `domain`, `ep` and `pool`; and `primary`'s endpoint outlives
+    /// `domain` (its pool frees the memory only once that endpoint has closed, and a transfer
+    /// admitted under this registration may still reach the memory until `domain` closes).
+    pub(crate) unsafe fn alias(
+        primary: &Arc<Registration>,
+        domain: *mut sys::fid_domain,
+        ep: *mut sys::fid_ep,
+        mr_mode: i32,
+        pool: &Arc<Pool>,
+        keys: &mut dyn FnMut() -> u64,
+    ) -> Result<Self, DmaError> {
+        refuse_raw_keys(mr_mode)?;
+        let registration = Self {
+            mr: AtomicPtr::new(ptr::null_mut()),
+            desc: ptr::null_mut(),
+            key: 0,
+            remote_base: 0,
+            buffer: primary.buffer,
+            len: primary.len,
+            memory: None,
+            shares: Some(Arc::clone(primary)),
+            pool: Arc::clone(pool),
+            domain,
+        };
+        // SAFETY: the caller's promise; the `len` bytes at `buffer` are `primary`'s, which
+        // `registration` holds until it drops, closing its registration first.
+        unsafe { registration.register(ep, mr_mode, keys) }
+    }
+
+    /// `fi_mr_reg` of this registration's `len` bytes at `buffer` in its domain, and the rest of
+    /// what `mr_mode` asks.
+    ///
+    /// # Safety
+    /// `self.domain` and `ep` are open and belong together, and stay open until `self` drops;
+    /// `self` keeps the `len` bytes at `self.buffer` alive until it drops.
+    unsafe fn register(
+        self,
+        ep: *mut sys::fid_ep,
+        mr_mode: i32,
+        keys: &mut dyn FnMut() -> u64,
+    ) -> Result<Self, DmaError> {
+        let (domain, buffer, len) = (self.domain, self.buffer, self.len);
+        let mut registration = self;
         let access =
             u64::from(sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE);
         let provider_keys = 0 != mr_mode & sys::FI_MR_PROV_KEY as i32;
@@ -447,6 +500,18 @@ impl Registration {
     }
 }
 
+/// Refuse a provider that asks for `FI_MR_RAW`, before any registration.
+fn refuse_raw_keys(mr_mode: i32) -> Result<(), DmaError> {
+    if 0 != mr_mode & sys::FI_MR_RAW as i32 {
+        return Err(DmaError::InvalidArgument(
+            "the provider asks for FI_MR_RAW (keys wider than 64 bits), which this crate does not \
+             support"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 impl Drop for Registration {
     fn drop(&mut self) {
         self.close_registration();
@@ -515,6 +580,19 @@ impl MemoryRegion<'_> {
         MemoryRegion {
             inner: self.inner,
             owner: Some(owner),
+            endpoint: PhantomData,
+        }
+    }
+
+    /// The same region with its borrow of the endpoint erased: for a rail set's region that keeps
+    /// its rail set alive through an `Arc` instead.
+    ///
+    /// # Safety
+    /// The endpoint this region is registered with outlives the returned region.
+    pub(crate) unsafe fn unbind(self) -> MemoryRegion<'static> {
+        MemoryRegion {
+            inner: self.inner,
+            owner: self.owner,
             endpoint: PhantomData,
         }
     }

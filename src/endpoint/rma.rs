@@ -448,6 +448,36 @@ impl LibfabricEndpoint {
         Ok(MemoryRegion::new(registration))
     }
 
+    /// `primary`'s memory (a region of another endpoint) registered in this endpoint's domain
+    /// too: for a rail set, whose region is one buffer registered on every rail. The new region
+    /// holds `primary`'s registration, so the memory lives until both are dropped (and is parked
+    /// by `primary`'s endpoint).
+    ///
+    /// # Safety
+    /// `primary`'s endpoint outlives this one: its pool frees the memory only once it has closed,
+    /// and a peer's transfer admitted under the new registration may reach the memory until this
+    /// endpoint's domain closes.
+    pub(crate) unsafe fn register_alias(
+        &self,
+        primary: &MemoryRegion<'_>,
+    ) -> Result<MemoryRegion<'_>, DmaError> {
+        self.check_rma()?;
+        // SAFETY: this endpoint's domain and endpoint are open and stay open until every
+        // registration of theirs is dropped (as in `register`); `primary`'s endpoint outlives
+        // this one (the caller's promise).
+        let registration = unsafe {
+            Registration::alias(
+                &primary.inner,
+                self.handles.domain,
+                self.handles.ep,
+                self.operations.mr_mode,
+                &self.operations.pool,
+                &mut || self.operations.draw_key(),
+            )
+        }?;
+        Ok(MemoryRegion::new(registration))
+    }
+
     /// How many bytes of dropped regions' memory the endpoint holds now: memory a peer's
     /// transfer admitted before the drop may still reach, so it is freed only when the endpoint
     /// drops, and reused meanwhile by later registrations of the same size class (see the

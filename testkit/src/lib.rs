@@ -332,3 +332,95 @@ impl Observer for Gate {
         }
     }
 }
+
+/// The loopback nodes of `rails` tcp rails: `127.0.0.1`, `127.0.0.2`, ...
+pub fn rail_nodes(rails: usize) -> Vec<String> {
+    (1..=rails).map(|rail| format!("127.0.0.{rail}")).collect()
+}
+
+/// A rail set of `rails` tcp rails on loopback (`127.0.0.1`, `127.0.0.2`, ...), with RMA.
+pub fn rma_rails(rails: usize) -> dma_libfabric::RailSet {
+    let configuration = Configuration {
+        rma: true,
+        ..Configuration::default()
+    };
+    let nodes = rail_nodes(rails);
+    let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    dma_libfabric::RailSet::open(&configuration, &nodes).expect("tcp rails on loopback")
+}
+
+/// [`with_progress`] for every rail of a rail set.
+pub fn with_rails_progress<R>(peer: &dma_libfabric::RailSet, body: impl FnOnce() -> R) -> R {
+    /// Sets its flag when dropped, unwinding included.
+    struct StopOnDrop<'flag>(&'flag std::sync::atomic::AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                peer.progress();
+                std::thread::yield_now();
+            }
+        });
+        let _stop = StopOnDrop(&stop);
+        body()
+    })
+}
+
+/// [`wait_for_bytes`] for a rail region.
+pub fn wait_for_rail_bytes(region: &dma_libfabric::RailRegion<'_>, offset: usize, expected: &[u8]) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let mut seen = vec![0; expected.len()];
+    loop {
+        region.read_bytes(offset, &mut seen).expect("in range");
+        if seen == expected {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bytes never landed ({} of {} differ)",
+            seen.iter().zip(expected).filter(|(a, b)| a != b).count(),
+            expected.len()
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// A global allocator that counts the allocations of the current thread only (so a writer
+/// thread's work and the test harness's do not blur the count), for a test binary that checks an
+/// allocation-free path: `#[global_allocator] static GLOBAL: CountingAllocator =
+/// CountingAllocator;`, then [`allocations`] before and after.
+pub struct CountingAllocator;
+
+std::thread_local! {
+    static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
+// const-initialised thread-local without a destructor, so touching it never allocates or
+// re-enters the allocator.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
+        // SAFETY: forwarded with the caller's layout, as GlobalAlloc requires.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, pointer: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: `pointer` came from `System.alloc` with this layout.
+        unsafe { std::alloc::System.dealloc(pointer, layout) }
+    }
+    unsafe fn realloc(&self, pointer: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
+        // SAFETY: as for `dealloc`, and `size` is the caller's.
+        unsafe { std::alloc::System.realloc(pointer, layout, size) }
+    }
+}
+
+/// How many allocations [`CountingAllocator`] has counted on this thread.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.with(std::cell::Cell::get)
+}

@@ -294,6 +294,11 @@ impl<B: AvBackend> Writer<B> {
         for holder in holders.to_vec() {
             self.unregister(holder, fi_addr);
             self.clients.remove(&holder);
+            if holder != asking {
+                if let Some(hook) = self.shared.on_evict.get() {
+                    hook(holder);
+                }
+            }
         }
         self.stats.entries -= 1;
         self.stats.evictions += 1;

@@ -191,7 +191,14 @@ pub(crate) struct Shared {
     /// Set by the outstanding deferral's closure: every reader pinned when it was deferred has
     /// unpinned.
     pub(crate) readers_gone: AtomicBool,
+    /// Told, on the writer thread, of each client an efa eviction of a live entry drops (other
+    /// than the client whose new incarnation evicted it): set once, by a rail set.
+    pub(crate) on_evict: EvictionHook,
 }
+
+/// What [`Shared::on_evict`] holds: a call per evicted client, made on the writer thread, which
+/// must not wait for any writer.
+pub(crate) type EvictionHook = std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>;
 
 impl Shared {
     pub(crate) fn new(capacity: usize) -> Self {
@@ -202,6 +209,7 @@ impl Shared {
             failures: Failures::default(),
             doorbell: Doorbell::default(),
             readers_gone: AtomicBool::new(false),
+            on_evict: EvictionHook::new(),
         }
     }
 }

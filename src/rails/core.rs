@@ -1,0 +1,389 @@
+//! The rail logic that does not care what the caches sit on: [`RailCaches`] over any
+//! [`AvBackend`] (the model AV in tests), and the same code under [`RailSet`](super::RailSet).
+//!
+//! A rail is anything that has an [`AddressCache`]: the cache itself, or a
+//! [`LibfabricEndpoint`], whose cache is its AV's. [`RailCore`] holds the rails, the queue of
+//! clients an efa eviction dropped on one rail (to be released on all), and the calls that act on
+//! every rail: pin, lease, release, quiesce. See the [module docs](super) for the ordering.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::MAX_RAILS;
+use super::resolve::{RailLease, RailsPinned};
+use crate::av::{AvBackend, FabricAv};
+use crate::cache::{AddressCache, Pinned};
+use crate::endpoint::LibfabricEndpoint;
+use crate::error::DmaError;
+
+/// What the rail logic needs of one rail: its cache.
+pub(crate) trait RailCache: Sync {
+    /// The cache's AV backend.
+    type Backend: AvBackend;
+    /// The rail's cache.
+    fn cache(&self) -> &AddressCache<Self::Backend>;
+}
+
+impl<B: AvBackend> RailCache for AddressCache<B> {
+    type Backend = B;
+    fn cache(&self) -> &AddressCache<B> {
+        self
+    }
+}
+
+impl RailCache for LibfabricEndpoint {
+    type Backend = FabricAv;
+    fn cache(&self) -> &AddressCache<FabricAv> {
+        self.peers()
+    }
+}
+
+/// The calls a [`RailsPinned`] makes on every rail, whatever the backend: object safe, so the
+/// pin carries no backend type.
+pub(crate) trait Rails: Sync {
+    /// How many rails.
+    fn count(&self) -> usize;
+    /// A pin of rail `rail`'s cache.
+    fn pin_rail(&self, rail: usize) -> Option<Pinned<'_>>;
+    /// How many rails, and how long an address each rail's AV takes.
+    fn shape(&self) -> &Shape;
+    /// Release `client` on every rail, after releasing the clients evicted meanwhile.
+    fn release_everywhere(&self, client: u64);
+}
+
+/// Clients an efa eviction dropped on some rail, which the rail set releases on every rail.
+#[derive(Default)]
+pub(crate) struct Evictions {
+    /// Whether `clients` may hold any: set (`Release`) after each push, taken (`Acquire`) before
+    /// the lock, so a call that finds it clear pays one load.
+    pending: AtomicBool,
+    clients: Mutex<Vec<u64>>,
+    /// How many clients have been evicted on every rail this way.
+    propagated: AtomicU64,
+}
+
+impl Evictions {
+    /// Called on a cache's writer thread: queue `client`. Takes a lock no writer ever waits for
+    /// while holding another's, so it cannot deadlock two writers.
+    fn push(&self, client: u64) {
+        self.clients
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(client);
+        self.pending.store(true, Ordering::Release);
+    }
+
+    /// The clients queued since the last call (deduplicated).
+    fn take(&self) -> Vec<u64> {
+        // A load first: the swap is a write, which every pin would otherwise put on this one
+        // shared cache line.
+        if !self.pending.load(Ordering::Relaxed) || !self.pending.swap(false, Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut clients =
+            std::mem::take(&mut *self.clients.lock().unwrap_or_else(PoisonError::into_inner));
+        clients.sort_unstable();
+        clients.dedup();
+        self.propagated
+            .fetch_add(clients.len() as u64, Ordering::Relaxed);
+        clients
+    }
+}
+
+/// The rails, and what acts on all of them.
+pub(crate) struct RailCore<T: RailCache> {
+    /// Rail 0 first. Dropped last to first (see `Drop`).
+    rails: Vec<T>,
+    shape: Shape,
+    evictions: Arc<Evictions>,
+}
+
+impl<T: RailCache> RailCore<T> {
+    /// Rails over `rails`, with every cache's eviction hook set to queue for the others.
+    pub(crate) fn new(rails: Vec<T>) -> Result<Self, DmaError> {
+        if rails.is_empty() || rails.len() > MAX_RAILS {
+            return Err(DmaError::InvalidArgument(format!(
+                "a rail set has 1 to {MAX_RAILS} rails, not {}",
+                rails.len()
+            )));
+        }
+        for (at, rail) in rails.iter().enumerate() {
+            if rails[..at]
+                .iter()
+                .any(|other| std::ptr::eq(other.cache(), rail.cache()))
+            {
+                return Err(DmaError::InvalidArgument(
+                    "a cache appears twice among the rails".into(),
+                ));
+            }
+        }
+        let evictions = Arc::new(Evictions::default());
+        for rail in &rails {
+            let queue = Arc::clone(&evictions);
+            if !rail
+                .cache()
+                .on_eviction(Box::new(move |client| queue.push(client)))
+            {
+                return Err(DmaError::InvalidArgument(
+                    "a cache already belongs to a rail set".into(),
+                ));
+            }
+        }
+        let mut address_lens = [0; MAX_RAILS];
+        for (len, rail) in address_lens.iter_mut().zip(&rails) {
+            *len = rail.cache().address_len();
+        }
+        Ok(Self {
+            shape: Shape {
+                count: rails.len(),
+                address_lens,
+            },
+            rails,
+            evictions,
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.rails.len()
+    }
+
+    pub(crate) fn rail(&self, rail: usize) -> &T {
+        &self.rails[rail]
+    }
+
+    pub(crate) fn rails(&self) -> &[T] {
+        &self.rails
+    }
+
+    /// Release, on every rail, each client an eviction on some rail dropped since the last call.
+    fn propagate_evictions(&self) {
+        for client in self.evictions.take() {
+            for rail in &self.rails {
+                rail.cache().release(client);
+            }
+        }
+    }
+
+    /// How many clients an eviction on one rail has released on every rail so far.
+    pub(crate) fn evictions_propagated(&self) -> u64 {
+        self.evictions.propagated.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn pin(&self) -> RailsPinned<'_> {
+        self.propagate_evictions();
+        RailsPinned::new(self)
+    }
+
+    /// Register `client` on every rail (waiting as [`AddressCache::lease`] does) and lease it
+    /// there, all or nothing.
+    pub(crate) fn lease(
+        &self,
+        client: u64,
+        addresses: &[&[u8]],
+    ) -> Result<RailLease<'_>, DmaError> {
+        check_addresses(&self.shape, addresses)?;
+        loop {
+            // Wait for every rail's registration first, holding no lease of our own while a rail
+            // waits (a parked incarnation waits for leases; two threads each holding one rail's
+            // lease and waiting on the other's rail would wait for ever).
+            for (rail, cache) in self.rails.iter().enumerate() {
+                if let Err(error) = cache.cache().lease(client, address_for(addresses, rail)) {
+                    self.release_everywhere(client);
+                    return Err(error);
+                }
+            }
+            // Then lease every rail under one pin of each: all hits unless a release or eviction
+            // came in between, which the next round registers again.
+            let pinned = self.pin();
+            match pinned.resolve(client, addresses) {
+                Ok(peers) => return pinned.lease(&peers),
+                Err(DmaError::WouldBlock) => continue,
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    pub(crate) fn release(&self, client: u64) {
+        self.release_everywhere(client);
+    }
+
+    pub(crate) fn quiesce(&self) {
+        // Twice at most: an eviction found while quiescing is released on every rail and
+        // quiesced in the second round.
+        for _ in 0..2 {
+            self.propagate_evictions();
+            for rail in &self.rails {
+                rail.cache().quiesce();
+            }
+            if !self.evictions.pending.load(Ordering::Acquire) {
+                break;
+            }
+        }
+    }
+}
+
+impl<T: RailCache> Rails for RailCore<T> {
+    fn count(&self) -> usize {
+        self.rails.len()
+    }
+
+    fn pin_rail(&self, rail: usize) -> Option<Pinned<'_>> {
+        self.rails.get(rail).map(|rail| rail.cache().pin())
+    }
+
+    fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    fn release_everywhere(&self, client: u64) {
+        self.propagate_evictions();
+        for rail in &self.rails {
+            rail.cache().release(client);
+        }
+    }
+}
+
+impl<T: RailCache> Drop for RailCore<T> {
+    /// Last rail first: a rail set's region is memory of rail 0's endpoint registered again on
+    /// the others, so rail 0 closes after every other domain that may still reach it.
+    fn drop(&mut self) {
+        while let Some(rail) = self.rails.pop() {
+            drop(rail);
+        }
+    }
+}
+
+/// The address local rail `rail` uses: the peer's rail `rail mod m` of its `m`.
+pub(crate) fn address_for<'a>(addresses: &[&'a [u8]], rail: usize) -> &'a [u8] {
+    match addresses.len() {
+        0 => &[],
+        m => addresses[rail % m],
+    }
+}
+
+/// Refuse a wrong number of addresses, or an address of the wrong length or all zero bytes for
+/// the rail that would use it, before any rail's writer is asked anything.
+/// How many rails, and each rail's address length: what checking addresses needs, read without
+/// a call through `dyn Rails`.
+pub(crate) struct Shape {
+    pub(crate) count: usize,
+    address_lens: [usize; MAX_RAILS],
+}
+
+pub(crate) fn check_addresses(rails: &Shape, addresses: &[&[u8]]) -> Result<(), DmaError> {
+    if addresses.is_empty() || addresses.len() > MAX_RAILS {
+        return Err(DmaError::InvalidArgument(format!(
+            "a peer advertises 1 to {MAX_RAILS} rail addresses, not {}",
+            addresses.len()
+        )));
+    }
+    for (rail, &expected) in rails.address_lens[..rails.count].iter().enumerate() {
+        let address = address_for(addresses, rail);
+        if address.len() != expected {
+            return Err(DmaError::InvalidAddress(format!(
+                "rail {rail} takes {expected}-byte addresses; the peer's rail {} gave {}",
+                rail % addresses.len(),
+                address.len()
+            )));
+        }
+        if address.iter().all(|&byte| 0 == byte) {
+            return Err(DmaError::InvalidAddress(format!(
+                "the peer's rail {} address is all zero bytes (advertised before it had one)",
+                rail % addresses.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The rail logic over caches of any backend: what [`RailSet`](super::RailSet) runs over its
+/// endpoints' caches, here over caches you build, such as [`ModelAv`](crate::ModelAv) ones with
+/// efa's address rules. Pinning, resolving, leasing, releasing and quiescing behave exactly as on
+/// a [`RailSet`](super::RailSet) (the same code runs); it has no endpoints, so no memory and no
+/// RMA.
+///
+/// ```
+/// use dma_libfabric::{AddressCache, AddressFormat, ModelAv, RailCaches};
+///
+/// let avs = [ModelAv::new(AddressFormat::Opaque), ModelAv::new(AddressFormat::Opaque)];
+/// let rails = RailCaches::new(avs.iter().map(|av| AddressCache::with_backend(av.clone())).collect())?;
+/// let addresses: [&[u8]; 2] = [&[1; 16], &[2; 16]];
+/// let pinned = rails.pin();
+/// let peers = pinned.resolve(7, &addresses)?;
+/// assert_eq!(Some(vec![2; 16]), avs[1].lookup(peers.rail(1).fi_addr()));
+/// drop(pinned);
+/// rails.release(7);
+/// rails.quiesce();
+/// assert!(avs.iter().all(ModelAv::is_empty));
+/// # Ok::<(), dma_libfabric::DmaError>(())
+/// ```
+pub struct RailCaches<B: AvBackend> {
+    core: RailCore<AddressCache<B>>,
+}
+
+impl<B: AvBackend> std::fmt::Debug for RailCaches<B> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("RailCaches")
+            .field("rails", &self.core.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: AvBackend> RailCaches<B> {
+    /// Rails over `caches`, rail 0 first.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for no caches or more than [`MAX_RAILS`].
+    pub fn new(caches: Vec<AddressCache<B>>) -> Result<Self, DmaError> {
+        Ok(Self {
+            core: RailCore::new(caches)?,
+        })
+    }
+
+    /// How many rails.
+    pub fn len(&self) -> usize {
+        self.core.len()
+    }
+
+    /// Always `false`: a rail set has at least one rail.
+    pub fn is_empty(&self) -> bool {
+        0 == self.core.len()
+    }
+
+    /// Rail `rail`'s cache.
+    ///
+    /// # Panics
+    /// If `rail >= len()`, as slice indexing does.
+    pub fn rail(&self, rail: usize) -> &AddressCache<B> {
+        self.core.rail(rail)
+    }
+
+    /// As [`RailSet::pin`](super::RailSet::pin).
+    pub fn pin(&self) -> RailsPinned<'_> {
+        self.core.pin()
+    }
+
+    /// As [`RailSet::lease`](super::RailSet::lease).
+    ///
+    /// # Errors
+    /// As [`RailSet::lease`](super::RailSet::lease).
+    pub fn lease(&self, client: u64, addresses: &[&[u8]]) -> Result<RailLease<'_>, DmaError> {
+        self.core.lease(client, addresses)
+    }
+
+    /// As [`RailSet::release`](super::RailSet::release).
+    pub fn release(&self, client: u64) {
+        self.core.release(client);
+    }
+
+    /// As [`RailSet::quiesce`](super::RailSet::quiesce).
+    pub fn quiesce(&self) {
+        self.core.quiesce();
+    }
+
+    /// How many clients an efa eviction on one rail has released on every rail so far.
+    pub fn evictions_propagated(&self) -> u64 {
+        self.core.evictions_propagated()
+    }
+}

@@ -1,0 +1,477 @@
+//! [`RailSet`]: one endpoint per NIC, and the calls that act on all of them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::MAX_RAILS;
+use super::core::RailCore;
+use super::region::{RailRegion, RailRemoteRegion, RailSegment};
+use super::resolve::{RailLease, RailsPinned};
+use super::stripe::{Transfers, plan};
+use crate::configuration::Configuration;
+use crate::endpoint::{Completion, LibfabricEndpoint, Operation, RemoteRegion, Segment};
+use crate::error::DmaError;
+
+/// How long a stripe's post retries backpressure before the transfer gives up on it, for
+/// [`RailSet::write`] and [`RailSet::read`] (as for [`LibfabricEndpoint::write`]).
+const POST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One [`LibfabricEndpoint`] per NIC, driven as one: a client is resolved and leased on every
+/// rail at once, memory is registered on every rail, and large transfers are striped across the
+/// rails. See the [module docs](super) for the mapping and the guarantees.
+///
+/// ```
+/// use dma_libfabric::{Configuration, RailSet};
+///
+/// let server = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"])?;
+/// let client = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"])?;
+/// let addresses = client.local_addresses(); // what a client sends its peers
+/// let addresses: Vec<&[u8]> = addresses.iter().map(Vec::as_slice).collect();
+///
+/// let pinned = server.pin();
+/// let peers = pinned.resolve(7, &addresses)?;
+/// for rail in 0..server.len() {
+///     let address = server.rail(rail).lookup(peers.rail(rail).fi_addr())?;
+///     assert_eq!(Some(addresses[rail]), address.as_deref());
+/// }
+/// drop(pinned);
+/// server.release(7);
+/// server.quiesce();
+/// assert!((0..server.len()).all(|rail| 0 == server.rail(rail).peers().stats().entries));
+/// # Ok::<(), dma_libfabric::DmaError>(())
+/// ```
+pub struct RailSet {
+    core: RailCore<LibfabricEndpoint>,
+    addresses: Vec<Vec<u8>>,
+    transfers: Transfers,
+    /// Bytes posted on each rail.
+    bytes: [AtomicU64; MAX_RAILS],
+}
+
+impl std::fmt::Debug for RailSet {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("RailSet")
+            .field("rails", &self.core.len())
+            .field("transfers_in_flight", &self.transfers.in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RailSet {
+    /// Open one endpoint per node of `nodes` with `configuration`, rail 0 first: on this machine,
+    /// tcp rails bound to `127.0.0.1`, `127.0.0.2`, and so on; on an efa host, one per device.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for no nodes or more than [`MAX_RAILS`](super::MAX_RAILS);
+    /// whatever [`LibfabricEndpoint::open`] or `local_address` answers for a node (the rails
+    /// opened before it are closed).
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, DmaError, RailSet};
+    ///
+    /// let rails = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"])?;
+    /// assert_eq!(2, rails.len());
+    /// assert!(matches!(RailSet::open(&Configuration::default(), &[]), Err(DmaError::InvalidArgument(_))));
+    /// # Ok::<(), DmaError>(())
+    /// ```
+    pub fn open(configuration: &Configuration, nodes: &[&str]) -> Result<Self, DmaError> {
+        if nodes.is_empty() || nodes.len() > MAX_RAILS {
+            return Err(DmaError::InvalidArgument(format!(
+                "a rail set has 1 to {MAX_RAILS} rails, not {}",
+                nodes.len()
+            )));
+        }
+        let mut rails = Vec::with_capacity(nodes.len());
+        let mut addresses = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let rail = LibfabricEndpoint::open(configuration, Some(node))?;
+            addresses.push(rail.local_address()?);
+            rails.push(rail);
+        }
+        Ok(Self {
+            core: RailCore::new(rails)?,
+            addresses,
+            transfers: Transfers::default(),
+            bytes: std::array::from_fn(|_| AtomicU64::new(0)),
+        })
+    }
+
+    /// How many rails.
+    pub fn len(&self) -> usize {
+        self.core.len()
+    }
+
+    /// Always `false`: a rail set has at least one rail.
+    pub fn is_empty(&self) -> bool {
+        0 == self.core.len()
+    }
+
+    /// Rail `rail`'s endpoint: for sends and receives on it. RMA on a rail goes through the set
+    /// ([`write`](Self::write), [`read`](Self::read)), whose
+    /// [`poll_completions`](Self::poll_completions) reads every rail's completions.
+    ///
+    /// # Panics
+    /// If `rail >= len()`, as slice indexing does.
+    pub fn rail(&self, rail: usize) -> &LibfabricEndpoint {
+        self.core.rail(rail)
+    }
+
+    /// Every rail's address, rail 0 first: what a client sends its peers, which give it to
+    /// [`RailsPinned::resolve`] or [`lease`](Self::lease).
+    pub fn local_addresses(&self) -> Vec<Vec<u8>> {
+        self.addresses.clone()
+    }
+
+    /// Pin every rail's cache (see [`RailsPinned`]). First releases on every rail each client an
+    /// efa eviction dropped on some rail since the last call (module docs, guarantee 3).
+    pub fn pin(&self) -> RailsPinned<'_> {
+        self.core.pin()
+    }
+
+    /// A [`RailLease`] on `client` on every rail, without a pin: registers it on every rail (on
+    /// a miss, through each rail's writer) and leases it there. Blocks as
+    /// [`AddressCache::lease`](crate::AddressCache::lease) does, rail by rail, holding no lease
+    /// of its own while a rail waits; all or nothing.
+    ///
+    /// # Errors
+    /// As [`RailsPinned::resolve`], except `WouldBlock`; and as
+    /// [`AddressCache::lease`](crate::AddressCache::lease) for each rail (refused rather than a
+    /// wait on the calling thread's own pin or lease). On an error `client` is released on every
+    /// rail (bad input aside, which changes nothing).
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, RailSet};
+    ///
+    /// let server = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"])?;
+    /// let client = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"])?;
+    /// let addresses = client.local_addresses();
+    /// let addresses: Vec<&[u8]> = addresses.iter().map(Vec::as_slice).collect();
+    /// let lease = server.lease(1, &addresses)?;
+    /// server.release(1);
+    /// server.quiesce();
+    /// // Released, but the lease holds both rails' entries in their AVs until it is dropped.
+    /// assert_eq!(Some(addresses[1]), server.rail(1).lookup(lease.rail(1).fi_addr())?.as_deref());
+    /// assert_eq!(1, server.rail(1).peers().stats().removals_awaiting_leases);
+    /// drop(lease);
+    /// server.quiesce();
+    /// assert_eq!(0, server.rail(1).peers().stats().entries);
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn lease(&self, client: u64, addresses: &[&[u8]]) -> Result<RailLease<'_>, DmaError> {
+        self.core.lease(client, addresses)
+    }
+
+    /// Let go of `client` on every rail. Returns at once (see
+    /// [`AddressCache::release`](crate::AddressCache::release)).
+    pub fn release(&self, client: u64) {
+        self.core.release(client);
+    }
+
+    /// [`AddressCache::quiesce`](crate::AddressCache::quiesce) on every rail, after releasing
+    /// everywhere the clients an eviction dropped on one rail.
+    pub fn quiesce(&self) {
+        self.core.quiesce();
+    }
+
+    /// How many clients an efa eviction on one rail has released on every rail so far.
+    pub fn evictions_propagated(&self) -> u64 {
+        self.core.evictions_propagated()
+    }
+
+    /// Register `len` bytes of fresh zeroed memory on every rail: one buffer (rail 0's), under
+    /// each rail's own key.
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::register`], for any rail; nothing stays registered.
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, RailRemoteRegion, RailSet};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let rails = RailSet::open(&configuration, &["127.0.0.1", "127.0.0.2"])?;
+    /// let region = rails.register(1 << 20)?;
+    /// region.write_bytes(0, b"one buffer")?;
+    /// let remote = region.remote(); // one key per rail, one length
+    /// assert_eq!((2, 1 << 20), (remote.len(), remote.region_len()));
+    /// assert_ne!(remote.rail(0).key, remote.rail(1).key);
+    /// assert_eq!(remote, RailRemoteRegion::from_bytes(&remote.to_bytes())?);
+    /// assert!(region.segment(1 << 19, 1 << 19).is_ok());
+    /// assert!(region.segment(1 << 19, (1 << 19) + 1).is_err());
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn register(&self, len: usize) -> Result<RailRegion<'_>, DmaError> {
+        let primary = self.core.rail(0).register(len)?;
+        let mut regions = Vec::with_capacity(self.len());
+        for rail in &self.core.rails()[1..] {
+            // SAFETY: rail 0's endpoint outlives every other rail's: `RailCore` drops its rails
+            // last to first.
+            regions.push(unsafe { rail.register_alias(&primary) }?);
+        }
+        regions.insert(0, primary);
+        Ok(RailRegion {
+            regions,
+            owner: None,
+        })
+    }
+
+    /// [`register`](Self::register) for a rail set shared through an `Arc`: the region keeps the
+    /// rail set alive rather than borrowing it, so it can be stored beside it (a client that
+    /// advertises its memory for as long as it lives).
+    ///
+    /// # Errors
+    /// As `register`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use dma_libfabric::{Configuration, RailRegion, RailSet};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let rails = Arc::new(RailSet::open(&configuration, &["127.0.0.1", "127.0.0.2"])?);
+    /// let region: RailRegion<'static> = rails.register_shared(64)?;
+    /// drop(rails); // the region still holds it
+    /// assert_eq!((64, 2), (region.len(), region.remote().len()));
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn register_shared(
+        self: &std::sync::Arc<Self>,
+        len: usize,
+    ) -> Result<RailRegion<'static>, DmaError> {
+        let region = self.register(len)?;
+        let regions = region
+            .regions
+            .into_iter()
+            // SAFETY: the returned region holds an `Arc` of the rail set, declared after its
+            // registrations, so every rail's endpoint outlives them.
+            .map(|region| unsafe { region.unbind() })
+            .collect();
+        Ok(RailRegion {
+            regions,
+            owner: Some(std::sync::Arc::clone(self)),
+        })
+    }
+
+    /// `fi_write` of `source` into the peer's `target`, striped across the rails (see
+    /// [`MIN_STRIPE`](super::MIN_STRIPE)): rail `i`'s stripe goes to the peer's rail
+    /// `i mod target.len()` under rail `i`'s lease, which it holds until its completion has been
+    /// read. [`poll_completions`](Self::poll_completions) gives one [`Completion`] with `id` once
+    /// every stripe has completed, carrying the first stripe error if any.
+    ///
+    /// # Errors
+    /// Nothing is posted on an error: [`DmaError::InvalidArgument`] for a lease of another rail
+    /// count, a target whose rail count is not the lease's peer's, a source longer than the
+    /// target, or a segment of another rail set; otherwise as
+    /// [`LibfabricEndpoint::write_within`] for the first stripe. Once a stripe is posted the
+    /// call returns `Ok`: a later stripe that cannot be posted (backpressure past the timeout, a
+    /// failed `fi_write`) is the transfer's completion error, handed out once the posted stripes
+    /// have completed.
+    ///
+    /// The [module docs](super) have an example.
+    pub fn write(
+        &self,
+        lease: RailLease<'_>,
+        source: RailSegment<'_>,
+        target: RailRemoteRegion,
+        id: u64,
+    ) -> Result<(), DmaError> {
+        self.transfer(Operation::Write, lease, source, &target, id, POST_TIMEOUT)
+    }
+
+    /// [`write`](Self::write), each stripe's post retrying backpressure for at most `timeout`
+    /// (any `Duration`, as for [`LibfabricEndpoint::write_within`]).
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    pub fn write_within(
+        &self,
+        lease: RailLease<'_>,
+        source: RailSegment<'_>,
+        target: RailRemoteRegion,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        self.transfer(Operation::Write, lease, source, &target, id, timeout)
+    }
+
+    /// `fi_read` of the peer's `source` into `destination`, striped as [`write`](Self::write).
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    pub fn read(
+        &self,
+        lease: RailLease<'_>,
+        destination: RailSegment<'_>,
+        source: RailRemoteRegion,
+        id: u64,
+    ) -> Result<(), DmaError> {
+        self.transfer(
+            Operation::Read,
+            lease,
+            destination,
+            &source,
+            id,
+            POST_TIMEOUT,
+        )
+    }
+
+    /// [`read`](Self::read), each stripe's post retrying backpressure for at most `timeout`.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    pub fn read_within(
+        &self,
+        lease: RailLease<'_>,
+        destination: RailSegment<'_>,
+        source: RailRemoteRegion,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        self.transfer(Operation::Read, lease, destination, &source, id, timeout)
+    }
+
+    fn transfer(
+        &self,
+        operation: Operation,
+        lease: RailLease<'_>,
+        local: RailSegment<'_>,
+        remote: &RailRemoteRegion,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        let rails = self.len();
+        if lease.len() != rails || local.rails() != rails {
+            return Err(DmaError::InvalidArgument(format!(
+                "a lease of {} rails and a segment of {} rails, for a rail set of {rails}",
+                lease.len(),
+                local.rails()
+            )));
+        }
+        if remote.len() != lease.remote_rails() {
+            return Err(DmaError::InvalidArgument(format!(
+                "the remote region names {} rails; the peer advertised {}",
+                remote.len(),
+                lease.remote_rails()
+            )));
+        }
+        if local.len() as u64 > remote.region_len() {
+            return Err(DmaError::InvalidArgument(format!(
+                "{} local bytes do not fit the {}-byte remote region",
+                local.len(),
+                remote.region_len()
+            )));
+        }
+        let stripes = plan(local.len(), rails, self.transfers.next_rail(rails));
+        // Every stripe's pieces first, so a bad one posts nothing.
+        let mut posts: Vec<(usize, Segment<'_>, RemoteRegion)> = Vec::with_capacity(stripes.len());
+        for stripe in &stripes {
+            posts.push((
+                stripe.rail,
+                local.on_rail(stripe.rail, stripe.offset, stripe.len)?,
+                remote
+                    .rail(stripe.rail % remote.len())
+                    .slice(stripe.offset as u64, stripe.len as u64)?,
+            ));
+        }
+        let mut leases: Vec<_> = lease.leases.into_iter().map(Some).collect();
+        let tag = self
+            .transfers
+            .begin(id, operation, local.len(), stripes.len());
+        for (posted, (rail, segment, target)) in posts.into_iter().enumerate() {
+            let endpoint = self.core.rail(rail);
+            let len = segment.len();
+            let result = match leases.get_mut(rail).and_then(Option::take) {
+                Some(lease) => match operation {
+                    Operation::Write => endpoint.write_within(lease, segment, target, tag, timeout),
+                    Operation::Read => endpoint.read_within(lease, segment, target, tag, timeout),
+                },
+                None => Err(DmaError::InvalidArgument(format!(
+                    "no lease for rail {rail}"
+                ))),
+            };
+            match result {
+                Ok(()) => {
+                    if let Some(bytes) = self.bytes.get(rail) {
+                        bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    }
+                }
+                Err(error) if 0 == posted => {
+                    self.transfers.abandon(tag, stripes.len());
+                    return Err(error);
+                }
+                Err(error) => {
+                    self.transfers.unposted(tag, stripes.len() - posted, error);
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Read every rail's completions and move into `out` the completion of each transfer whose
+    /// last stripe has completed (one per transfer, with the `id` it was posted with). Any thread
+    /// may call it; each completion is handed out once. Returns how many it added.
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::poll_completions`].
+    pub fn poll_completions(&self, out: &mut Vec<Completion>) -> Result<usize, DmaError> {
+        let mut added = self.transfers.take_ready(out);
+        let mut stripes = Vec::new();
+        for rail in self.core.rails() {
+            rail.poll_completions(&mut stripes)?;
+            for stripe in stripes.drain(..) {
+                added += self.transfers.complete(stripe, out);
+            }
+        }
+        Ok(added + self.transfers.take_ready(out))
+    }
+
+    /// Wait up to `timeout` for the completion of the transfer posted with `id`, driving
+    /// progress on every rail; other completions stay for
+    /// [`poll_completions`](Self::poll_completions). For tests and simple callers.
+    ///
+    /// # Errors
+    /// [`DmaError::WouldBlock`] when it has not completed within `timeout`.
+    pub fn wait_for(&self, id: u64, timeout: Duration) -> Result<Completion, DmaError> {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut ready = Vec::new();
+        loop {
+            self.poll_completions(&mut ready)?;
+            if let Some(position) = ready.iter().position(|completion| completion.id == id) {
+                let completion = ready.swap_remove(position);
+                self.transfers.put_back(ready);
+                return Ok(completion);
+            }
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                self.transfers.put_back(ready);
+                return Err(DmaError::WouldBlock);
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Drive progress on every rail: a tcp target progresses the transfers into its memory only
+    /// while it calls libfabric.
+    pub fn progress(&self) {
+        for rail in self.core.rails() {
+            rail.progress();
+        }
+    }
+
+    /// Bytes posted on each rail so far, rail 0 first.
+    pub fn bytes_per_rail(&self) -> Vec<u64> {
+        self.bytes[..self.len()]
+            .iter()
+            .map(|bytes| bytes.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// How many transfers were cut into more than one stripe so far.
+    pub fn striped_transfers(&self) -> u64 {
+        self.transfers.striped()
+    }
+
+    /// How many transfers are in flight: posted, completion not yet handed out.
+    pub fn transfers_in_flight(&self) -> usize {
+        self.transfers.in_flight()
+    }
+}
