@@ -157,10 +157,6 @@ const LONGER: &[(&str, &str)] = &[
         "AddressCache's public API, whose docs are most of it; not split yet",
     ),
     (
-        "cache/writer.rs",
-        "the writer's state and its loop; not split yet",
-    ),
-    (
         "endpoint/rma.rs",
         "one concept: operations in flight, from posting to their completion",
     ),
