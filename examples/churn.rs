@@ -181,6 +181,13 @@ struct Client {
     advert: RwLock<Option<Advert>>,
 }
 
+impl Client {
+    /// What the client advertises now: `None` while it restarts (or if its lock was poisoned).
+    fn advert(&self) -> Option<Advert> {
+        self.advert.read().ok().and_then(|advert| advert.clone())
+    }
+}
+
 /// Counters only one posting thread writes.
 #[derive(Debug, Default)]
 struct PostStats {
@@ -595,12 +602,7 @@ fn post(world: &World, seed: u64, stats: &PostStats) -> Samples {
     let cache = world.server.peers();
     while !world.stop_posting.load(Ordering::Relaxed) {
         let id = random.below(clients);
-        let Some(advert) = world.clients[id as usize]
-            .advert
-            .read()
-            .ok()
-            .and_then(|advert| advert.clone())
-        else {
+        let Some(advert) = world.clients[id as usize].advert() else {
             continue; // restarting
         };
         sequence += 1;
@@ -652,12 +654,7 @@ fn post_rma(world: &World, thread_index: usize, seed: u64, stats: &PostStats) ->
             continue;
         }
         let id = random.below(clients);
-        let Some(advert) = world.clients[id as usize]
-            .advert
-            .read()
-            .ok()
-            .and_then(|advert| advert.clone())
-        else {
+        let Some(advert) = world.clients[id as usize].advert() else {
             continue; // restarting
         };
         let Some(remote) = advert
@@ -745,12 +742,7 @@ fn post_rails(
             continue;
         }
         let id = random.below(clients);
-        let Some(advert) = world.clients[id as usize]
-            .advert
-            .read()
-            .ok()
-            .and_then(|advert| advert.clone())
-        else {
+        let Some(advert) = world.clients[id as usize].advert() else {
             continue; // restarting
         };
         let Some((addresses, memory)) = &advert.rails else {

@@ -5,12 +5,39 @@
 
 use std::time::Duration;
 
-use dma_libfabric::OverdueOperation;
+use dma_libfabric::{Completion, LibfabricEndpoint, MemoryRegion, OverdueOperation, RemoteRegion};
 use testkit::{PATIENCE, rma_tcp, with_progress};
 
 /// Large enough that a few writes of it cannot all fit in loopback's socket buffers.
 const CHUNK: usize = 16 << 20;
 const WRITES: u64 = 4;
+
+/// Post `WRITES` writes of `CHUNK` bytes to client 1 at `address`, ids 1 to `WRITES`, then drive
+/// the server for a while; hands back the completions read meanwhile.
+fn post_more_than_the_sockets_hold(
+    server: &LibfabricEndpoint,
+    address: &[u8],
+    source: &MemoryRegion<'_>,
+    target: RemoteRegion,
+) -> Vec<Completion> {
+    for id in 1..=WRITES {
+        let lease = server.peers().lease(1, address).expect("a lease");
+        server
+            .write_within(
+                lease,
+                source.segment(0, CHUNK).expect("segment"),
+                target.slice(0, CHUNK as u64).expect("slice"),
+                id,
+                PATIENCE,
+            )
+            .expect("posted");
+    }
+    let mut done = Vec::new();
+    for _ in 0..1000 {
+        server.poll_completions(&mut done).expect("poll");
+    }
+    done
+}
 
 #[test]
 fn an_endpoint_with_nothing_in_flight_has_no_age_and_nothing_overdue() {
@@ -48,24 +75,9 @@ fn writes_to_a_peer_that_stops_progressing_grow_old_and_complete_once_it_progres
     assert_eq!(None, server.oldest_operation_age());
 
     // The client stops progressing: its sockets fill, and the writes stay in flight.
-    for id in 1..=WRITES {
-        let lease = server.peers().lease(1, &address).expect("a lease");
-        server
-            .write_within(
-                lease,
-                source.segment(0, CHUNK).expect("segment"),
-                target.remote().slice(0, CHUNK as u64).expect("slice"),
-                id,
-                PATIENCE,
-            )
-            .expect("posted");
-    }
-    // Drive the server for a while: what the sockets take completes, the rest cannot (the
-    // kernel's socket buffers are a few MiB; the client reads nothing).
-    let mut done = Vec::new();
-    for _ in 0..1000 {
-        server.poll_completions(&mut done).expect("poll");
-    }
+    // What the sockets take completes, the rest cannot (the kernel's socket buffers are a few
+    // MiB; the client reads nothing).
+    let done = post_more_than_the_sockets_hold(&server, &address, &source, target.remote());
     let in_flight = server.operations_in_flight();
     assert!(in_flight > 0, "64 MiB cannot all be in loopback's sockets");
     let first = server
@@ -170,8 +182,7 @@ fn writes_to_a_killed_peer_process_complete_and_its_entry_goes() {
     };
     let mut fields = announced.split_whitespace().skip(1);
     let address = unhex(fields.next().expect("address"));
-    let region = dma_libfabric::RemoteRegion::from_bytes(&unhex(fields.next().expect("region")))
-        .expect("region");
+    let region = RemoteRegion::from_bytes(&unhex(fields.next().expect("region"))).expect("region");
 
     let server = rma_tcp();
     let source = server.register(CHUNK).expect("server memory");
@@ -188,22 +199,7 @@ fn writes_to_a_killed_peer_process_complete_and_its_entry_goes() {
     server.wait_for(100, PATIENCE).expect("completed");
     let mut stdin = child.stdin.take().expect("piped");
     std::io::Write::write_all(&mut stdin, b"h").expect("tell the peer to hold");
-    for id in 1..=WRITES {
-        let lease = server.peers().lease(1, &address).expect("a lease");
-        server
-            .write_within(
-                lease,
-                source.segment(0, CHUNK).expect("segment"),
-                region.slice(0, CHUNK as u64).expect("slice"),
-                id,
-                PATIENCE,
-            )
-            .expect("posted");
-    }
-    let mut done = Vec::new();
-    for _ in 0..1000 {
-        server.poll_completions(&mut done).expect("poll");
-    }
+    let done = post_more_than_the_sockets_hold(&server, &address, &source, region);
     assert!(
         server.operations_in_flight() > 0,
         "a peer that does not progress cannot take 64 MiB"

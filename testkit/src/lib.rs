@@ -90,6 +90,18 @@ pub fn rma_tcp() -> LibfabricEndpoint {
 /// of RMA accepts the connection and lands or answers it only while it reads its queues). The
 /// helper thread stops when `body` returns or panics.
 pub fn with_progress<R>(peer: &LibfabricEndpoint, body: impl FnOnce() -> R) -> R {
+    while_driving(
+        || {
+            peer.progress();
+            let _ = peer.try_receive();
+        },
+        body,
+    )
+}
+
+/// Run `body` while another thread calls `step` over and over; that thread stops when `body`
+/// returns or panics. What [`with_progress`] and [`with_rails_progress`] share.
+fn while_driving<R>(step: impl Fn() + Sync, body: impl FnOnce() -> R) -> R {
     /// Sets its flag when dropped, unwinding included.
     struct StopOnDrop<'flag>(&'flag std::sync::atomic::AtomicBool);
     impl Drop for StopOnDrop<'_> {
@@ -101,8 +113,7 @@ pub fn with_progress<R>(peer: &LibfabricEndpoint, body: impl FnOnce() -> R) -> R
     std::thread::scope(|scope| {
         scope.spawn(|| {
             while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                peer.progress();
-                let _ = peer.try_receive();
+                step();
                 std::thread::yield_now();
             }
         });
@@ -351,24 +362,7 @@ pub fn rma_rails(rails: usize) -> dma_libfabric::RailSet {
 
 /// [`with_progress`] for every rail of a rail set.
 pub fn with_rails_progress<R>(peer: &dma_libfabric::RailSet, body: impl FnOnce() -> R) -> R {
-    /// Sets its flag when dropped, unwinding included.
-    struct StopOnDrop<'flag>(&'flag std::sync::atomic::AtomicBool);
-    impl Drop for StopOnDrop<'_> {
-        fn drop(&mut self) {
-            self.0.store(true, std::sync::atomic::Ordering::Release);
-        }
-    }
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                peer.progress();
-                std::thread::yield_now();
-            }
-        });
-        let _stop = StopOnDrop(&stop);
-        body()
-    })
+    while_driving(|| peer.progress(), body)
 }
 
 /// [`wait_for_bytes`] for a rail region.
