@@ -75,6 +75,16 @@ pub enum DmaError {
         "the address cache's writer is busy: its inbox is full and nothing was queued; try again"
     )]
     Busy,
+    /// The provider reported the peer's connection refused, reset or otherwise given up, so the
+    /// operation was not (or will never be) delivered. Returned at once, not after a retry
+    /// budget, and by every later operation to the same peer until it is resolved anew.
+    #[error("peer {peer:#x} is unreachable: {reason}")]
+    PeerUnreachable {
+        /// The peer's `fi_addr_t`, as the operation was posted against it.
+        peer: u64,
+        /// What the provider said (its error text and code).
+        reason: String,
+    },
 }
 
 impl DmaError {
