@@ -234,6 +234,13 @@ pub struct Configuration {
     /// rxm's buffer sizes. They take effect only once applied to the environment before
     /// libfabric initialises; see [`apply_rxm_environment`](Self::apply_rxm_environment).
     pub rxm: RxmSizing,
+    /// The longest any call of the endpoint's address cache waits
+    /// ([`AddressCache::with_patience`](crate::AddressCache::with_patience)): a blocking lease
+    /// whose new incarnation waits for an old one's removal answers
+    /// [`DmaError::OutOfPatience`] after it, whatever timeout it was given. Default
+    /// [`AddressCache::DEFAULT_PATIENCE`](crate::AddressCache::DEFAULT_PATIENCE), 5 s; at most
+    /// [`MAX_CACHE_PATIENCE`](Self::MAX_CACHE_PATIENCE).
+    pub cache_patience: std::time::Duration,
 }
 
 impl Configuration {
@@ -374,8 +381,32 @@ impl Configuration {
                 self.receive_buffers, self.cq_size, self.rx_size, self.receive_buffers
             )));
         }
+        if self.cache_patience > Self::MAX_CACHE_PATIENCE {
+            return Err(DmaError::InvalidArgument(format!(
+                "cache_patience is {:?}, above the bound of {:?} \
+                 (Configuration::MAX_CACHE_PATIENCE)",
+                self.cache_patience,
+                Self::MAX_CACHE_PATIENCE
+            )));
+        }
         Ok(())
     }
+
+    /// The default [`cache_patience`](Self::cache_patience): 5 s, the cache's own
+    /// [`AddressCache::DEFAULT_PATIENCE`](crate::AddressCache::DEFAULT_PATIENCE).
+    pub const DEFAULT_CACHE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
+    /// The longest [`cache_patience`](Self::cache_patience) may be: an hour. A wait longer than
+    /// that is a hung server, not a patient one.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dma_libfabric::{Configuration, DmaError};
+    ///
+    /// let endless = Configuration { cache_patience: Duration::MAX, ..Configuration::default() };
+    /// assert!(matches!(endless.validate(), Err(DmaError::InvalidArgument(_))));
+    /// ```
+    pub const MAX_CACHE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3600);
 
     /// The `FI_OFI_RXM_*` variables and values [`rxm`](Self::rxm) asks for, for a launcher to
     /// set, or for [`apply_rxm_environment`](Self::apply_rxm_environment).
@@ -450,6 +481,7 @@ impl Default for Configuration {
             cq_size: 512,
             rxm: RxmSizing::default(),
             rma: false,
+            cache_patience: Self::DEFAULT_CACHE_PATIENCE,
         }
     }
 }

@@ -85,6 +85,26 @@ pub enum DmaError {
         /// What the provider said (its error text and code).
         reason: String,
     },
+    /// A blocking call of the address cache ([`AddressCache::lease`](crate::AddressCache::lease),
+    /// `lease_all`, `lease_within`, a rail set's lease) waited as long as the cache's patience
+    /// allows ([`Configuration::cache_patience`](crate::Configuration::cache_patience)) for a new
+    /// incarnation whose old one has not left the address vector yet. The request stays queued:
+    /// once the old incarnation's leases are dropped and its readers unpinned, the same call
+    /// finds the entry. A thread that holds one of those leases itself (wherever it was taken)
+    /// must drop it first.
+    #[error(
+        "client {client} waited out the address cache's patience: the old incarnation it waits \
+         behind still has {leases} lease(s) out and has waited {held_for:?} for its removal"
+    )]
+    OutOfPatience {
+        /// The client whose entry waited.
+        client: u64,
+        /// How many leases the old incarnation had out when the wait ended (0 while it waits for
+        /// readers pinned at its unlink, or when the writer did not answer in time).
+        leases: u64,
+        /// How long the old incarnation had been waiting for its removal when the wait ended.
+        held_for: std::time::Duration,
+    },
 }
 
 impl DmaError {

@@ -1,5 +1,5 @@
-//! The cache core at its edges: a lease counter at its bound, a lease call that would wait on the
-//! caller's own lease, removals held by leases reported by the last drop.
+//! The cache core at its edges: a lease counter at its bound, a lease call that waits on the
+//! caller's own lease (ended by the patience), removals held by leases reported by the last drop.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -100,16 +100,24 @@ fn clones_below_the_bound_count_and_keep_the_entry() {
 }
 
 #[test]
-fn lease_on_a_thread_that_holds_the_old_incarnations_lease_refuses_instead_of_hanging() {
+fn lease_on_a_thread_that_holds_the_old_incarnations_lease_ends_at_the_patience() {
     let av = ModelAv::new(AddressFormat::Efa);
-    let cache = AddressCache::with_backend(av.clone());
+    let cache =
+        AddressCache::with_backend(av.clone()).with_patience(std::time::Duration::from_millis(100));
     let old = cache.lease(1, &efa(1, 7, 1)).expect("the old incarnation");
 
     // The same slot advertised with a new QKEY: its entry waits for the old one's removal, which
-    // waits for `old`, which this thread holds. Waiting would never end.
+    // waits for `old`, which this thread holds. The wait ends at the patience.
     let refused = cache.lease(2, &efa(1, 7, 2));
     assert!(
-        matches!(&refused, Err(DmaError::InvalidArgument(why)) if why.contains("lease this thread holds")),
+        matches!(
+            &refused,
+            Err(DmaError::OutOfPatience {
+                client: 2,
+                leases: 1,
+                ..
+            })
+        ),
         "{refused:?}"
     );
 
@@ -196,7 +204,7 @@ fn many_removals_held_by_leases_are_each_reported_by_their_last_drop() {
 }
 
 #[test]
-fn a_lease_taken_here_counts_here_until_dropped_wherever_it_went() {
+fn a_lease_taken_here_and_dropped_on_another_thread_does_not_refuse_a_wait_here() {
     let av = ModelAv::new(AddressFormat::Efa);
     let cache = AddressCache::with_backend(av.clone());
     let old = cache.lease(1, &efa(3, 5, 1)).expect("the old incarnation");
@@ -206,18 +214,13 @@ fn a_lease_taken_here_counts_here_until_dropped_wherever_it_went() {
             signal.recv().expect("the signal");
             drop(old);
         });
-        // Taken here, held there: this thread is refused, since it cannot be told from one that
-        // holds the lease itself.
-        assert!(matches!(
-            cache.lease(2, &efa(3, 5, 2)),
-            Err(DmaError::InvalidArgument(_))
-        ));
+        // Taken here, dropped there, before or while this thread waits: the wait ends at that
+        // drop, with the new incarnation (no refusal for a lease that merely was taken here).
         drop_now.send(()).expect("the completion thread");
+        let new = cache.lease(2, &efa(3, 5, 2)).expect("admitted");
+        assert_eq!(Some(efa(3, 5, 2)), av.lookup(new.fi_addr()));
         completion.join().expect("dropped");
     });
-    // Dropped over there: nothing taken here is alive, so the call waits and is admitted.
-    let new = cache.lease(2, &efa(3, 5, 2)).expect("admitted");
-    assert_eq!(Some(efa(3, 5, 2)), av.lookup(new.fi_addr()));
 }
 
 #[test]
@@ -235,7 +238,8 @@ fn a_backend_with_an_absurd_capacity_is_used_up_to_the_bound() {
 #[test]
 fn quiesce_with_endless_patience_never_waits_on_the_callers_own_pin_or_lease() {
     let av = ModelAv::new(AddressFormat::Opaque);
-    let cache = AddressCache::with_backend(av.clone());
+    let cache =
+        AddressCache::with_backend(av.clone()).with_patience(std::time::Duration::from_millis(100));
 
     // A pin of this thread holds a removal back: endless patience would wait for ever.
     let pinned = cache.pin();
@@ -251,7 +255,7 @@ fn quiesce_with_endless_patience_never_waits_on_the_callers_own_pin_or_lease() {
     cache.quiesce();
     assert_eq!(0, cache.stats().pending_removals);
 
-    // A lease this thread took holds a removal back: the same.
+    // A lease this thread took holds a removal back: the wait ends at the cache's patience.
     let lease = cache.lease(2, &opaque(2)).expect("a lease");
     cache.release(2);
     cache.quiesce_with_patience(std::time::Duration::MAX);
@@ -266,14 +270,15 @@ fn quiesce_with_endless_patience_never_waits_on_the_callers_own_pin_or_lease() {
 }
 
 #[test]
-fn lease_within_endless_patience_refuses_a_wait_on_the_callers_own_lease() {
+fn lease_within_endless_timeout_waits_no_longer_than_the_patience() {
     let av = ModelAv::new(AddressFormat::Efa);
-    let cache = AddressCache::with_backend(av.clone());
+    let cache =
+        AddressCache::with_backend(av.clone()).with_patience(std::time::Duration::from_millis(100));
     let old = cache.lease(1, &efa(5, 1, 1)).expect("the old incarnation");
-    // `Duration::MAX` is no deadline at all, so this is `lease`, and waiting would be on `old`.
+    // `Duration::MAX` is the patience, and the wait is on `old`.
     let refused = cache.lease_within(2, &efa(5, 1, 2), std::time::Duration::MAX);
     assert!(
-        matches!(&refused, Err(DmaError::InvalidArgument(why)) if why.contains("lease this thread holds")),
+        matches!(&refused, Err(DmaError::OutOfPatience { client: 2, .. })),
         "{refused:?}"
     );
     drop(old);

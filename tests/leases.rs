@@ -121,8 +121,7 @@ fn a_new_efa_incarnation_waits_for_the_old_ones_leases() {
     let old = efa(1, 7, 1);
     let new = efa(1, 7, 2);
     // A completion thread takes the old incarnation's lease and holds it until told to drop it:
-    // a lease this thread did not take, so the blocking `lease` below waits for it rather than
-    // refuse (see `AddressCache::lease`).
+    // the blocking `lease` below waits for its drop (see `AddressCache::lease`).
     let (leased, taken) = mpsc::channel();
     let (dropped, drop_now) = mpsc::channel::<()>();
     std::thread::scope(|scope| {
@@ -143,12 +142,19 @@ fn a_new_efa_incarnation_waits_for_the_old_ones_leases() {
         cache.quiesce_with_patience(Duration::ZERO);
         assert_eq!(Some(old.clone()), av.lookup(old_index), "held by the lease");
         assert_eq!(1, av.len(), "the new incarnation is not in beside it");
-        assert_eq!(
-            Err(DmaError::WouldBlock),
-            cache
-                .lease_within(2, &new, Duration::from_millis(1))
-                .map(|lease| lease.fi_addr()),
-            "still parked behind the lease"
+        let parked = cache
+            .lease_within(2, &new, Duration::from_millis(1))
+            .map(|lease| lease.fi_addr());
+        assert!(
+            matches!(
+                parked,
+                Err(DmaError::OutOfPatience {
+                    client: 2,
+                    leases: 1,
+                    ..
+                })
+            ),
+            "still parked behind the lease: {parked:?}"
         );
 
         // The blocking lease waits for the drop instead of answering WouldBlock.

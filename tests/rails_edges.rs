@@ -90,14 +90,17 @@ fn a_striped_write_with_no_deadline_completes() {
 }
 
 /// efa: a new incarnation with the old one's identity waits for the old one's leases. When the
-/// only such lease is the calling thread's own, or the caller holds a pin, that wait could never
-/// end: it is refused instead, and the held lease stays good.
+/// only such lease is the calling thread's own, that wait ends at the patience with
+/// `OutOfPatience`; when the caller holds a pin it is refused at once; the held lease stays good.
 #[test]
-fn a_blocking_lease_that_would_wait_on_its_own_lease_or_pin_is_refused() {
+fn a_blocking_lease_that_would_wait_on_its_own_lease_or_pin_ends_or_is_refused() {
     let avs: Vec<ModelAv> = (0..2).map(|_| ModelAv::new(AddressFormat::Efa)).collect();
     let rails = RailCaches::new(
         avs.iter()
-            .map(|av| AddressCache::with_backend(av.clone()))
+            .map(|av| {
+                AddressCache::with_backend(av.clone())
+                    .with_patience(std::time::Duration::from_millis(100))
+            })
             .collect(),
     )
     .unwrap();
@@ -107,7 +110,11 @@ fn a_blocking_lease_that_would_wait_on_its_own_lease_or_pin_is_refused() {
     let held = rails.lease(1, &slices(&old)).unwrap();
     let before = held.rail(0).fi_addr();
 
-    invalid(rails.lease(2, &slices(&new)));
+    let waited = rails.lease(2, &slices(&new));
+    assert!(
+        matches!(waited, Err(DmaError::OutOfPatience { client: 2, .. })),
+        "{waited:?}"
+    );
     assert_eq!(Some(old[0].clone()), avs[0].lookup(before), "still held");
     drop(held);
     let lease = rails.lease(2, &slices(&new)).unwrap();

@@ -245,7 +245,7 @@ fn lease_within_retries_against_a_parked_incarnation_stay_bounded() {
         held.recv().expect("the holder leased the old incarnation");
         for retry in 0..LEASE_RETRIES {
             match cache.lease_within(2, new, Duration::ZERO) {
-                Err(DmaError::WouldBlock) => {}
+                Err(DmaError::OutOfPatience { client: 2, .. }) => {}
                 other => panic!("retry {retry}: the new incarnation waits, {other:?}"),
             }
         }

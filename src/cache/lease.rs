@@ -76,9 +76,6 @@
 //! leases beyond a scope (a completion queue's contexts) keeps them beside the cache it borrows,
 //! as the endpoint does. `benches/hit.rs` measures both (`lease round` and `lease round + Arc`).
 
-#[cfg(not(dma_loom))]
-use std::cell::RefCell;
-
 use super::Peer;
 use super::doorbell::Doorbell;
 use super::writer::Shared;
@@ -266,6 +263,14 @@ impl LeaseCounts {
         fence(Ordering::Acquire);
     }
 
+    /// How many leases are out on `fi_addr` now: what an [`OutOfPatience`] error reports.
+    ///
+    /// [`OutOfPatience`]: crate::DmaError::OutOfPatience
+    pub(crate) fn count(&self, fi_addr: fi_addr_t) -> u64 {
+        self.slot(fi_addr)
+            .map_or(0, |count| u64::from(count.load(Ordering::Relaxed) & COUNT))
+    }
+
     /// How many leases are out now, over every index: O(capacity) loads, no write. A shared
     /// total would put a write on a cache line every posting thread shares on every lease.
     pub(crate) fn total(&self) -> u64 {
@@ -284,75 +289,6 @@ impl LeaseCounts {
                 Some(now & AWAITED | leases & COUNT)
             });
         }
-    }
-}
-
-/// A thread's token for one cache: every lease taken on the thread holds a clone, wherever it is
-/// dropped, so `strong_count - 1` is how many leases taken here are still alive.
-#[cfg(not(dma_loom))]
-type Token = std::sync::Arc<()>;
-#[cfg(dma_loom)]
-type Token = ();
-
-// This thread's token per cache id. A token no lease holds any more is reused for the next cache
-// the thread leases from, so the list is as long as the number of caches with leases taken here
-// still alive, plus one.
-#[cfg(not(dma_loom))]
-std::thread_local! {
-    static TOKENS: RefCell<Vec<(u64, Token)>> = const { RefCell::new(Vec::new()) };
-}
-
-/// This thread's token for cache `cache`, for a lease taken here. Allocates once per thread (a
-/// thread's first lease), as its first pin registers its epoch handle.
-fn token_here(cache: u64) -> Option<Token> {
-    #[cfg(not(dma_loom))]
-    {
-        TOKENS
-            .try_with(|tokens| {
-                let mut tokens = tokens.try_borrow_mut().ok()?;
-                if let Some((_, token)) = tokens.iter().find(|(id, _)| *id == cache) {
-                    return Some(Token::clone(token));
-                }
-                if let Some(free) = tokens
-                    .iter_mut()
-                    .find(|(_, token)| 1 == Token::strong_count(token))
-                {
-                    free.0 = cache;
-                    return Some(Token::clone(&free.1));
-                }
-                let token = Token::new(());
-                tokens.push((cache, Token::clone(&token)));
-                Some(token)
-            })
-            .ok()
-            .flatten()
-    }
-    #[cfg(dma_loom)]
-    {
-        let _ = cache;
-        None
-    }
-}
-
-/// Whether leases taken on this thread of cache `cache` are still alive, on this thread or
-/// wherever they were sent.
-pub(crate) fn held_here(cache: u64) -> bool {
-    #[cfg(not(dma_loom))]
-    {
-        TOKENS
-            .try_with(|tokens| {
-                tokens.try_borrow().is_ok_and(|tokens| {
-                    tokens
-                        .iter()
-                        .any(|(id, token)| *id == cache && 1 < Token::strong_count(token))
-                })
-            })
-            .unwrap_or(false)
-    }
-    #[cfg(dma_loom)]
-    {
-        let _ = cache;
-        false
     }
 }
 
@@ -401,9 +337,6 @@ pub struct Lease<'cache> {
     fi_addr: fi_addr_t,
     cache: u64,
     shared: &'cache Shared,
-    /// The token of the thread that took it (see `held_here`); dropped with it.
-    #[allow(dead_code)] // held for its count
-    taken_on: Option<Token>,
 }
 
 impl<'cache> Lease<'cache> {
@@ -413,7 +346,6 @@ impl<'cache> Lease<'cache> {
             fi_addr,
             cache,
             shared,
-            taken_on: token_here(cache),
         }
     }
 

@@ -50,9 +50,13 @@
 //!    cache's heap stays within a bound set by the AV's capacity and the inbox bound however long
 //!    a reader stays pinned and whatever is released, revived or retried (the writer's module
 //!    docs give it in bytes), and a lease counter cannot wrap ([`AddressCache::LEASE_LIMIT`]).
-//! 7. No call waits on itself: [`AddressCache::lease`] refuses, rather than wait, when the wait
-//!    would be on a pin or a lease of the calling thread, and a call made on the writer's own
-//!    thread (a `tracing` subscriber, an [`AvBackend`]) never waits for the writer.
+//! 7. No call waits for ever, whoever holds what, on whichever thread or task: every wait (a
+//!    blocking lease, `lease_all`, `lease_within`, `quiesce`) ends within the cache's patience
+//!    ([`AddressCache::with_patience`], 5 s by default), whatever timeout it was given, answering
+//!    [`DmaError::OutOfPatience`] if the entry is not in by then; a wait that another thread's
+//!    drop ends, ends at that drop. The exact refusals stay: a blocking lease on a thread pinned
+//!    on the cache, and any wait on the writer's own thread (a `tracing` subscriber, an
+//!    [`AvBackend`]). See the `blocking` module.
 //! 8. A hit allocates nothing and takes no lock, even while other threads churn: what a reader's
 //!    `pin()` may run on the writer's behalf (crossbeam's collection of the one outstanding
 //!    deferral) only exchanges a flag and rings the writer's doorbell. One cost is crossbeam's
@@ -68,7 +72,8 @@
 //! resolve has to park a new incarnation, it returns [`DmaError::WouldBlock`] rather than wait
 //! for itself: the writer inserts the new incarnation once every reader has unpinned and every
 //! lease on the old one has been dropped, and a resolve under a later pin finds it.
-//! [`AddressCache::lease`], which holds no pin while it waits, waits for that instead.
+//! [`AddressCache::lease`], which holds no pin while it waits, waits for that instead, for at
+//! most the cache's patience.
 //!
 //! # Drop
 //!
@@ -77,6 +82,7 @@
 //! calls libfabric. Every `Pinned` and every `Lease` borrows the cache, so none is left when it
 //! drops.
 
+mod blocking;
 mod doorbell;
 pub(crate) mod epoch;
 mod failures;
@@ -88,7 +94,7 @@ mod stored;
 pub(crate) mod writer;
 
 use std::marker::PhantomData;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use self::epoch::Epochs;
 use self::index::RegistrationIndex;
@@ -119,6 +125,8 @@ struct Core {
     /// The identity's length for every address of `address_len` bytes; `None` if the format
     /// refuses that length (then every resolve is an `InvalidAddress`).
     identity_len: Option<usize>,
+    /// The longest any call waits (see `blocking`).
+    patience: Duration,
 }
 
 /// The writer's inbox, which rings the writer's doorbell after every request it queues.
@@ -234,12 +242,13 @@ impl Core {
 
 /// A cache of address-vector entries shared by many posting threads. See the module docs.
 ///
-/// No call waits on itself. Code running on the cache's own writer thread (a `tracing`
-/// subscriber that sees the writer's events, an [`AvBackend`] that calls back in) may call the
-/// cache: what would wait for the writer answers [`DmaError::InvalidArgument`] at once (a miss,
-/// [`lease`](Self::lease), [`lease_within`](Self::lease_within)), [`release`](Self::release) is
-/// queued without waiting, and [`quiesce`](Self::quiesce) returns at once. And `lease` refuses a
-/// wait on the calling thread's own pin or lease (see its errors).
+/// No call waits for ever: every wait ends within the cache's [`patience`](Self::patience).
+/// Code running on the cache's own writer thread (a `tracing` subscriber that sees the writer's
+/// events, an [`AvBackend`] that calls back in) may call the cache: what would wait for the
+/// writer answers [`DmaError::InvalidArgument`] at once (a miss, [`lease`](Self::lease),
+/// [`lease_within`](Self::lease_within)), [`release`](Self::release) is queued without waiting,
+/// and [`quiesce`](Self::quiesce) returns at once. And `lease` refuses a wait on the calling
+/// thread's own pin (see its errors).
 ///
 /// ```
 /// use dma_libfabric::{Configuration, LibfabricEndpoint};
@@ -318,6 +327,7 @@ impl<B: AvBackend> AddressCache<B> {
                 format,
                 address_len,
                 identity_len: identity_len_for(format, address_len),
+                patience: Self::DEFAULT_PATIENCE,
             },
             writer,
             backend: PhantomData,
@@ -381,280 +391,12 @@ impl<B: AvBackend> AddressCache<B> {
         let _ = self.core.requests.send(Request::Release { client });
     }
 
-    /// A [`Lease`] on `client`'s entry for `address`, without a pin: resolve (inserting through
-    /// the writer on a miss) and lease in one call, for a connect path, or for code that kept an
-    /// `fi_addr_t` per client. Blocks until the entry is in the AV: on efa, while a new
-    /// incarnation waits for the old one's removal it waits too, rather than answer
-    /// [`DmaError::WouldBlock`]. See [`lease_within`](Self::lease_within) to bound the wait.
-    ///
-    /// # Errors
-    /// As [`Pinned::resolve`], except `WouldBlock`; and [`DmaError::InvalidArgument`], at once
-    /// rather than a wait on itself:
-    /// - when the calling thread holds a [`Pinned`] of this cache, which a parked incarnation
-    ///   would wait for: take the lease from that pin with [`Pinned::lease`] instead;
-    /// - when the entry must wait for an old incarnation's removal and the calling thread holds
-    ///   a [`Lease`] of this cache, which that removal may be waiting for (a single-threaded
-    ///   event loop that reads its own completions). A lease is `Send`, so which thread holds
-    ///   one cannot be known exactly. The rule: a lease counts for the thread that took it (with
-    ///   `Pinned::lease`, `lease`, or `clone`) for as long as it lives, wherever it was sent. So
-    ///   a thread that took a lease and handed it to a completion thread is refused until that
-    ///   thread drops it (an error where a wait would have ended: the safe side), and a thread
-    ///   waits for leases that other threads took (a wait that ends when they drop them). The
-    ///   request stays queued: once the leases are dropped, `lease` again finds the entry;
-    /// - on the cache's writer thread (see [`AvBackend`]).
-    ///
-    /// ```
-    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
-    ///
-    /// let av = ModelAv::new(AddressFormat::Opaque);
-    /// let cache = AddressCache::with_backend(av.clone());
-    /// let lease = cache.lease(1, &[1; 16])?;
-    /// assert_eq!(Some(vec![1; 16]), av.lookup(lease.fi_addr()));
-    /// # Ok::<(), DmaError>(())
-    /// ```
-    pub fn lease(&self, client: u64, address: &[u8]) -> Result<Lease<'_>, DmaError> {
-        self.lease_until(client, address, None)
-    }
-
-    /// [`lease`](Self::lease) for many `(client, address)` pairs at once: the misses go to the
-    /// writer in chunks of at most 64, one request and one answer a chunk (see
-    /// [`Pinned::resolve_all`]), and each entry is leased. An entry that must wait for an old
-    /// incarnation's removal waits as `lease` does, before this call takes any lease of its own
-    /// (so its wait is never on one of them).
-    ///
-    /// The results come back in request order; a bad address fails its own entry only.
-    ///
-    /// # Errors
-    /// Per entry, as [`lease`](Self::lease).
-    ///
-    /// ```
-    /// use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
-    ///
-    /// let av = ModelAv::new(AddressFormat::Opaque);
-    /// let cache = AddressCache::with_backend(av.clone());
-    /// let addresses: Vec<[u8; 16]> = (1..=100).map(|n| [n; 16]).collect();
-    /// let requests: Vec<(u64, &[u8])> =
-    ///     addresses.iter().enumerate().map(|(client, a)| (client as u64, &a[..])).collect();
-    /// let leases = cache.lease_all(&requests);
-    /// assert_eq!(100, leases.iter().filter(|lease| lease.is_ok()).count());
-    /// assert_eq!(100, cache.stats().leases);
-    /// ```
-    pub fn lease_all(&self, requests: &[(u64, &[u8])]) -> Vec<Result<Lease<'_>, DmaError>> {
-        if self.core.epochs.pinned_here() {
-            let refusal = pinned_here(
-                "AddressCache::lease_all",
-                "Pinned::resolve_all and Pinned::lease",
-            );
-            return requests.iter().map(|_| Err(refusal.clone())).collect();
-        }
-        // Register every entry, the misses in chunks, under one pin, then let the pin go: an
-        // entry parked behind an old incarnation waits for every pin, this one's too.
-        let registered: Vec<Result<(), DmaError>> = self
-            .pin()
-            .resolve_all(requests)
-            .into_iter()
-            .map(|peer| peer.map(|_| ()))
-            .collect();
-        let mut results: Vec<Result<Lease<'_>, DmaError>> = registered
-            .iter()
-            .map(|registered| match registered {
-                Ok(()) | Err(DmaError::WouldBlock) => Err(DmaError::WouldBlock),
-                Err(error) => Err(error.clone()),
-            })
-            .collect();
-        // The parked entries first, before this call holds any lease a wait could be on; then the
-        // rest, each a hit now (or, if another thread released it meanwhile, a miss as in
-        // `lease`).
-        let parked = registered
-            .iter()
-            .enumerate()
-            .filter(|(_, registered)| matches!(registered, Err(DmaError::WouldBlock)));
-        let ready = registered
-            .iter()
-            .enumerate()
-            .filter(|(_, registered)| registered.is_ok());
-        for (position, _) in parked.chain(ready) {
-            if let (Some(slot), Some(&(client, address))) =
-                (results.get_mut(position), requests.get(position))
-            {
-                *slot = self.lease(client, address);
-            }
-        }
-        results
-    }
-
-    /// [`lease`](Self::lease), waiting at most `timeout` for the entry to enter the AV.
-    ///
-    /// # Errors
-    /// As `lease`, and [`DmaError::WouldBlock`] once `timeout` has passed; the request stays
-    /// queued, so a later call finds the entry. A `timeout` too long to end (`Duration::MAX`) is
-    /// no deadline at all: the call is `lease`, and refuses a wait on its own thread's lease.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
-    ///
-    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
-    /// let lease = cache.lease_within(1, &[1; 16], Duration::from_secs(1))?;
-    /// assert_eq!(1, cache.stats().leases);
-    /// # drop(lease);
-    /// # Ok::<(), DmaError>(())
-    /// ```
-    pub fn lease_within(
-        &self,
-        client: u64,
-        address: &[u8],
-        timeout: Duration,
-    ) -> Result<Lease<'_>, DmaError> {
-        self.lease_until(client, address, Instant::now().checked_add(timeout))
-    }
-
-    /// `lease`'s loop, until `deadline` if there is one.
-    fn lease_until(
-        &self,
-        client: u64,
-        address: &[u8],
-        deadline: Option<Instant>,
-    ) -> Result<Lease<'_>, DmaError> {
-        if self.core.epochs.pinned_here() {
-            return Err(pinned_here("AddressCache::lease", "Pinned::lease"));
-        }
-        // Without a deadline, a wait on a lease this thread holds would never end: ask for an
-        // answer at once, and refuse if the entry has to wait. With one, the wait ends anyway.
-        let own_lease = deadline.is_none() && lease::held_here(self.core.id);
-        loop {
-            {
-                let pinned = self.pin();
-                if let Some(peer) = pinned.hit(client, address)? {
-                    return pinned.lease(peer);
-                }
-            }
-            // Unpinned while waiting: a parked incarnation waits for every pin, this one's too.
-            let outcome = match reply::round_trip(
-                |answer| {
-                    let reply = if own_lease {
-                        Reply::Now(answer)
-                    } else {
-                        Reply::Admitted(answer)
-                    };
-                    self.core.ask(client, address, reply)
-                },
-                deadline,
-                &self.core.shared.doorbell,
-            ) {
-                Outcome::Answered(outcome) => outcome,
-                Outcome::TimedOut => return Err(DmaError::WouldBlock),
-            };
-            match outcome {
-                Err(DmaError::WouldBlock) if own_lease => {
-                    return Err(DmaError::InvalidArgument(
-                        "AddressCache::lease: the entry waits for an old incarnation's removal, \
-                         which may wait for a lease this thread holds; drop this thread's leases \
-                         of this cache first, or use lease_within"
-                            .into(),
-                    ));
-                }
-                // In the AV, or turned away by a newer incarnation: probe again.
-                Ok(_) | Err(DmaError::WouldBlock) => {}
-                Err(error) => return Err(error),
-            }
-            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                return Err(DmaError::WouldBlock);
-            }
-        }
-    }
-
-    /// Block until the writer has applied every request sent before this call and run every
-    /// removal whose readers are gone. Removals held back by a reader that is still pinned stay
-    /// pending (see [`CacheStats::pending_removals`]): `quiesce` waits for such a reader for
-    /// [`DEFAULT_QUIESCE_PATIENCE`](Self::DEFAULT_QUIESCE_PATIENCE) without progress, then
-    /// returns. [`quiesce_with_patience`](Self::quiesce_with_patience) sets that wait.
-    ///
-    /// With nothing held back it returns as soon as the removals have run, typically within
-    /// tens of microseconds.
-    ///
-    /// ```
-    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
-    ///
-    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
-    /// let reader = cache.pin();
-    /// reader.resolve(1, &[1; 16])?;
-    /// cache.release(1);
-    /// cache.quiesce();
-    /// assert_eq!(1, cache.stats().pending_removals, "held back by `reader`");
-    /// drop(reader);
-    /// cache.quiesce();
-    /// assert_eq!(0, cache.stats().pending_removals);
-    /// # Ok::<(), DmaError>(())
-    /// ```
-    pub fn quiesce(&self) {
-        self.quiesce_with_patience(Self::DEFAULT_QUIESCE_PATIENCE);
-    }
-
-    /// How long [`quiesce`](Self::quiesce) waits for pending removals that make no progress
-    /// before it concludes that a pinned reader holds them back.
-    ///
-    /// A thread is pinned for a moment in places its caller cannot see (while it exits and
-    /// finalizes its epoch handle, or while it runs a deferred closure), and a loaded machine can
-    /// preempt it there for a time slice; this is several of those.
-    pub const DEFAULT_QUIESCE_PATIENCE: Duration = Duration::from_millis(20);
-
     /// How many requests (misses, releases, quiesces) the writer's inbox holds. A sender that
     /// finds it full waits for room ([`Pinned::resolve`], [`release`](Self::release),
     /// [`quiesce`](Self::quiesce), [`lease`](Self::lease)), or queues nothing and answers
     /// [`DmaError::Busy`] ([`Pinned::try_resolve`], whose `WouldBlock` always means queued). So a
     /// flood of queued misses costs at most this many requests of memory, however fast it comes.
     pub const INBOX_BOUND: usize = INBOX_BOUND;
-
-    /// [`quiesce`](Self::quiesce), waiting up to `patience` without progress for removals held
-    /// back by pinned readers. `Duration::ZERO` returns as soon as a few epoch advances in a row
-    /// free nothing: exact when the caller knows no other thread is pinned on this cache, and the
-    /// fastest way to learn that a reader still holds something.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
-    ///
-    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
-    /// let reader = cache.pin();
-    /// reader.resolve(1, &[1; 16])?;
-    /// cache.release(1);
-    /// cache.quiesce_with_patience(Duration::ZERO);
-    /// assert_eq!(1, cache.stats().pending_removals, "held back by `reader`");
-    /// # Ok::<(), DmaError>(())
-    /// ```
-    ///
-    /// It never waits on itself, whatever `patience` says (`Duration::MAX` included):
-    /// - on the cache's own writer thread (a `tracing` subscriber, an [`AvBackend`]) it returns
-    ///   at once: the writer cannot wait for itself;
-    /// - on a thread that holds a [`Pinned`] of this cache, whose removals that pin holds back
-    ///   cannot progress while it waits here, patience is zero;
-    /// - on a thread whose leases of this cache are alive (see [`lease`](Self::lease) for which
-    ///   leases count), which may be what holds the removals back, patience is at most
-    ///   [`DEFAULT_QUIESCE_PATIENCE`](Self::DEFAULT_QUIESCE_PATIENCE).
-    pub fn quiesce_with_patience(&self, patience: Duration) {
-        if on_writer_of(self.core.id) {
-            tracing::debug!("quiesce called on the writer thread: returns at once");
-            return;
-        }
-        let patience = if self.core.epochs.pinned_here() {
-            Duration::ZERO
-        } else if lease::held_here(self.core.id) {
-            patience.min(Self::DEFAULT_QUIESCE_PATIENCE)
-        } else {
-            patience
-        };
-        let (reply, done) = mpsc::channel();
-        if self
-            .core
-            .requests
-            .send(Request::Quiesce { reply, patience })
-            .is_ok()
-        {
-            // An error means the writer stopped, which leaves nothing to wait for.
-            let _ = done.recv();
-        }
-    }
 
     /// The writer's counters, as of its last applied request, with the leases out now.
     ///

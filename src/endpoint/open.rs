@@ -213,7 +213,9 @@ impl LibfabricEndpoint {
             Arc::clone(&handed_out),
         );
         let endpoint = Self {
-            peers: ManuallyDrop::new(AddressCache::with_backend(backend)),
+            peers: ManuallyDrop::new(
+                AddressCache::with_backend(backend).with_patience(configuration.cache_patience),
+            ),
             handles,
             receives,
             description,

@@ -175,19 +175,28 @@ impl<T: RailCache> RailCore<T> {
     }
 
     /// Register `client` on every rail (waiting as [`AddressCache::lease`] does) and lease it
-    /// there, all or nothing.
+    /// there, all or nothing, waiting at most the patience of rail 0's cache in all: each rail
+    /// waits for what is left of it, and a round that a release or eviction undid is tried again
+    /// only while some is left.
     pub(crate) fn lease(
         &self,
         client: u64,
         addresses: &[&[u8]],
     ) -> Result<RailLease<'_>, DmaError> {
         check_addresses(&self.shape, addresses)?;
+        let patience = self.rails[0].cache().patience();
+        let started = std::time::Instant::now();
         loop {
             // Wait for every rail's registration first, holding no lease of our own while a rail
             // waits (a parked incarnation waits for leases; two threads each holding one rail's
-            // lease and waiting on the other's rail would wait for ever).
+            // lease and waiting on the other's rail would wait until their patience ran out).
             for (rail, cache) in self.rails.iter().enumerate() {
-                if let Err(error) = cache.cache().lease(client, address_for(addresses, rail)) {
+                let left = patience.saturating_sub(started.elapsed());
+                if let Err(error) =
+                    cache
+                        .cache()
+                        .lease_within(client, address_for(addresses, rail), left)
+                {
                     self.release_everywhere(client);
                     return Err(error);
                 }
@@ -197,7 +206,14 @@ impl<T: RailCache> RailCore<T> {
             let pinned = self.pin();
             match pinned.resolve(client, addresses) {
                 Ok(peers) => return pinned.lease(&peers),
-                Err(DmaError::WouldBlock) => continue,
+                Err(DmaError::WouldBlock) if started.elapsed() < patience => continue,
+                Err(DmaError::WouldBlock) => {
+                    return Err(DmaError::OutOfPatience {
+                        client,
+                        leases: 0,
+                        held_for: std::time::Duration::ZERO,
+                    });
+                }
                 Err(error) => return Err(error),
             }
         }

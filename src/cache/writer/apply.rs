@@ -1,12 +1,14 @@
 //! Applying requests to the writer's state: resolves (insert, join, park, evict), releases,
 //! retirement and removal, and admitting a parked incarnation.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::time::Instant;
 
 use super::run::{FIRST_RETRY, LAST_RETRY};
-use super::state::{Entry, Holders, Holding, LIVE, Parked, Pending, Wait, entry_in, identity_at};
+use super::state::{
+    Entry, Holders, Holding, LIVE, Parked, Pending, Wait, Waiter, entry_in, identity_at,
+};
 use super::{Reply, Request, Writer};
 use crate::av::AvBackend;
 use crate::cache::index::{Registration, RegistrationIndex};
@@ -35,11 +37,11 @@ impl<B: AvBackend> Writer<B> {
                         }
                     },
                     Reply::Now(reply) => self.replies.push((reply, result)),
-                    Reply::Admitted(reply) => match result {
+                    Reply::Admitted { answer, deadline } => match result {
                         Err(DmaError::WouldBlock) => {
-                            self.wait_for_admission(client, address, reply)
+                            self.wait_for_admission(client, address, answer, deadline)
                         }
-                        result => self.replies.push((reply, result)),
+                        result => self.replies.push((answer, result)),
                     },
                 }
             }
@@ -61,29 +63,39 @@ impl<B: AvBackend> Writer<B> {
         }
     }
 
-    /// `client` is parked on `address`: answer `reply` once that incarnation is in the AV.
-    pub(super) fn wait_for_admission(&mut self, client: u64, address: &[u8], reply: Answer) {
+    /// `client` is parked on `address`: answer `reply` once that incarnation is in the AV, or at
+    /// `deadline`.
+    pub(super) fn wait_for_admission(
+        &mut self,
+        client: u64,
+        address: &[u8],
+        reply: Answer,
+        deadline: Instant,
+    ) {
         let parked = self
             .clients
             .get(&client)
             .filter(|holding| holding.is_parked())
-            .and_then(|holding| self.parked.get_mut(&holding.fi_addr()))
-            .filter(|parked| parked.address.bytes() == address && parked.clients.contains(&client));
+            .map(|holding| holding.fi_addr())
+            .and_then(|at| self.parked.get_mut(&at).map(|parked| (at, parked)))
+            .filter(|(_, parked)| {
+                parked.address.bytes() == address && parked.clients.contains(&client)
+            });
         match parked {
-            Some(parked) => {
+            Some((at, parked)) => {
                 // One waiter per client: a caller that asks again (a `lease_within` retried after
-                // its timeout) supersedes its earlier request, whose answer goes out now, so
-                // retries cost no memory however many there are.
-                if let Some(earlier) = parked
-                    .waiters
-                    .iter_mut()
-                    .find(|(waiter, _)| *waiter == client)
-                {
-                    let earlier = std::mem::replace(&mut earlier.1, reply);
-                    self.replies.push((earlier, Err(DmaError::WouldBlock)));
-                } else {
-                    parked.waiters.push((client, reply));
+                // its caller gave up) supersedes its earlier request, whose answer goes out now,
+                // so retries cost no memory however many there are.
+                let waiter = Waiter {
+                    answer: reply,
+                    deadline,
+                };
+                if let Some(earlier) = parked.waiters.insert(client, waiter) {
+                    self.deadlines.remove(&(earlier.deadline, client, at));
+                    self.replies
+                        .push((earlier.answer, Err(DmaError::WouldBlock)));
                 }
+                self.deadlines.insert((deadline, client, at));
             }
             None => self.replies.push((reply, Err(DmaError::WouldBlock))),
         }
@@ -322,7 +334,7 @@ impl<B: AvBackend> Writer<B> {
         for waiter in &parked.clients {
             self.clients.remove(waiter);
         }
-        parked.turn_away(None);
+        parked.turn_away(fi_addr, None, &mut self.deadlines);
         self.stats.evictions += 1;
         self.stats.evicted_clients += parked.clients.len() as u64;
         tracing::warn!(
@@ -355,7 +367,7 @@ impl<B: AvBackend> Writer<B> {
                 Box::new(Parked {
                     address: StoredAddress::new(address, identity_len),
                     clients: HashSet::default(),
-                    waiters: Vec::new(),
+                    waiters: HashMap::default(),
                 })
             })
             .clients
@@ -399,7 +411,7 @@ impl<B: AvBackend> Writer<B> {
         if holding.is_parked() {
             if let Some(parked) = self.parked.get_mut(&fi_addr) {
                 if parked.clients.remove(&client) {
-                    parked.turn_away(Some(client));
+                    parked.turn_away(fi_addr, Some(client), &mut self.deadlines);
                     if parked.clients.is_empty() {
                         self.parked.remove(&fi_addr);
                     }
@@ -430,6 +442,7 @@ impl<B: AvBackend> Writer<B> {
             Pending {
                 fi_addr,
                 wait: Wait::Readers,
+                since: Instant::now(),
             },
         );
         if let Some(entry) = self.entry_mut(fi_addr) {
@@ -509,7 +522,7 @@ impl<B: AvBackend> Writer<B> {
         self.pending.remove(&ticket);
         self.forget(fi_addr);
         if let Some(parked) = self.parked.remove(&fi_addr) {
-            self.admit(*parked);
+            self.admit(fi_addr, *parked);
         }
         true
     }
@@ -529,8 +542,11 @@ impl<B: AvBackend> Writer<B> {
         }
     }
 
-    /// Insert a parked incarnation now that the old one has left the AV.
-    pub(super) fn admit(&mut self, parked: Parked) {
+    /// Insert a parked incarnation now that the old one, at `at`, has left the AV.
+    pub(super) fn admit(&mut self, at: fi_addr_t, parked: Parked) {
+        for (&client, waiter) in &parked.waiters {
+            self.deadlines.remove(&(waiter.deadline, client, at));
+        }
         match self.insert(parked.address.bytes()) {
             Ok(fi_addr) => {
                 tracing::debug!(
@@ -543,8 +559,8 @@ impl<B: AvBackend> Writer<B> {
                 for &client in &parked.clients {
                     self.register(client, fi_addr);
                 }
-                for (_, reply) in parked.waiters {
-                    self.replies.push((reply, Ok(fi_addr)));
+                for (_, waiter) in parked.waiters {
+                    self.replies.push((waiter.answer, Ok(fi_addr)));
                 }
             }
             Err(error) => {
@@ -552,8 +568,8 @@ impl<B: AvBackend> Writer<B> {
                 for client in &parked.clients {
                     self.clients.remove(client);
                 }
-                for (_, reply) in parked.waiters {
-                    self.replies.push((reply, Err(error.clone())));
+                for (_, waiter) in parked.waiters {
+                    self.replies.push((waiter.answer, Err(error.clone())));
                 }
             }
         }

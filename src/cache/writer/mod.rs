@@ -121,7 +121,7 @@ use crate::sync::atomic::Ordering;
 use crate::sync::{Arc, mpsc};
 use crate::sys::fi_addr_t;
 use run::Quiescer;
-use state::{Entry, Holding, Parked, Pending};
+use state::{Deadlines, Entry, Holding, Parked, Pending};
 
 mod apply;
 mod run;
@@ -143,9 +143,9 @@ pub(crate) enum Reply {
     Queued,
     /// Answer at once, `WouldBlock` included (`resolve`).
     Now(Answer),
-    /// Answer once the entry is in the AV: a parked incarnation answers when it is admitted
-    /// (`AddressCache::lease`).
-    Admitted(Answer),
+    /// Answer once the entry is in the AV: a parked incarnation answers when it is admitted, or
+    /// `OutOfPatience` at `deadline` if it is not in by then (`AddressCache::lease`).
+    Admitted { answer: Answer, deadline: Instant },
 }
 
 /// Each entry's result for a chunk of misses, in order.
@@ -279,6 +279,9 @@ pub(crate) struct Writer<B> {
     /// Incarnations parked behind a removal, by the index of the removing entry.
     parked: HashMap<fi_addr_t, Box<Parked>, Hasher>,
     clients: HashMap<u64, Holding, Hasher>,
+    /// Every waiter on a parked incarnation, by deadline: the writer answers each at its deadline
+    /// if the incarnation is not in by then.
+    deadlines: Deadlines,
     /// Retired entries awaiting `fi_av_remove`, by ticket (tickets grow, so the oldest is first).
     pending: BTreeMap<u64, Pending>,
     /// Failed removals, by when their retry is due.
@@ -368,6 +371,7 @@ impl<B: AvBackend> Writer<B> {
             hasher: Hasher::default(),
             parked: HashMap::default(),
             clients: HashMap::default(),
+            deadlines: Deadlines::new(),
             pending: BTreeMap::new(),
             retries: BTreeSet::new(),
             awaiting_leases: 0,

@@ -12,6 +12,7 @@ use super::{BATCH, Request, Stopped, Writer};
 use super::{OWN_RELEASES, WRITER_OF, signalled, try_next};
 use crate::av::AvBackend;
 use crate::cache::doorbell::{APPLYING, PARKED, POLLING};
+use crate::error::DmaError;
 use crate::sync::atomic::Ordering;
 use crate::sync::{Arc, mpsc};
 #[cfg(dma_loom)]
@@ -74,8 +75,10 @@ impl<B: AvBackend> Writer<B> {
         let mut last_request = Instant::now();
         loop {
             // Removals may have let parked incarnations in: publish them and answer their waiters
-            // before waiting for the next request.
-            if self.collect() || !self.replies.is_empty() {
+            // before waiting for the next request; then answer the waiters whose patience is out.
+            let removed = self.collect();
+            self.expire_waiters();
+            if removed || !self.replies.is_empty() {
                 self.finish_batch();
             }
             self.answer_quiescers();
@@ -85,10 +88,23 @@ impl<B: AvBackend> Writer<B> {
                 .quiescing
                 .iter()
                 .any(|quiescer| quiescer.stalled < STALLED_ROUNDS)
-                || cfg!(dma_loom) && !self.quiescing.is_empty();
-            // Removals awaiting only their leases need no ticks: the last lease rings.
-            let waiting =
-                self.in_flight.is_some() || !self.retries.is_empty() || !self.quiescing.is_empty();
+                || cfg!(dma_loom) && !self.quiescing.is_empty()
+                // Under loom the writer blocks on its inbox, which has no timeout: a waiter whose
+                // deadline has come is answered by the next round instead.
+                || cfg!(dma_loom)
+                    && self
+                        .deadlines
+                        .first()
+                        .is_some_and(|&(deadline, ..)| deadline <= Instant::now());
+            // Removals awaiting only their leases need no ticks: the last lease rings. A waiter's
+            // deadline is a tick of its own.
+            let waiting = self.in_flight.is_some()
+                || !self.retries.is_empty()
+                || !self.quiescing.is_empty()
+                || !self.deadlines.is_empty();
+            let tick_or_deadline = self.deadlines.first().map_or(tick, |&(deadline, ..)| {
+                tick.min(deadline.saturating_duration_since(Instant::now()))
+            });
             let request = if hurry {
                 match self.inbox.try_recv() {
                     Ok(request) => Some(request),
@@ -101,8 +117,10 @@ impl<B: AvBackend> Writer<B> {
                 // are pending (most of the time under churn) that would be every miss. Polling
                 // longer than that, with no traffic, only took the core from the readers whose
                 // pins move the epoch on (the reclamation bench's delay went from 0.15 to 4 ms).
-                let spin = IDLE_SPIN.saturating_sub(last_request.elapsed()).min(tick);
-                match self.next_request(spin, Some(tick)) {
+                let spin = IDLE_SPIN
+                    .saturating_sub(last_request.elapsed())
+                    .min(tick_or_deadline);
+                match self.next_request(spin, Some(tick_or_deadline)) {
                     Ok(request) => request,
                     Err(Stopped) => break,
                 }
@@ -285,6 +303,64 @@ impl<B: AvBackend> Writer<B> {
         for (reply, results) in self.chunk_replies.drain(..) {
             // The caller may have gone; nothing to do about that.
             let _ = reply.send(results);
+        }
+    }
+
+    /// Answer every waiter whose deadline has passed and whose incarnation is not in the AV:
+    /// [`DmaError::OutOfPatience`], naming the old incarnation's leases and how long it has been
+    /// waiting for removal. Each waiter is answered once, here or by its admission, never both:
+    /// both run on this thread and take the waiter out of its parked incarnation.
+    ///
+    /// Before it gives up on a waiter, the writer tries the old incarnation's removal once more:
+    /// a last lease dropped whose report has not been read yet ends the wait with the entry, so
+    /// the error is never given for a wait that could end now.
+    pub(super) fn expire_waiters(&mut self) {
+        let now = Instant::now();
+        while let Some(&key) = self.deadlines.first() {
+            let (deadline, client, at) = key;
+            if now < deadline {
+                break;
+            }
+            let removal = self
+                .entry(at)
+                .filter(|entry| !entry.is_live())
+                .map(|entry| entry.removal);
+            if let Some(ticket) = removal {
+                // Admits the parked incarnation if it can go in now, answering its waiters.
+                self.try_remove(ticket, now);
+            }
+            if self.deadlines.first() != Some(&key) {
+                continue;
+            }
+            self.deadlines.pop_first();
+            let Some(waiter) = self
+                .parked
+                .get_mut(&at)
+                .and_then(|parked| parked.waiters.remove(&client))
+            else {
+                continue;
+            };
+            let held_for = removal
+                .and_then(|ticket| self.pending.get(&ticket))
+                .map_or(Duration::ZERO, |pending| {
+                    now.saturating_duration_since(pending.since)
+                });
+            let leases = self.shared.leases.count(at);
+            tracing::warn!(
+                op = "out_of_patience",
+                client,
+                leases,
+                ?held_for,
+                "a blocking lease waited out the cache's patience for an old incarnation's removal"
+            );
+            self.replies.push((
+                waiter.answer,
+                Err(DmaError::OutOfPatience {
+                    client,
+                    leases,
+                    held_for,
+                }),
+            ));
         }
     }
 
@@ -515,6 +591,7 @@ impl<B: AvBackend> Writer<B> {
         }
         // Waiters on a parked incarnation are told `Closed` when their senders drop with it.
         self.parked.clear();
+        self.deadlines.clear();
         self.clients.clear();
         for quiescer in self.quiescing.drain(..) {
             let _ = quiescer.reply.send(());

@@ -1,7 +1,7 @@
 //! The writer's state, entry by entry: holders, entries, where each client is, parked
 //! incarnations and pending removals.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::Hasher;
@@ -135,20 +135,46 @@ impl Holding {
 pub(super) struct Parked {
     pub(super) address: StoredAddress,
     pub(super) clients: HashSet<u64, Hasher>,
-    /// Callers of `AddressCache::lease` waiting for this incarnation to enter the AV.
-    pub(super) waiters: Vec<(u64, Answer)>,
+    /// Callers of `AddressCache::lease` waiting for this incarnation to enter the AV, by client:
+    /// at most one each (a newer request from the same client answers the older one), found and
+    /// removed by hash, so parking and releasing `n` of them costs O(n) in all.
+    pub(super) waiters: HashMap<u64, Waiter, Hasher>,
 }
 
+/// A caller of `AddressCache::lease` waiting for a parked incarnation, until its deadline.
+pub(super) struct Waiter {
+    pub(super) answer: Answer,
+    pub(super) deadline: Instant,
+}
+
+/// The writer's waiters, by deadline: `(deadline, client, index of the removing entry the
+/// client's incarnation is parked behind)`, one per [`Waiter`].
+pub(super) type Deadlines = BTreeSet<(Instant, u64, fi_addr_t)>;
+
 impl Parked {
-    /// Tell `client`'s waiters (every waiter, for `None`) that this incarnation will not get in
-    /// for them: they resolve again.
-    pub(super) fn turn_away(&mut self, client: Option<u64>) {
-        let (turned_away, kept) = std::mem::take(&mut self.waiters)
-            .into_iter()
-            .partition(|(waiter, _)| client.is_none_or(|client| client == *waiter));
-        self.waiters = kept;
-        for (_, answer) in turned_away {
-            answer.send(Err(DmaError::WouldBlock));
+    /// Tell `client`'s waiter (every waiter, for `None`) that this incarnation, parked behind
+    /// the entry at `at`, will not get in for them: they resolve again.
+    pub(super) fn turn_away(
+        &mut self,
+        at: fi_addr_t,
+        client: Option<u64>,
+        deadlines: &mut Deadlines,
+    ) {
+        let mut turn_away = |client: u64, waiter: Waiter| {
+            deadlines.remove(&(waiter.deadline, client, at));
+            waiter.answer.send(Err(DmaError::WouldBlock));
+        };
+        match client {
+            Some(client) => {
+                if let Some(waiter) = self.waiters.remove(&client) {
+                    turn_away(client, waiter);
+                }
+            }
+            None => {
+                for (client, waiter) in self.waiters.drain() {
+                    turn_away(client, waiter);
+                }
+            }
         }
     }
 }
@@ -171,6 +197,8 @@ pub(super) enum Wait {
 pub(super) struct Pending {
     pub(super) fi_addr: fi_addr_t,
     pub(super) wait: Wait,
+    /// When it was retired: what an `OutOfPatience` error reports as `held_for`.
+    pub(super) since: Instant,
 }
 
 /// The entry at `fi_addr` in `entries`.
