@@ -11,8 +11,24 @@ pub use testkit::{efa, opaque};
 /// length (capacity 4) and a cache over it, in a `loom::lazy_static!` named `WORLD`. A static,
 /// so that a `Lease` borrowing the cache is `'static` and can move to another loom thread; loom
 /// builds it afresh in each execution and drops it (stopping the writer) at the end of each.
+///
+/// `static_world!(WORLD, AddressFormat::Efa, 32, patience)` gives the cache that patience
+/// (`AddressCache::with_patience`).
 #[macro_export]
 macro_rules! static_world {
+    ($name:ident, $format:expr, $address_len:expr, $patience:expr) => {
+        loom::lazy_static! {
+            static ref $name: (
+                ::dma_libfabric::ModelAv,
+                ::dma_libfabric::AddressCache<::dma_libfabric::ModelAv>,
+            ) = {
+                let av = ::dma_libfabric::ModelAv::with_layout($format, $address_len, 4);
+                let cache =
+                    ::dma_libfabric::AddressCache::with_backend(av.clone()).with_patience($patience);
+                (av, cache)
+            };
+        }
+    };
     ($name:ident, $format:expr, $address_len:expr) => {
         loom::lazy_static! {
             static ref $name: (

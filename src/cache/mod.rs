@@ -44,7 +44,8 @@
 //!    and changes nothing. So is a full AV: the cache never holds more than
 //!    [`AvBackend::capacity`] entries, counting those awaiting removal.
 //! 6. Nothing grows without bound: the writer's inbox holds at most
-//!    [`AddressCache::INBOX_BOUND`] requests, and `quiesce` answers once the requests before it
+//!    [`AddressCache::INBOX_BOUND`] requests, and at most as many misses queued in
+//!    `resolve_all`/`lease_all` chunks (a chunk counts as its misses), and `quiesce` answers once the requests before it
 //!    are applied and their removals have run, however busy the inbox is after it. A queued miss
 //!    that failed reports its error to the next `try_resolve` (never `WouldBlock` for ever). The
 //!    cache's heap stays within a bound set by the AV's capacity and the inbox bound however long
@@ -83,6 +84,7 @@
 //! drops.
 
 mod blocking;
+mod budget;
 mod doorbell;
 pub(crate) mod epoch;
 mod failures;
@@ -196,11 +198,14 @@ impl Core {
         let (reply, answers) = mpsc::channel();
         let mut sent = 0;
         for chunk in misses.chunks(BATCH) {
+            // The chunk's misses count against the inbox's bound (see `budget`).
+            self.shared.chunk_misses.take(chunk.len());
             let request = Request::ResolveChunk {
                 requests: chunk.to_vec(),
                 reply: reply.clone(),
             };
             if self.requests.send(request).is_err() {
+                self.shared.chunk_misses.give_back(chunk.len());
                 break;
             }
             sent += chunk.len();
@@ -394,8 +399,11 @@ impl<B: AvBackend> AddressCache<B> {
     /// How many requests (misses, releases, quiesces) the writer's inbox holds. A sender that
     /// finds it full waits for room ([`Pinned::resolve`], [`release`](Self::release),
     /// [`quiesce`](Self::quiesce), [`lease`](Self::lease)), or queues nothing and answers
-    /// [`DmaError::Busy`] ([`Pinned::try_resolve`], whose `WouldBlock` always means queued). So a
-    /// flood of queued misses costs at most this many requests of memory, however fast it comes.
+    /// [`DmaError::Busy`] ([`Pinned::try_resolve`], whose `WouldBlock` always means queued). A
+    /// chunk of [`Pinned::resolve_all`] or [`lease_all`](Self::lease_all) counts as its misses
+    /// too: at most this many misses are queued in chunks at once, and a sender waits for room
+    /// before it queues more. So a flood of queued misses costs at most this many requests and
+    /// this many chunked misses of memory, however fast it comes and however many threads send.
     pub const INBOX_BOUND: usize = INBOX_BOUND;
 
     /// The writer's counters, as of its last applied request, with the leases out now.
@@ -442,6 +450,15 @@ impl<B: AvBackend> AddressCache<B> {
     #[inline]
     pub fn owns(&self, peer: Peer<'_>) -> bool {
         peer.cache == self.core.id
+    }
+
+    /// How many misses are queued in `resolve_all`/`lease_all` chunks now: at most
+    /// [`INBOX_BOUND`](Self::INBOX_BOUND). For tests of that bound. Not part of the API (feature
+    /// `model`).
+    #[cfg(feature = "model")]
+    #[doc(hidden)]
+    pub fn queued_chunk_misses(&self) -> usize {
+        self.core.shared.chunk_misses.queued()
     }
 
     /// Set the lease counter of `fi_addr`, for tests that reach the lease bound without 2³⁰

@@ -46,6 +46,7 @@ impl<B: AvBackend> Writer<B> {
                 }
             }
             Request::ResolveChunk { requests, reply } => {
+                let misses = requests.len();
                 let results = requests
                     .into_iter()
                     .map(|(client, address)| {
@@ -53,6 +54,8 @@ impl<B: AvBackend> Writer<B> {
                         self.resolve(client, address.bytes())
                     })
                     .collect();
+                // The chunk's vector is freed: its misses no longer count (`cache::budget`).
+                self.shared.chunk_misses.give_back(misses);
                 self.chunk_replies.push((reply, results));
             }
             Request::Release { client } => {

@@ -87,8 +87,10 @@
 //!
 //! # Requests, backpressure and quiesce
 //!
-//! Requests arrive on a bounded channel ([`INBOX_BOUND`]): a flood of queued misses cannot grow
-//! memory without bound; `resolve` and `release` wait for room, `try_resolve` does not queue and
+//! Requests arrive on a bounded channel ([`INBOX_BOUND`]), and the misses of `resolve_all`
+//! chunks take credits from a budget of as many misses (`cache::budget`), which the writer gives
+//! back once it has applied a chunk: a flood of queued misses cannot grow memory without bound,
+//! however many threads send chunks; `resolve` and `release` wait for room, `try_resolve` does not queue and
 //! answers `Busy`. The writer parks on its [`Doorbell`], which every sender rings after queueing,
 //! and which the deferral's closure and an awaited lease's last drop ring too: neither ever sends
 //! on a channel, so neither can wait, allocate or take a lock.
@@ -105,6 +107,7 @@ use std::time::{Duration, Instant};
 use crossbeam_epoch::LocalHandle;
 use hashbrown::HashTable;
 
+use super::budget::MissBudget;
 use super::doorbell::{Doorbell, MAX_SPIN, POLLING};
 use super::failures::Failures;
 use super::index::Index;
@@ -185,6 +188,8 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     pub(crate) leases: LeaseCounts,
     pub(crate) failures: Failures,
+    /// The misses queued in chunks, which count against the inbox's bound (`cache::budget`).
+    pub(crate) chunk_misses: MissBudget,
     /// Wakes the parked writer: rung after a request is queued, by the deferral's closure, and by
     /// the last lease of an awaited removal.
     pub(crate) doorbell: Doorbell,
@@ -207,6 +212,7 @@ impl Shared {
             counters: Counters::default(),
             leases: LeaseCounts::new(capacity),
             failures: Failures::default(),
+            chunk_misses: MissBudget::default(),
             doorbell: Doorbell::default(),
             readers_gone: AtomicBool::new(false),
             on_evict: EvictionHook::new(),
@@ -407,6 +413,14 @@ impl<B: AvBackend> Writer<B> {
     /// Fold one batch's wall time into its average.
     fn measured_batch(&mut self, took: Duration) {
         self.batch_ns = averaged(self.batch_ns, took);
+    }
+}
+
+impl<B> Drop for Writer<B> {
+    /// However the writer ends (shutdown, or a panic unwinding), no sender waits for it to make
+    /// room for a chunk any more.
+    fn drop(&mut self) {
+        self.shared.chunk_misses.close();
     }
 }
 

@@ -1,0 +1,245 @@
+//! The cache core's two figures of issue 29, over the model AV (the writer's own work, without
+//! libfabric's):
+//!
+//! 1. **Parked waiters scale linearly.** `n` clients (2,000, then 20,000) re-advertise a new efa
+//!    incarnation of one slot whose old incarnation a lease holds, so all `n` park behind it
+//!    (`resolve_all`, 64 to a request); four threads wait in blocking `lease` calls on it too.
+//!    Timed: parking them, admitting them all once the lease is dropped, and releasing them all
+//!    (to the `quiesce` that follows). Meanwhile another thread's miss for an unrelated client is
+//!    timed: the writer's work on the waiters is what it waits behind.
+//! 2. **The hit's latency tail under churn.** One thread pins, hits and unpins, timing each hit,
+//!    first alone, then while another thread churns (resolve and release cycles of other
+//!    clients, so entries are retired and index nodes reclaimed). It prints p50, p99.9, p99.99 and
+//!    max, and how many frees (and of how many bytes) ran inside `resolve()` on the hit thread:
+//!    papaya's reclamation of the writer's retired index nodes, run by a reader's guard.
+//!
+//! `cargo bench --bench cache_core` (about 20 s). The figures go to stdout and to
+//! `target/bench-results/cache_core.tsv`.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
+use testkit::efa;
+
+/// Counts, on the thread that set `COUNTING`, the frees and the bytes freed while it is set.
+struct FreeCounter;
+
+std::thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static FREES: Cell<u64> = const { Cell::new(0) };
+    static FREED_BYTES: Cell<u64> = const { Cell::new(0) };
+    static LARGE_FREES: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counters are
+// const-initialised thread-locals without destructors, so touching them never allocates.
+unsafe impl GlobalAlloc for FreeCounter {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
+        if COUNTING.try_with(Cell::get).unwrap_or(false) {
+            let _ = FREES.try_with(|frees| frees.set(frees.get() + 1));
+            let _ = FREED_BYTES.try_with(|bytes| bytes.set(bytes.get() + layout.size() as u64));
+            if layout.size() > 128 {
+                let _ = LARGE_FREES.try_with(|large| large.set(large.get() + 1));
+            }
+        }
+        // SAFETY: `pointer` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(pointer, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: FreeCounter = FreeCounter;
+
+/// One figure, printed and kept for the tsv.
+fn report(rows: &mut Vec<(String, String)>, name: &str, value: String) {
+    println!("{name:<52} {value}");
+    rows.push((name.to_string(), value));
+}
+
+fn ms(duration: Duration) -> String {
+    format!("{:.2} ms", duration.as_secs_f64() * 1e3)
+}
+
+/// Park `n` clients and four blocking waiters behind a leased old incarnation, admit them,
+/// release them; the durations, and the unrelated miss's latency during the release.
+fn parked(n: u64) -> (Duration, Duration, Duration, Duration) {
+    let av = ModelAv::new(AddressFormat::Efa);
+    let cache = AddressCache::with_backend(av).with_patience(Duration::from_secs(60));
+    let old = cache.lease(0, &efa(1, 7, 1)).unwrap();
+    let new = efa(1, 7, 2);
+    let requests: Vec<(u64, &[u8])> = (1..=n).map(|client| (client, &new[..])).collect();
+    let started = Instant::now();
+    let parked = cache
+        .pin()
+        .resolve_all(&requests)
+        .iter()
+        .all(Result::is_err);
+    let park = started.elapsed();
+    assert!(parked, "all parked");
+    let go = AtomicBool::new(false);
+    let (admit, release, miss) = std::thread::scope(|scope| {
+        let cache = &cache;
+        let new = &new;
+        let waiters: Vec<_> = (0..4)
+            .map(|waiter| scope.spawn(move || cache.lease(n + 1 + waiter, new).map(|_| ())))
+            .collect();
+        // The waiters have asked once the writer has answered a later request.
+        cache.quiesce_with_patience(Duration::ZERO);
+        let started = Instant::now();
+        drop(old);
+        for waiter in waiters {
+            waiter.join().unwrap().unwrap();
+        }
+        cache.quiesce_with_patience(Duration::ZERO);
+        let admit = started.elapsed();
+        let go = &go;
+        let unrelated = scope.spawn(move || {
+            while !go.load(Ordering::Acquire) {
+                std::hint::spin_loop();
+            }
+            let started = Instant::now();
+            cache.pin().resolve(u64::MAX, &efa(200, 1, 1)).unwrap();
+            started.elapsed()
+        });
+        let started = Instant::now();
+        for client in 1..=n / 2 {
+            cache.release(client);
+        }
+        go.store(true, Ordering::Release);
+        for client in n / 2 + 1..=n + 4 {
+            cache.release(client);
+        }
+        cache.quiesce_with_patience(Duration::ZERO);
+        let release = started.elapsed();
+        (admit, release, unrelated.join().unwrap())
+    });
+    (park, admit, release, miss)
+}
+
+/// Percentiles of `samples` (nanoseconds), sorted in place: p50, p99.9, p99.99, max.
+fn tail(samples: &mut [u64]) -> [u64; 4] {
+    samples.sort_unstable();
+    let at = |fraction: f64| {
+        samples[((samples.len() as f64 * fraction) as usize).min(samples.len() - 1)]
+    };
+    [at(0.5), at(0.999), at(0.9999), samples[samples.len() - 1]]
+}
+
+/// `hits` timed hits on one thread, with another thread churning if `churn`; the tail and the
+/// frees inside `resolve()` on the hit thread.
+fn hits(hits: usize, churn: bool) -> ([u64; 4], u64, u64, u64) {
+    let av = ModelAv::with_layout(AddressFormat::Opaque, 16, 4096);
+    let cache = AddressCache::with_backend(av);
+    let address = [7_u8; 16];
+    cache.pin().resolve(1, &address).unwrap();
+    let stop = AtomicBool::new(false);
+    let mut samples = Vec::with_capacity(hits);
+    std::thread::scope(|scope| {
+        let churner = churn.then(|| {
+            scope.spawn(|| {
+                let mut cycle = 0_u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut other = [0_u8; 16];
+                    other[..8].copy_from_slice(&(cycle % 512 + 1).to_le_bytes());
+                    other[15] = 1;
+                    let _ = cache.pin().resolve(2 + cycle % 64, &other);
+                    cache.release(2 + cycle % 64);
+                    cycle += 1;
+                }
+            })
+        });
+        for _ in 0..hits {
+            let pinned = cache.pin();
+            COUNTING.with(|counting| counting.set(true));
+            let started = Instant::now();
+            let peer = pinned.resolve(1, &address);
+            let took = started.elapsed();
+            COUNTING.with(|counting| counting.set(false));
+            std::hint::black_box(peer.unwrap());
+            samples.push(took.as_nanos() as u64);
+        }
+        stop.store(true, Ordering::Relaxed);
+        if let Some(churner) = churner {
+            churner.join().unwrap();
+        }
+    });
+    let frees = FREES.with(|frees| frees.replace(0));
+    let bytes = FREED_BYTES.with(|bytes| bytes.replace(0));
+    let large = LARGE_FREES.with(|large| large.replace(0));
+    (tail(&mut samples), frees, bytes, large)
+}
+
+fn main() {
+    if std::env::args().any(|argument| argument == "--list") {
+        return; // `cargo test --benches` lists; nothing to list
+    }
+    let mut rows = Vec::new();
+    println!(
+        "parked waiters (model AV; n clients parked behind one leased incarnation, 4 blocking waiters)"
+    );
+    let mut figures = Vec::new();
+    for n in [2_000_u64, 20_000] {
+        let (park, admit, release, miss) = parked(n);
+        report(&mut rows, &format!("park {n}"), ms(park));
+        report(&mut rows, &format!("admit {n}"), ms(admit));
+        report(&mut rows, &format!("release {n}"), ms(release));
+        report(
+            &mut rows,
+            &format!("unrelated miss during release of {n}"),
+            ms(miss),
+        );
+        figures.push((park, admit, release));
+    }
+    let ratio = |at: fn(&(Duration, Duration, Duration)) -> Duration| {
+        at(&figures[1]).as_secs_f64() / at(&figures[0]).as_secs_f64()
+    };
+    report(
+        &mut rows,
+        "park 20,000 / 2,000",
+        format!("{:.1}x", ratio(|f| f.0)),
+    );
+    report(
+        &mut rows,
+        "admit 20,000 / 2,000",
+        format!("{:.1}x", ratio(|f| f.1)),
+    );
+    report(
+        &mut rows,
+        "release 20,000 / 2,000",
+        format!("{:.1}x", ratio(|f| f.2)),
+    );
+
+    println!("hit latency (one thread; pin, timed resolve, unpin)");
+    for (name, churn) in [("idle", false), ("under churn", true)] {
+        let ([p50, p999, p9999, max], frees, bytes, large) = hits(2_000_000, churn);
+        report(
+            &mut rows,
+            &format!("hit {name}: p50 / p99.9 / p99.99 / max"),
+            format!("{p50} / {p999} / {p9999} / {max} ns"),
+        );
+        report(
+            &mut rows,
+            &format!("hit {name}: frees inside resolve (bytes, > 128 B)"),
+            format!("{frees} ({bytes} B, {large})"),
+        );
+    }
+
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    let directory = std::path::Path::new(&target).join("bench-results");
+    if std::fs::create_dir_all(&directory).is_ok() {
+        if let Ok(mut file) = std::fs::File::create(directory.join("cache_core.tsv")) {
+            for (name, value) in rows {
+                let _ = writeln!(file, "{name}\t{value}");
+            }
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The cache's bounds at their worst cases (issue 29, "Bounds"): the inbox counts misses, not
+//! requests, so a storm of `resolve_all` chunks behind one slow insert queues at most
+//! `AddressCache::INBOX_BOUND` misses, however many threads send them.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use dma_libfabric::sys::fi_addr_t;
+use dma_libfabric::{AddressCache, AddressFormat, AvBackend, DmaError, ModelAv};
+
+/// A model AV whose inserts wait while its gate is shut: a slow `fi_av_insert` that holds the
+/// writer up.
+struct Gated {
+    av: ModelAv,
+    gate: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl AvBackend for Gated {
+    fn format(&self) -> AddressFormat {
+        self.av.format()
+    }
+    fn address_len(&self) -> usize {
+        self.av.address_len()
+    }
+    fn capacity(&self) -> usize {
+        self.av.capacity()
+    }
+    fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
+        let (shut, opened) = &*self.gate;
+        let mut shut = shut.lock().unwrap();
+        while *shut {
+            shut = opened.wait(shut).unwrap();
+        }
+        drop(shut);
+        self.av.insert(address)
+    }
+    fn remove(&mut self, fi_addr: fi_addr_t) -> Result<(), DmaError> {
+        self.av.remove(fi_addr)
+    }
+}
+
+/// The address of miss `n`: 16 opaque bytes, never all zero.
+fn address(n: u32) -> Vec<u8> {
+    let mut address = vec![1; 16];
+    address[..4].copy_from_slice(&n.to_le_bytes());
+    address
+}
+
+#[test]
+fn a_storm_of_chunks_behind_a_slow_insert_queues_at_most_the_inbox_bound_in_misses() {
+    const THREADS: u32 = 8;
+    const PER_THREAD: u32 = 1_024;
+    let gate = Arc::new((Mutex::new(true), Condvar::new()));
+    let av = ModelAv::with_layout(AddressFormat::Opaque, 16, 1 << 16);
+    let cache = AddressCache::with_backend(Gated {
+        av: av.clone(),
+        gate: Arc::clone(&gate),
+    });
+    let bound = AddressCache::<ModelAv>::INBOX_BOUND;
+    std::thread::scope(|scope| {
+        let cache = &cache;
+        let storm: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                scope.spawn(move || {
+                    let addresses: Vec<Vec<u8>> = (0..PER_THREAD)
+                        .map(|n| address(thread * PER_THREAD + n))
+                        .collect();
+                    let requests: Vec<(u64, &[u8])> = addresses
+                        .iter()
+                        .enumerate()
+                        .map(|(n, address)| {
+                            (u64::from(thread * PER_THREAD) + n as u64, &address[..])
+                        })
+                        .collect();
+                    cache
+                        .pin()
+                        .resolve_all(&requests)
+                        .iter()
+                        .filter(|peer| peer.is_ok())
+                        .count()
+                })
+            })
+            .collect();
+        // The storm has 8,192 misses to queue, twice the bound: it fills the budget, and no
+        // more, while the first insert holds the writer up.
+        let started = Instant::now();
+        let mut most = 0;
+        while most < bound {
+            let queued = cache.queued_chunk_misses();
+            assert!(queued <= bound, "{queued} misses queued, past {bound}");
+            most = most.max(queued);
+            assert!(
+                started.elapsed() < Duration::from_secs(8),
+                "the storm never filled the budget: {most}"
+            );
+            std::thread::yield_now();
+        }
+        for _ in 0..1_000 {
+            let queued = cache.queued_chunk_misses();
+            assert!(queued <= bound, "{queued} misses queued, past {bound}");
+        }
+        let (shut, opened) = &*gate;
+        *shut.lock().unwrap() = false;
+        opened.notify_all();
+        let admitted: usize = storm.into_iter().map(|thread| thread.join().unwrap()).sum();
+        assert_eq!((THREADS * PER_THREAD) as usize, admitted);
+    });
+    assert_eq!(0, cache.queued_chunk_misses());
+    assert_eq!((THREADS * PER_THREAD) as usize, av.len());
+}
+
+#[test]
+fn a_sender_past_the_budget_gets_in_once_the_writer_makes_room() {
+    let gate = Arc::new((Mutex::new(true), Condvar::new()));
+    let av = ModelAv::with_layout(AddressFormat::Opaque, 16, 1 << 16);
+    let cache = AddressCache::with_backend(Gated {
+        av,
+        gate: Arc::clone(&gate),
+    });
+    let bound = AddressCache::<ModelAv>::INBOX_BOUND;
+    let addresses: Vec<Vec<u8>> = (0..bound as u32 + 256).map(address).collect();
+    let requests: Vec<(u64, &[u8])> = addresses
+        .iter()
+        .enumerate()
+        .map(|(n, address)| (n as u64, &address[..]))
+        .collect();
+    std::thread::scope(|scope| {
+        let cache = &cache;
+        let requests = &requests;
+        let sender = scope.spawn(move || cache.pin().resolve_all(requests).len());
+        while cache.queued_chunk_misses() < bound {
+            std::thread::yield_now();
+        }
+        let (shut, opened) = &*gate;
+        *shut.lock().unwrap() = false;
+        opened.notify_all();
+        assert_eq!(requests.len(), sender.join().unwrap());
+    });
+    drop(cache);
+}
