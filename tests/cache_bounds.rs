@@ -1,6 +1,10 @@
 //! The cache's bounds at their worst cases (issue 29, "Bounds"): the inbox counts misses, not
 //! requests, so a storm of `resolve_all` chunks behind one slow insert queues at most
-//! `AddressCache::INBOX_BOUND` misses, however many threads send them.
+//! `AddressCache::INBOX_BOUND` misses, however many threads send them; and the failure records
+//! of 4,096 refused clients stay within their term of the byte bound.
+//!
+//! Its own binary, with a counting allocator; the tests take turns ([`serial`]) so each count is
+//! its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::sync::{Arc, Condvar, Mutex};
@@ -8,6 +12,18 @@ use std::time::{Duration, Instant};
 
 use dma_libfabric::sys::fi_addr_t;
 use dma_libfabric::{AddressCache, AddressFormat, AvBackend, DmaError, ModelAv};
+use testkit::fuzzing::heap;
+
+#[global_allocator]
+static GLOBAL: heap::Counting = heap::Counting;
+
+/// The tests of this binary take turns: the count is the whole process's.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// A model AV whose inserts wait while its gate is shut: a slow `fi_av_insert` that holds the
 /// writer up.
@@ -49,6 +65,7 @@ fn address(n: u32) -> Vec<u8> {
 
 #[test]
 fn a_storm_of_chunks_behind_a_slow_insert_queues_at_most_the_inbox_bound_in_misses() {
+    let _turn = serial();
     const THREADS: u32 = 8;
     const PER_THREAD: u32 = 1_024;
     let gate = Arc::new((Mutex::new(true), Condvar::new()));
@@ -112,6 +129,7 @@ fn a_storm_of_chunks_behind_a_slow_insert_queues_at_most_the_inbox_bound_in_miss
 
 #[test]
 fn a_sender_past_the_budget_gets_in_once_the_writer_makes_room() {
+    let _turn = serial();
     let gate = Arc::new((Mutex::new(true), Condvar::new()));
     let av = ModelAv::with_layout(AddressFormat::Opaque, 16, 1 << 16);
     let cache = AddressCache::with_backend(Gated {
@@ -139,3 +157,50 @@ fn a_sender_past_the_budget_gets_in_once_the_writer_makes_room() {
     });
     drop(cache);
 }
+
+#[test]
+fn failure_records_of_4096_refused_clients_stay_within_their_term() {
+    let _turn = serial();
+    const CAPACITY: usize = 64;
+    let cache =
+        AddressCache::with_backend(ModelAv::with_layout(AddressFormat::Opaque, 16, CAPACITY));
+    for client in 0..CAPACITY as u32 {
+        cache
+            .pin()
+            .resolve(u64::from(client), &address(client))
+            .unwrap();
+    }
+    // Addresses made before the count starts: only the cache's bytes move after it.
+    let refused: Vec<Vec<u8>> = (0..4_096).map(|n| address(1_000 + n)).collect();
+    cache.quiesce();
+    let empty = heap::Baseline::take(CAPACITY).expect("the counting allocator is installed");
+    for (n, address) in refused.iter().enumerate() {
+        loop {
+            match cache.pin().try_resolve(1_000 + n as u64, address) {
+                Err(DmaError::Busy) => std::thread::yield_now(),
+                Err(DmaError::WouldBlock) => break,
+                other => panic!("a queued miss: {other:?}"),
+            }
+        }
+    }
+    cache.quiesce();
+    let grown = empty.peak();
+    // The bound the writer's module docs state: the cache's term, and each failure record's.
+    let bound = heap::cache_bound(CAPACITY) + FAILURE_RECORD as isize * 4_096;
+    assert!(
+        grown <= bound,
+        "4,096 failure records: the heap grew {grown} B, past {bound} B"
+    );
+    let record = cache
+        .pin()
+        .try_resolve(1_000, &refused[0])
+        .map(|peer| peer.fi_addr());
+    assert!(
+        matches!(record, Err(DmaError::Capacity { .. })),
+        "{record:?}"
+    );
+    println!("failure records: +{grown} B for 4,096 refused clients, bound {bound} B");
+}
+
+/// What one failure record may cost, as the writer's module docs state it (`Failures::RECORD_BYTES`).
+const FAILURE_RECORD: usize = 256;

@@ -278,3 +278,15 @@ fn a_configured_patience_is_the_endpoints_caches() {
     let endpoint = dma_libfabric::LibfabricEndpoint::open(&configuration, None).expect("open");
     assert_eq!(Duration::from_millis(1234), endpoint.peers().patience());
 }
+
+#[test]
+fn a_patience_of_zero_still_admits_what_needs_no_wait() {
+    let (cache, av) = cache_with(Duration::ZERO);
+    let lease = answered("a lease with no patience", move || {
+        cache.lease(1, &efa(8, 7, 1)).map(|lease| lease.fi_addr())
+    });
+    assert_eq!(
+        Some(efa(8, 7, 1)),
+        av.lookup(lease.expect("a miss that parks nothing"))
+    );
+}

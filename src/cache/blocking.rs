@@ -251,6 +251,7 @@ impl<B: AvBackend> AddressCache<B> {
             leases: 0,
             held_for: Duration::ZERO,
         };
+        let mut asked = false;
         loop {
             {
                 let pinned = self.pin();
@@ -261,6 +262,11 @@ impl<B: AvBackend> AddressCache<B> {
             let Some(deadline) = deadline else {
                 return Err(out_of_patience());
             };
+            if asked && Instant::now() >= deadline {
+                // Admitted and released again, or turned away, until the patience ran out.
+                return Err(out_of_patience());
+            }
+            asked = true;
             // Unpinned while waiting: a parked incarnation waits for every pin, this one's too.
             let outcome = match reply::round_trip(
                 |answer| {
@@ -277,10 +283,6 @@ impl<B: AvBackend> AddressCache<B> {
                 // In the AV, or turned away by a newer incarnation: probe again.
                 Ok(_) | Err(DmaError::WouldBlock) => {}
                 Err(error) => return Err(error),
-            }
-            if Instant::now() >= deadline {
-                // Admitted and released again, or turned away, until the patience ran out.
-                return Err(out_of_patience());
             }
         }
     }

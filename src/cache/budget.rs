@@ -49,6 +49,7 @@ pub(crate) struct MissBudget {
 
 impl MissBudget {
     /// The most misses queued in chunks at once: as many as the inbox holds requests.
+    #[cfg_attr(dma_loom, allow(dead_code))]
     pub(crate) const BOUND: usize = super::writer::INBOX_BOUND;
 
     /// Take `misses` credits (at most [`BOUND`](Self::BOUND)), waiting while too few are left.

@@ -7,9 +7,12 @@
 //! answers `WouldBlock` until the writer has tried, and then the writer's verdict.
 //!
 //! Memory is bounded: at most one record per client, at most [`Failures::BOUND`] in all (the
-//! oldest goes first); a record goes when its client resolves again through the writer, is
-//! released, or reads it. Readers touch the lock only on a miss and only while some record
-//! exists.
+//! oldest goes first), each at most 256 B with the tables' slack (its map entry at hashbrown's
+//! worst load and twice the capacity it needs, the address's box, the error with its text cut
+//! to [`MESSAGE_LIMIT`] bytes, its place in the order queue; `tests/cache_bounds.rs` checks
+//! 4,096 records against it); a record goes when its client resolves again through
+//! the writer, is released, or reads it. Readers touch the lock only on a miss and only while
+//! some record exists.
 
 use std::collections::{HashMap, VecDeque};
 // Plain std even under loom: bookkeeping beside the protocol, with no loom operation inside the
@@ -41,15 +44,15 @@ pub(crate) struct Failures {
 }
 
 impl Failures {
-    /// The most records kept at once.
-    pub(crate) const BOUND: usize = 4096;
+    /// The most records kept at once: the inbox's bound, as many misses as may be queued.
+    pub(crate) const BOUND: usize = super::writer::INBOX_BOUND;
 
     /// Writer: the queued miss of `client` for `address` failed with `error`.
     pub(crate) fn record(&self, client: u64, address: &[u8], error: DmaError) {
         let mut records = lock(&self.records);
         let failure = Failure {
             address: address.into(),
-            error,
+            error: cut(error),
         };
         if records.by_client.insert(client, failure).is_none() {
             records.order.push_back(client);
@@ -101,5 +104,62 @@ impl Failures {
             order.retain(|client| by_client.contains_key(client));
         }
         self.len.store(records.by_client.len(), Ordering::Relaxed);
+    }
+}
+
+/// The most bytes of an error's text a record keeps.
+pub(crate) const MESSAGE_LIMIT: usize = 96;
+
+/// `error` with its text cut to [`MESSAGE_LIMIT`] bytes (at a character boundary), so a record's
+/// size is bounded whatever a provider's message says.
+fn cut(error: DmaError) -> DmaError {
+    fn short(mut text: String) -> String {
+        if text.len() > MESSAGE_LIMIT {
+            let mut end = MESSAGE_LIMIT;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+            text.shrink_to_fit();
+        }
+        text
+    }
+    match error {
+        DmaError::Fabric {
+            call,
+            code,
+            message,
+        } => DmaError::Fabric {
+            call,
+            code,
+            message: short(message),
+        },
+        DmaError::NoProvider { tried } => DmaError::NoProvider {
+            tried: short(tried),
+        },
+        DmaError::InvalidAddress(why) => DmaError::InvalidAddress(short(why)),
+        DmaError::Unsupported(why) => DmaError::Unsupported(short(why)),
+        DmaError::InvalidArgument(why) => DmaError::InvalidArgument(short(why)),
+        DmaError::PeerUnreachable { peer, reason } => DmaError::PeerUnreachable {
+            peer,
+            reason: short(reason),
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_message_is_cut_at_a_character_boundary() {
+        let long = "é".repeat(200);
+        let DmaError::InvalidArgument(kept) = cut(DmaError::InvalidArgument(long)) else {
+            panic!("the same variant");
+        };
+        assert!(kept.len() <= MESSAGE_LIMIT && kept.len() >= MESSAGE_LIMIT - 1);
+        assert!(kept.chars().all(|c| c == 'é'));
+        assert_eq!(DmaError::Closed, cut(DmaError::Closed));
     }
 }

@@ -97,14 +97,19 @@ impl<B: AvBackend> Writer<B> {
                         .first()
                         .is_some_and(|&(deadline, ..)| deadline <= Instant::now());
             // Removals awaiting only their leases need no ticks: the last lease rings. A waiter's
-            // deadline is a tick of its own.
-            let waiting = self.in_flight.is_some()
-                || !self.retries.is_empty()
-                || !self.quiescing.is_empty()
-                || !self.deadlines.is_empty();
-            let tick_or_deadline = self.deadlines.first().map_or(tick, |&(deadline, ..)| {
-                tick.min(deadline.saturating_duration_since(Instant::now()))
-            });
+            // deadline wakes the writer once, when it comes.
+            let ticking =
+                self.in_flight.is_some() || !self.retries.is_empty() || !self.quiescing.is_empty();
+            let waiting = ticking || !self.deadlines.is_empty();
+            let until_deadline = self
+                .deadlines
+                .first()
+                .map(|&(deadline, ..)| deadline.saturating_duration_since(Instant::now()));
+            let tick_or_deadline = match until_deadline {
+                Some(until) if ticking => tick.min(until),
+                Some(until) => until,
+                None => tick,
+            };
             let request = if hurry {
                 match self.inbox.try_recv() {
                     Ok(request) => Some(request),
@@ -325,8 +330,12 @@ impl<B: AvBackend> Writer<B> {
                 .entry(at)
                 .filter(|entry| !entry.is_live())
                 .map(|entry| entry.removal);
-            if let Some(ticket) = removal {
-                // Admits the parked incarnation if it can go in now, answering its waiters.
+            // The count the decision rests on, and the one the error reports: read once, so a
+            // drop after it neither hides a wait that could end nor makes the error name none.
+            let leases = self.shared.leases.count(at);
+            if let Some(ticket) = removal.filter(|_| leases == 0) {
+                // No lease left: admits the parked incarnation if its readers are gone too,
+                // answering its waiters.
                 self.try_remove(ticket, now);
             }
             if self.deadlines.first() != Some(&key) {
@@ -345,7 +354,6 @@ impl<B: AvBackend> Writer<B> {
                 .map_or(Duration::ZERO, |pending| {
                     now.saturating_duration_since(pending.since)
                 });
-            let leases = self.shared.leases.count(at);
             tracing::warn!(
                 op = "out_of_patience",
                 client,
