@@ -234,6 +234,15 @@ pub struct Configuration {
     /// rxm's buffer sizes. They take effect only once applied to the environment before
     /// libfabric initialises; see [`apply_rxm_environment`](Self::apply_rxm_environment).
     pub rxm: RxmSizing,
+    /// Whether the endpoint's blocking waits ([`wait_for`](crate::LibfabricEndpoint::wait_for),
+    /// [`receive`](crate::LibfabricEndpoint::receive), a blocking send, the drain) spin on the
+    /// completion queues instead of sleeping on their file descriptor. Default `false`: where
+    /// the provider offers a wait object (tcp, tcp;ofi_rxm) the queues are opened with
+    /// `FI_WAIT_FD` and a wait sleeps between reads, using next to no CPU; `true` opens them
+    /// with `FI_WAIT_NONE`, as every provider without a wait object does anyway, and trades a
+    /// core per waiting thread for the few microseconds a wake-up costs (see
+    /// `docs/completions.md`).
+    pub busy_poll: bool,
 }
 
 impl Configuration {
@@ -450,6 +459,7 @@ impl Default for Configuration {
             cq_size: 512,
             rxm: RxmSizing::default(),
             rma: false,
+            busy_poll: false,
         }
     }
 }
