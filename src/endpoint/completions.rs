@@ -40,6 +40,37 @@ pub(crate) trait CompletionOwner: Send + Sync {
     fn completed(&self, completion: Completion);
 }
 
+/// Why an operation failed, as read from its error entry.
+pub(super) enum Failure {
+    /// The provider reported the peer's connection refused, reset or gone.
+    PeerLost(DmaError),
+    /// Anything else.
+    Other(DmaError),
+}
+
+/// Whether a provider error code (tcp's are `errno`s) says the peer's connection is gone: refused,
+/// reset, aborted, not connected, a broken pipe, or an unreachable host or network.
+fn connection_lost(prov_errno: i32) -> bool {
+    matches!(
+        prov_errno,
+        libc::ECONNREFUSED
+            | libc::ECONNRESET
+            | libc::ECONNABORTED
+            | libc::ENOTCONN
+            | libc::EPIPE
+            | libc::EHOSTUNREACH
+            | libc::ENETUNREACH
+    )
+}
+
+/// An error's text without its call: what the provider said, for `PeerUnreachable`'s reason.
+fn fabric_text(error: &DmaError) -> String {
+    match error {
+        DmaError::Fabric { code, message, .. } => format!("{message} (code {code})"),
+        other => other.to_string(),
+    }
+}
+
 /// An owner shared with the slots of its operations in flight.
 pub(crate) type Owner = Arc<dyn CompletionOwner>;
 
@@ -80,7 +111,13 @@ impl Operations {
             return false;
         };
         if self.index_of(entry.op_context).is_some() {
-            self.complete(entry.op_context, Err(entry.error("fi_cq_readerr")));
+            let error = entry.error("fi_cq_readerr");
+            let error = if connection_lost(entry.prov_errno) {
+                Failure::PeerLost(error)
+            } else {
+                Failure::Other(error)
+            };
+            self.complete(entry.op_context, Err(error));
         } else {
             tracing::warn!(error = %entry.error("fi_cq_readerr"), "transmit failed");
         }
@@ -88,9 +125,9 @@ impl Operations {
     }
 
     /// The completion of the operation whose context is `context`, if it is one of ours.
-    fn complete(&self, context: *mut c_void, result: Result<(), DmaError>) {
+    fn complete(&self, context: *mut c_void, result: Result<(), Failure>) {
         let Some(index) = self.index_of(context) else {
-            if let Err(error) = result {
+            if let Err(Failure::Other(error) | Failure::PeerLost(error)) = result {
                 tracing::warn!(%error, "transmit failed");
             }
             return;
@@ -106,13 +143,19 @@ impl Operations {
         self.slots[index].posted_at.clear();
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         // Name the operation that failed rather than the queue read that reported it.
-        let result = result.map_err(|error| match error {
-            DmaError::Fabric { code, message, .. } => DmaError::Fabric {
-                call: operation.operation.call(),
+        let call = operation.operation.call();
+        let result = result.map_err(|failure| match failure {
+            // The provider says the peer's connection is gone: the distinct error, naming it.
+            Failure::PeerLost(error) => DmaError::PeerUnreachable {
+                peer: operation.fi_addr,
+                reason: format!("{call}: {}", fabric_text(&error)),
+            },
+            Failure::Other(DmaError::Fabric { code, message, .. }) => DmaError::Fabric {
+                call,
                 code,
                 message,
             },
-            other => other,
+            Failure::Other(other) => other,
         });
         let completion = Completion {
             id: operation.id,

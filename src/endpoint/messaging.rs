@@ -397,6 +397,8 @@ pub(super) struct ErrorEntry {
     pub(super) op_context: *mut std::ffi::c_void,
     /// `fi_cq_err_entry.err`: a positive `FI_E*` code.
     err: i32,
+    /// `fi_cq_err_entry.prov_errno`: the provider's own code (tcp: an `errno`).
+    pub(super) prov_errno: i32,
     /// `fi_strerror`'s text, and the provider's where it gave one.
     message: String,
 }
@@ -457,6 +459,7 @@ pub(super) fn read_error_entry(cq: *mut sys::fid_cq) -> Result<Option<ErrorEntry
     Ok(Some(ErrorEntry {
         op_context: entry.op_context,
         err: entry.err,
+        prov_errno: entry.prov_errno,
         message,
     }))
 }

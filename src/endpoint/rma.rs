@@ -103,9 +103,12 @@ pub struct Completion {
     /// How many bytes were to be transferred.
     pub len: usize,
     /// `Ok` when the transfer is complete (on tcp: sent; the bytes land when the target
-    /// progresses); the error entry's detail otherwise ([`DmaError::Fabric`] naming the
-    /// operation's call, whose `code` is the negative `FI_E*` error, `-FI_ECANCELED` for a
-    /// cancelled one, and whose message has the provider's own text from `fi_cq_strerror`).
+    /// progresses); [`DmaError::PeerUnreachable`] naming the peer's `fi_addr_t` when the provider
+    /// says its connection was refused, reset or lost (tcp's provider errors `ECONNREFUSED`,
+    /// `ECONNRESET`, `ECONNABORTED`, `ENOTCONN`, `EPIPE`, `EHOSTUNREACH`, `ENETUNREACH`); the
+    /// error entry's detail otherwise ([`DmaError::Fabric`] naming the operation's call, whose
+    /// `code` is the negative `FI_E*` error, `-FI_ECANCELED` for a cancelled one, and whose
+    /// message has the provider's own text from `fi_cq_strerror`).
     pub result: Result<(), DmaError>,
 }
 
@@ -119,6 +122,8 @@ pub(super) struct InFlight {
     #[allow(dead_code)]
     lease: Option<Lease<'static>>,
     pub(super) region: Arc<Registration>,
+    /// The peer it was posted to, for [`DmaError::PeerUnreachable`].
+    pub(super) fi_addr: sys::fi_addr_t,
     /// Who receives the completion: the application's ready queue when `None`, else the crate's
     /// own party that posted it (see `completions`, "Routing").
     pub(super) owner: Option<Owner>,
@@ -638,6 +643,7 @@ impl LibfabricEndpoint {
                 len: local.len,
                 lease,
                 region: Arc::clone(local.region),
+                fi_addr,
                 owner,
             });
         }

@@ -108,10 +108,49 @@ impl Source {
 
     /// `fi_trywait` on both queues: whether the caller may block on the descriptors now.
     fn may_sleep(&self) -> bool {
-        // SAFETY: the queues are open (`of`'s promise).
-        let mut fids = self.cqs.map(|cq| unsafe { &raw mut (*cq).fid });
-        // SAFETY: the fabric and the queues are open; `fids` holds two valid fids.
-        let code = unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), 2) };
+        self.may_sleep_on(&self.cqs)
+    }
+
+    /// The transmit queue's descriptor, then the receive queue's.
+    pub(crate) fn fds(&self) -> [RawFd; 2] {
+        self.fds
+    }
+
+    /// `fi_trywait` on the transmit queue alone (0) or the receive queue alone (1): whether the
+    /// caller may block on that queue's descriptor now.
+    pub(crate) fn may_sleep_on_queue(&self, queue: usize) -> bool {
+        match self.cqs.get(queue) {
+            Some(cq) => self.may_sleep_on(std::slice::from_ref(cq)),
+            None => false,
+        }
+    }
+
+    /// Whether queue `queue`'s descriptor (0: transmit, 1: receive) is readable now, without
+    /// blocking: what an edge-triggered waiter checks before it sleeps, since an event the
+    /// provider left unconsumed (rxm reads its connection events at most every
+    /// `FI_OFI_RXM_CM_PROGRESS_INTERVAL`, 10 ms by default, in 2.x) sends no second edge.
+    pub(crate) fn readable(&self, queue: usize) -> bool {
+        let Some(&fd) = self.fds.get(queue) else {
+            return false;
+        };
+        let mut pollfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one initialised pollfd that lives across the call; a zero timeout.
+        0 < unsafe { libc::poll(&raw mut pollfd, 1, 0) }
+    }
+
+    fn may_sleep_on(&self, cqs: &[*mut sys::fid_cq]) -> bool {
+        let mut fids = [std::ptr::null_mut(); 2];
+        for (fid, cq) in fids.iter_mut().zip(cqs) {
+            // SAFETY: the queues are open (`of`'s promise).
+            *fid = unsafe { &raw mut (**cq).fid };
+        }
+        let count = cqs.len().min(2) as i32;
+        // SAFETY: the fabric and the queues are open; `fids` holds `count` valid fids.
+        let code = unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), count) };
         if 0 != code && code != -(sys::FI_EAGAIN as i32) {
             tracing::debug!(
                 code,
