@@ -336,7 +336,12 @@ impl AsyncEndpoint {
             }
         }
         drop(lease);
-        Completed(state).await
+        Completed {
+            pending: state,
+            endpoint,
+            read: false,
+        }
+        .await
     }
 
     /// Send `message` (at most the provider's inject size) to the peer `lease` holds, retrying
@@ -413,25 +418,49 @@ impl CompletionOwner for Pending {
 }
 
 /// Resolves when the operation's completion has been delivered to its [`Pending`].
-struct Completed(Arc<Pending>);
+struct Completed<'endpoint> {
+    pending: Arc<Pending>,
+    endpoint: &'endpoint LibfabricEndpoint,
+    /// Whether its first poll has read the queue itself.
+    read: bool,
+}
 
-impl Future for Completed {
+impl Completed<'_> {
+    fn take(&self, context: &std::task::Context<'_>) -> Option<Completion> {
+        let mut state = self
+            .pending
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let completion = state.0.take();
+        if completion.is_none() {
+            match &mut state.1 {
+                Some(waker) => waker.clone_from(context.waker()),
+                none => *none = Some(context.waker().clone()),
+            }
+        }
+        completion
+    }
+}
+
+impl Future for Completed<'_> {
     type Output = Result<Completion, DmaError>;
 
     fn poll(
-        self: std::pin::Pin<&mut Self>,
+        mut self: std::pin::Pin<&mut Self>,
         context: &mut std::task::Context<'_>,
     ) -> Poll<Self::Output> {
-        let mut state = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
-        match state.0.take() {
-            Some(completion) => Poll::Ready(Ok(completion)),
-            None => {
-                match &mut state.1 {
-                    Some(waker) => waker.clone_from(context.waker()),
-                    none => *none = Some(context.waker().clone()),
-                }
-                Poll::Pending
+        if let Some(completion) = self.take(context) {
+            return Poll::Ready(Ok(completion));
+        }
+        // On tcp a small write often completes as it is posted: one read of the queue here saves
+        // the round trip through the reactor and the driver task.
+        if !std::mem::replace(&mut self.read, true) {
+            self.endpoint.progress();
+            if let Some(completion) = self.take(context) {
+                return Poll::Ready(Ok(completion));
             }
         }
+        Poll::Pending
     }
 }
