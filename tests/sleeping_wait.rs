@@ -142,6 +142,56 @@ fn a_target_that_only_sleeps_in_receive_lands_a_write() {
     wait_for_bytes(&target, len - 4096, &data[len - 4096..]);
 }
 
+/// An RMA target whose only thread loops on `progress_sleeping` lands a write, and that thread
+/// sleeps while nothing arrives.
+#[test]
+fn a_target_in_progress_sleeping_lands_a_write_and_sleeps_when_idle() {
+    let server = rma_tcp();
+    let client = rma_tcp();
+    let len = 8 << 20;
+    let source = server.register(len).unwrap();
+    let data: Vec<u8> = (0..len).map(|at| (at % 233) as u8).collect();
+    source.write_bytes(0, &data).unwrap();
+    let target = client.register(len).unwrap();
+    let address = client.local_address().unwrap();
+    let landed = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let serving = scope.spawn(|| {
+            let deadline = Instant::now() + PATIENCE;
+            let mut last = vec![0; 4096];
+            while Instant::now() < deadline {
+                client.progress_sleeping(Duration::from_millis(100));
+                target.read_bytes(len - 4096, &mut last).unwrap();
+                if last[..] == data[len - 4096..] {
+                    landed.store(true, std::sync::atomic::Ordering::Release);
+                    // Idle now: the same loop sleeps.
+                    return sleeps("progress_sleeping for 500 ms, idle", || {
+                        let idle = Instant::now();
+                        while idle.elapsed() < Duration::from_millis(500) {
+                            client.progress_sleeping(Duration::from_millis(100));
+                        }
+                    });
+                }
+            }
+            panic!("the write never landed");
+        });
+        let lease = server.peers().lease(1, &address).unwrap();
+        server
+            .write_within(
+                lease,
+                source.segment(0, len).unwrap(),
+                target.remote(),
+                1,
+                PATIENCE,
+            )
+            .unwrap();
+        assert_eq!(Ok(()), server.wait_for(1, PATIENCE).unwrap().result);
+        serving.join().unwrap();
+    });
+    assert!(landed.load(std::sync::atomic::Ordering::Acquire));
+    wait_for_bytes(&target, 0, &data[..4096]);
+}
+
 /// `Configuration::busy_poll` keeps the spinning wait, which still answers.
 #[test]
 fn busy_poll_keeps_the_spinning_wait() {

@@ -299,15 +299,15 @@ impl LibfabricEndpoint {
             .wait(self.operations.sources(), deadline, attempt)
     }
 
-    /// Sleep until the endpoint's completion queues have something to do (or `timeout` passes),
-    /// then drive progress: what a thread that only serves a peer's RMA into this endpoint's
+    /// Sleep until the endpoint's completion queues have something to do, or `timeout` passes,
+    /// then drive progress: what a thread that only serves peers' RMA into this endpoint's
     /// memory calls in a loop, instead of spinning on [`progress`](Self::progress). Nothing moves
     /// while no thread reads the queues (libfabric has no progress thread of its own here), so
-    /// some thread must wait on every endpoint that is an RMA target. Returns whether the queues
-    /// woke it before `timeout` (a wake-up may bring no completion: a rendezvous, a peer's RMA).
+    /// some thread must wait on every endpoint that is an RMA target. A wake-up may bring no
+    /// completion (a rendezvous, a peer's RMA landing): it is answered by the progress itself.
     /// Where the provider has no wait object, or with
     /// [`Configuration::busy_poll`](crate::Configuration::busy_poll), this drives progress once
-    /// and returns `true` at once.
+    /// and returns at once. Any `Duration` is accepted (`Duration::MAX`: until a wake-up).
     ///
     /// ```
     /// use std::time::Duration;
@@ -318,17 +318,16 @@ impl LibfabricEndpoint {
     /// endpoint.progress_sleeping(Duration::from_millis(10));
     /// # Ok::<(), dma_libfabric::DmaError>(())
     /// ```
-    pub fn progress_sleeping(&self, timeout: Duration) -> bool {
+    pub fn progress_sleeping(&self, timeout: Duration) {
         if self.operations.sources().is_empty() {
             self.progress();
-            return true;
+            return;
         }
         let mut first = true;
-        self.wait_until(Deadline::after(timeout), || {
+        // The first attempt only reads; the next runs after a wake-up or the timeout.
+        let _woken = self.wait_until(Deadline::after(timeout), || {
             self.progress();
-            // The first attempt only reads; any later one runs after a wake-up.
             (!std::mem::take(&mut first)).then_some(())
-        })
-        .is_some()
+        });
     }
 }
