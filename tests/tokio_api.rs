@@ -107,9 +107,10 @@ async fn send_and_receive_on_the_multi_thread_runtime() {
 }
 
 /// A peer that closes with 64 writes of 64 KiB in flight to it: every future resolves, with its
-/// completion, `PeerUnreachable` naming the peer (the provider's reset of the connection) or,
-/// for a post after the close, `WouldBlock` once its patience ran out; none stays pending, no
-/// task panics, and the leases all come back.
+/// completion, `PeerUnreachable` naming the peer (the provider's reset of the connection), a
+/// plain `FI_ECANCELED` (2.6.0 cancels some queued writes without saying why) or, for a post
+/// after the close, `WouldBlock` once its patience ran out; none stays pending, no task panics,
+/// and the leases all come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_future_resolves_when_the_peer_closes_mid_transfer() {
     let server = open(true);
@@ -169,9 +170,19 @@ async fn every_future_resolves_when_the_peer_closes_mid_transfer() {
         // In flight at the close: the provider's reset of the connection, as the distinct error
         // naming the peer. Not yet posted: rxm answers -FI_EAGAIN to a post to the closed peer
         // until the post's patience runs out (docs/completions.md, "Errors").
+        // libfabric 2.6.0 also cancels some writes queued on the closed connection, with
+        // FI_ECANCELED and no provider error to say why.
         assert!(
             matches!(error, DmaError::PeerUnreachable { peer, .. } if *peer == fi_addr)
-                || DmaError::WouldBlock == *error,
+                || DmaError::WouldBlock == *error
+                || matches!(
+                    error,
+                    DmaError::Fabric {
+                        call: "fi_write",
+                        code: -125,
+                        ..
+                    }
+                ),
             "{error}"
         );
     }
