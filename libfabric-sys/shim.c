@@ -76,3 +76,7 @@ ssize_t dmafab_write(struct fid_ep *ep, const void *buf, size_t len, void *desc,
 ssize_t dmafab_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, uint64_t addr, uint64_t key, void *context)
 { return fi_read(ep, buf, len, desc, src_addr, addr, key, context); }
 ssize_t dmafab_cancel(struct fid *fid, void *context) { return fi_cancel(fid, context); }
+
+int dmafab_control(struct fid *fid, int command, void *arg) { return fi_control(fid, command, arg); }
+int dmafab_trywait(struct fid_fabric *fabric, struct fid **fids, int count)
+{ return fi_trywait(fabric, fids, count); }

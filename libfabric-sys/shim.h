@@ -49,4 +49,7 @@ ssize_t dmafab_write(struct fid_ep *ep, const void *buf, size_t len, void *desc,
 ssize_t dmafab_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, uint64_t addr, uint64_t key, void *context);
 ssize_t dmafab_cancel(struct fid *fid, void *context);
 
+int dmafab_control(struct fid *fid, int command, void *arg);
+int dmafab_trywait(struct fid_fabric *fabric, struct fid **fids, int count);
+
 #endif

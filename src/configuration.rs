@@ -241,6 +241,15 @@ pub struct Configuration {
     /// [`AddressCache::DEFAULT_PATIENCE`](crate::AddressCache::DEFAULT_PATIENCE), 5 s; at most
     /// [`MAX_CACHE_PATIENCE`](Self::MAX_CACHE_PATIENCE).
     pub cache_patience: std::time::Duration,
+    /// Whether the endpoint's blocking waits ([`wait_for`](crate::LibfabricEndpoint::wait_for),
+    /// [`receive`](crate::LibfabricEndpoint::receive), a blocking send, the drain) spin on the
+    /// completion queues instead of sleeping on their file descriptor. Default `false`: where
+    /// the provider offers a wait object (tcp, tcp;ofi_rxm) the queues are opened with
+    /// `FI_WAIT_FD` and a wait sleeps between reads, using next to no CPU; `true` opens them
+    /// with `FI_WAIT_NONE`, as every provider without a wait object does anyway, and trades a
+    /// core per waiting thread for the few microseconds a wake-up costs (see
+    /// `docs/completions.md`).
+    pub busy_poll: bool,
 }
 
 impl Configuration {
@@ -482,6 +491,7 @@ impl Default for Configuration {
             rxm: RxmSizing::default(),
             rma: false,
             cache_patience: Self::DEFAULT_CACHE_PATIENCE,
+            busy_poll: false,
         }
     }
 }

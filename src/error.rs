@@ -62,10 +62,21 @@ pub enum DmaError {
     /// The address cache's writer thread has stopped, so nothing more can be resolved.
     #[error("the address cache is closed: its writer thread has stopped")]
     Closed,
-    /// The call would have had to wait. A queued resolve has been handed to the writer; resolving
-    /// again under a later pin finds its result. (When nothing could be queued,
-    /// [`Pinned::try_resolve`](crate::Pinned::try_resolve) answers [`DmaError::Busy`] instead.)
-    #[error("the operation would block; it has been queued")]
+    /// The call would have had to wait longer than it was allowed to. What was left behind
+    /// depends on the call, and its docs say which:
+    /// - a resolve ([`Pinned::try_resolve`](crate::Pinned::try_resolve), a bounded lease) has
+    ///   been handed to the writer; resolving again under a later pin finds its result (when
+    ///   nothing could be queued, `try_resolve` answers [`DmaError::Busy`] instead);
+    /// - a send or an RMA post ([`LibfabricEndpoint::write`](crate::LibfabricEndpoint::write) and
+    ///   friends) was **not** posted: the provider still pushed back (a full queue, or a peer that
+    ///   has not accepted the connection yet, which on tcp;ofi_rxm 1.17 is also how a peer whose
+    ///   process has gone looks) when its timeout ran out;
+    /// - a wait ([`LibfabricEndpoint::wait_for`](crate::LibfabricEndpoint::wait_for)) timed out
+    ///   and the operation is still in flight.
+    #[error(
+        "the operation would block: not done within its timeout (a resolve stays queued for the \
+         writer; a send or RMA post was not posted; a waited-for operation is still in flight)"
+    )]
     WouldBlock,
     /// The writer's inbox is full ([`AddressCache::INBOX_BOUND`](crate::AddressCache::INBOX_BOUND)
     /// requests), so [`Pinned::try_resolve`](crate::Pinned::try_resolve) queued nothing and

@@ -41,6 +41,8 @@
 //! ```
 
 pub mod address;
+#[cfg(feature = "tokio")]
+pub mod asynchronous;
 pub mod av;
 pub mod cache;
 pub mod configuration;

@@ -1,5 +1,6 @@
 //! The library's modules depend on each other one way, bottom up:
-//! `error`/`sync` → `address`/`configuration` → `av` → `cache` → `endpoint`.
+//! `error`/`sync` → `address`/`configuration` → `av` → `cache` → `endpoint` → `rails` →
+//! `asynchronous`.
 //!
 //! Read from the source: every `crate::…` path in code (doc comments aside, which may link
 //! anywhere) must name a module at or below the one it is written in. Names re-exported at the
@@ -22,6 +23,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("cache", 4),
     ("endpoint", 5),
     ("rails", 6),
+    ("asynchronous", 7),
 ];
 
 /// Root re-exports, by the module that defines them.

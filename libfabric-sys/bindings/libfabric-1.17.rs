@@ -2663,3 +2663,17 @@ unsafe extern "C" {
 unsafe extern "C" {
     pub fn dmafab_cancel(fid: *mut fid, context: *mut ::std::os::raw::c_void) -> isize;
 }
+unsafe extern "C" {
+    pub fn dmafab_control(
+        fid: *mut fid,
+        command: ::std::os::raw::c_int,
+        arg: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn dmafab_trywait(
+        fabric: *mut fid_fabric,
+        fids: *mut *mut fid,
+        count: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int;
+}

@@ -27,6 +27,7 @@ pub use self::dmafab_av_remove as fi_av_remove;
 pub use self::dmafab_av_straddr as fi_av_straddr;
 pub use self::dmafab_cancel as fi_cancel;
 pub use self::dmafab_close as fi_close;
+pub use self::dmafab_control as fi_control;
 pub use self::dmafab_cq_open as fi_cq_open;
 pub use self::dmafab_cq_read as fi_cq_read;
 pub use self::dmafab_cq_readerr as fi_cq_readerr;
@@ -45,6 +46,7 @@ pub use self::dmafab_mr_reg as fi_mr_reg;
 pub use self::dmafab_read as fi_read;
 pub use self::dmafab_recv as fi_recv;
 pub use self::dmafab_send as fi_send;
+pub use self::dmafab_trywait as fi_trywait;
 pub use self::dmafab_write as fi_write;
 
 /// `FI_ADDR_UNSPEC`: `((uint64_t) -1)`, a cast bindgen does not evaluate.

@@ -22,6 +22,12 @@ impl Deadline {
     pub(crate) fn passed(self) -> bool {
         self.0.is_some_and(|deadline| Instant::now() >= deadline)
     }
+
+    /// How long until the deadline (zero once it has passed); `None` without one.
+    pub(crate) fn remaining(self) -> Option<Duration> {
+        self.0
+            .map(|deadline| deadline.saturating_duration_since(Instant::now()))
+    }
 }
 
 #[cfg(test)]
@@ -33,10 +39,15 @@ mod tests {
         let forever = Deadline::after(Duration::MAX);
         assert_eq!(Deadline(None), forever);
         assert!(!forever.passed());
+        assert_eq!(None, forever.remaining());
     }
 
     #[test]
     fn a_zero_timeout_has_passed_at_once() {
         assert!(Deadline::after(Duration::ZERO).passed());
+        assert_eq!(
+            Some(Duration::ZERO),
+            Deadline::after(Duration::ZERO).remaining()
+        );
     }
 }

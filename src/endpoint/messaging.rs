@@ -1,7 +1,8 @@
 //! Messaging: sends (`fi_inject` to a [`Peer`], or `unsafe` to a raw `fi_addr_t`), receives
 //! into the endpoint's own buffers, driving progress, and reading error completions.
 //!
-//! Every wait here is bounded: a send gives up after its timeout, `receive` returns `None` after
+//! Every wait here is bounded, and sleeps on the completion queues between attempts where the
+//! provider offers a wait object (see `wait`): a send gives up after its timeout, `receive` returns `None` after
 //! its own, and posting a receive buffer at `open` gives up after [`POST_PATIENCE`]. A buffer
 //! whose re-post fails is kept and posted again later; the message it held is returned all the
 //! same.
@@ -139,17 +140,16 @@ impl LibfabricEndpoint {
         message: &[u8],
         timeout: Duration,
     ) -> Result<(), DmaError> {
-        let deadline = Deadline::after(timeout);
-        loop {
-            // SAFETY: the caller's promise is this function's.
-            match unsafe { self.try_send_raw(fi_addr, message) } {
-                Err(DmaError::WouldBlock) if !deadline.passed() => {
-                    self.progress();
-                    std::thread::yield_now();
-                }
-                result => return result,
+        // SAFETY: the caller's promise is this function's.
+        let attempt = || match unsafe { self.try_send_raw(fi_addr, message) } {
+            Err(DmaError::WouldBlock) => {
+                self.progress();
+                None
             }
-        }
+            result => Some(result),
+        };
+        self.wait_until(Deadline::after(timeout), attempt)
+            .unwrap_or(Err(DmaError::WouldBlock))
     }
 
     /// [`try_send`](Self::try_send) to a raw `fi_addr_t`.
@@ -256,16 +256,24 @@ impl LibfabricEndpoint {
     /// # Errors
     /// As [`try_receive`](Self::try_receive).
     pub fn receive(&self, timeout: Duration) -> Result<Option<Vec<u8>>, DmaError> {
-        let deadline = Deadline::after(timeout);
-        loop {
-            if let Some(message) = self.try_receive()? {
-                return Ok(Some(message));
+        let mut failed = None;
+        let received = self.wait_until(Deadline::after(timeout), || {
+            match self.try_receive() {
+                Ok(Some(message)) => Some(Some(message)),
+                Ok(None) => {
+                    // Reading the transmit queue too is what moves a manual-progress provider.
+                    self.progress();
+                    None
+                }
+                Err(error) => {
+                    failed = Some(error);
+                    Some(None)
+                }
             }
-            if deadline.passed() {
-                return Ok(None);
-            }
-            self.progress();
-            std::thread::yield_now();
+        });
+        match failed {
+            Some(error) => Err(error),
+            None => Ok(received.flatten()),
         }
     }
 
@@ -389,6 +397,8 @@ pub(super) struct ErrorEntry {
     pub(super) op_context: *mut std::ffi::c_void,
     /// `fi_cq_err_entry.err`: a positive `FI_E*` code.
     err: i32,
+    /// `fi_cq_err_entry.prov_errno`: the provider's own code (tcp: an `errno`).
+    pub(super) prov_errno: i32,
     /// `fi_strerror`'s text, and the provider's where it gave one.
     message: String,
 }
@@ -449,6 +459,7 @@ pub(super) fn read_error_entry(cq: *mut sys::fid_cq) -> Result<Option<ErrorEntry
     Ok(Some(ErrorEntry {
         op_context: entry.op_context,
         err: entry.err,
+        prov_errno: entry.prov_errno,
         message,
     }))
 }

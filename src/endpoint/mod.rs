@@ -58,7 +58,8 @@
 //!   completion has been read; dropping the endpoint drains them, or abandons them after closing
 //!   the endpoint, before the cache and the domain close.
 
-mod deadline;
+pub(crate) mod completions;
+pub(crate) mod deadline;
 mod handles;
 pub mod in_flight;
 mod lookup;
@@ -67,6 +68,7 @@ mod messaging;
 mod open;
 mod receive;
 pub mod rma;
+pub(crate) mod wait;
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;

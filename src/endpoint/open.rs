@@ -14,6 +14,7 @@ use std::sync::Arc;
 use super::POST_PATIENCE;
 use super::handles::Handles;
 use super::receive::ReceiveSlots;
+use super::wait::Source;
 use super::{Description, LibfabricEndpoint, check, rma};
 use crate::av::FabricAv;
 use crate::av::fabric as av;
@@ -147,21 +148,38 @@ impl LibfabricEndpoint {
                 ),
             )?;
 
+            // Queues that sleep where the provider offers it (see `wait`); else, or if the
+            // provider refuses the wait object after all, queues that are polled.
             let mut cq_attr = sys::fi_cq_attr {
                 format: sys::FI_CQ_FORMAT_DATA,
-                wait_obj: sys::FI_WAIT_NONE,
+                wait_obj: wait_object(configuration, &description.provider),
                 size: configuration.cq_size,
                 ..Default::default()
             };
-            check(
-                "fi_cq_open",
-                sys::fi_cq_open(
+            if sys::FI_WAIT_FD == cq_attr.wait_obj {
+                let code = sys::fi_cq_open(
                     handles.domain,
                     &raw mut cq_attr,
                     &raw mut handles.tx_cq,
                     ptr::null_mut(),
-                ),
-            )?;
+                );
+                if 0 != code {
+                    tracing::debug!(code, "FI_WAIT_FD refused: the queues will be polled");
+                    handles.tx_cq = ptr::null_mut();
+                    cq_attr.wait_obj = sys::FI_WAIT_NONE;
+                }
+            }
+            if handles.tx_cq.is_null() {
+                check(
+                    "fi_cq_open",
+                    sys::fi_cq_open(
+                        handles.domain,
+                        &raw mut cq_attr,
+                        &raw mut handles.tx_cq,
+                        ptr::null_mut(),
+                    ),
+                )?;
+            }
             check(
                 "fi_cq_open",
                 sys::fi_cq_open(
@@ -197,12 +215,21 @@ impl LibfabricEndpoint {
                 ),
             )?;
             check("fi_enable", sys::fi_enable(handles.ep))?;
-            cq_attr.size
+            (cq_attr.size, cq_attr.wait_obj)
+        };
+        let (tx_cq_size, wait_obj) = tx_cq_size;
+        let source = if sys::FI_WAIT_FD == wait_obj {
+            // SAFETY: the fabric and both queues are open, and stay open for as long as the
+            // slab that keeps the source (the slab is dropped after the handles close, and used
+            // only while the endpoint lives).
+            unsafe { Source::of(handles.fabric, [handles.tx_cq, handles.rx_cq]) }
+        } else {
+            None
         };
 
         // SAFETY: `info` is the list head fi_getinfo returned, alive as long as `handles`.
         let operations =
-            Box::new(unsafe { rma::Operations::new(info, configuration.rma, tx_cq_size) });
+            Box::new(unsafe { rma::Operations::new(info, configuration.rma, tx_cq_size, source) });
         // Unregistered in `Drop`, before `handles` closes the AV.
         let handed_out = av::register(handles.av, configuration.av_capacity);
         let backend = FabricAv::new(
@@ -347,6 +374,20 @@ impl Limits {
 
 /// Why the endpoint refuses `provider` with these demands, if it does: what it cannot honour
 /// yet, rather than pretend to.
+/// The wait object the completion queues are opened with (see `wait`): `FI_WAIT_FD` on the
+/// providers measured to sleep on it (tcp, tcp;ofi_rxm, in libfabric 1.17 and 2.x), unless the
+/// configuration asks to spin; `FI_WAIT_NONE` elsewhere. efa refuses every wait object in 1.17,
+/// and in 2.x re-arms its completion channel only inside `fi_cq_sread`, which an fd in `poll`
+/// never calls: it would need a thread blocked in `fi_cq_sread`, not built yet, so it polls.
+fn wait_object(configuration: &Configuration, provider: &str) -> sys::fi_wait_obj {
+    let sleeps = matches!(provider, "tcp" | "tcp;ofi_rxm");
+    if sleeps && !configuration.busy_poll {
+        sys::FI_WAIT_FD
+    } else {
+        sys::FI_WAIT_NONE
+    }
+}
+
 fn refusal(provider: Provider, demands: &Demands) -> Option<String> {
     let mut reasons = Vec::new();
     if sys::FI_THREAD_SAFE != demands.threading {

@@ -59,8 +59,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::LibfabricEndpoint;
+use super::completions::Owner;
+use super::deadline::Deadline;
 use super::in_flight::PostedAt;
 use super::memory::{MemoryRegion, Pool, Registration, RemoteRegion, Segment};
+use super::wait::{Source, Waiter};
 use crate::cache::{Lease, Peer};
 use crate::error::DmaError;
 use crate::sys;
@@ -69,7 +72,7 @@ use crate::sys;
 pub const MAX_OPERATIONS: usize = 4096;
 
 /// How many completions one read of the queue takes.
-const BATCH: usize = 16;
+pub(super) const BATCH: usize = 16;
 
 /// Which RMA operation a completion is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -100,40 +103,52 @@ pub struct Completion {
     /// How many bytes were to be transferred.
     pub len: usize,
     /// `Ok` when the transfer is complete (on tcp: sent; the bytes land when the target
-    /// progresses); the error entry's detail otherwise ([`DmaError::Fabric`] naming the
-    /// operation's call, whose `code` is the negative `FI_E*` error, `-FI_ECANCELED` for a
-    /// cancelled one, and whose message has the provider's own text from `fi_cq_strerror`).
+    /// progresses); [`DmaError::PeerUnreachable`] naming the peer's `fi_addr_t` when the provider
+    /// says its connection was refused, reset or lost (tcp's provider errors `ECONNREFUSED`,
+    /// `ECONNRESET`, `ECONNABORTED`, `ENOTCONN`, `EPIPE`, `EHOSTUNREACH`, `ENETUNREACH`); the
+    /// error entry's detail otherwise ([`DmaError::Fabric`] naming the operation's call, whose
+    /// `code` is the negative `FI_E*` error, `-FI_ECANCELED` for a cancelled one, and whose
+    /// message has the provider's own text from `fi_cq_strerror`).
     pub result: Result<(), DmaError>,
 }
 
 /// One operation in flight: what must outlive it.
-struct InFlight {
-    id: u64,
-    operation: Operation,
-    len: usize,
+pub(super) struct InFlight {
+    pub(super) id: u64,
+    pub(super) operation: Operation,
+    pub(super) len: usize,
     /// Held for its `Drop`, which runs when the completion has been read. `None` only for
     /// [`LibfabricEndpoint::write_unleased`].
     #[allow(dead_code)]
     lease: Option<Lease<'static>>,
-    region: Arc<Registration>,
+    pub(super) region: Arc<Registration>,
+    /// The peer it was posted to, for [`DmaError::PeerUnreachable`].
+    pub(super) fi_addr: sys::fi_addr_t,
+    /// Who receives the completion: the application's ready queue when `None`, else the crate's
+    /// own party that posted it (see `completions`, "Routing").
+    pub(super) owner: Option<Owner>,
 }
 
 /// A slot of the slab: `repr(C)` with the context first, so the context pointer is the slot's.
 #[repr(C)]
-struct OperationSlot {
-    context: UnsafeCell<sys::fi_context2>,
-    operation: UnsafeCell<Option<InFlight>>,
+pub(super) struct OperationSlot {
+    pub(super) context: UnsafeCell<sys::fi_context2>,
+    pub(super) operation: UnsafeCell<Option<InFlight>>,
     /// When its operation was posted, for any thread to read (see `in_flight`).
-    posted_at: PostedAt,
+    pub(super) posted_at: PostedAt,
 }
 
 /// The slab of operation slots and the queues that hand them around.
 pub(super) struct Operations {
-    slots: Box<[OperationSlot]>,
-    free: Mutex<Vec<usize>>,
-    ready: Mutex<VecDeque<(usize, Completion)>>,
+    pub(super) slots: Box<[OperationSlot]>,
+    pub(super) free: Mutex<Vec<usize>>,
+    pub(super) ready: Mutex<VecDeque<(usize, Completion)>>,
     /// Posted and not yet reaped.
-    in_flight: AtomicUsize,
+    pub(super) in_flight: AtomicUsize,
+    /// The threads waiting for completions (see `wait`).
+    pub(super) waiter: Waiter,
+    /// The completion queues' wait descriptors; `None` where the endpoint polls.
+    source: Option<Source>,
     /// The time every slot's `posted_at` counts from.
     pub(super) born: Instant,
     /// Where the provider does not choose keys (no `FI_MR_PROV_KEY`): each key requested is
@@ -160,7 +175,7 @@ unsafe impl Sync for Operations {}
 // SAFETY: the slab owns plain memory and `Send` leases and `Arc`s.
 unsafe impl Send for Operations {}
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -169,8 +184,14 @@ impl Operations {
     /// asked for RMA), else as many slots as the transmit queue and the completion queue hold.
     ///
     /// # Safety
-    /// `info` is the non-null `fi_info` the endpoint was opened with.
-    pub(super) unsafe fn new(info: *const sys::fi_info, enabled: bool, cq_size: usize) -> Self {
+    /// `info` is the non-null `fi_info` the endpoint was opened with, and `source` the wait
+    /// descriptors of its queues, if they have any.
+    pub(super) unsafe fn new(
+        info: *const sys::fi_info,
+        enabled: bool,
+        cq_size: usize,
+        source: Option<Source>,
+    ) -> Self {
         // SAFETY: fi_getinfo fills every attribute pointer of the entries it returns.
         let (mr_mode, tx_size) =
             unsafe { ((*(*info).domain_attr).mr_mode, (*(*info).tx_attr).size) };
@@ -190,6 +211,8 @@ impl Operations {
             free: Mutex::new((0..count).rev().collect()),
             ready: Mutex::new(VecDeque::new()),
             in_flight: AtomicUsize::new(0),
+            waiter: Waiter::default(),
+            source,
             born: Instant::now(),
             keys: RandomState::new(),
             next_key: AtomicU64::new(0),
@@ -224,148 +247,17 @@ impl Operations {
 
     /// The slot whose context is `context`, if it is one of ours: addresses only, nothing is
     /// dereferenced.
-    fn index_of(&self, context: *mut c_void) -> Option<usize> {
+    /// What a wait sleeps on: nothing where the endpoint polls.
+    pub(super) fn sources(&self) -> &[Source] {
+        self.source.as_slice()
+    }
+
+    pub(super) fn index_of(&self, context: *mut c_void) -> Option<usize> {
         let start = self.slots.as_ptr() as usize;
         let offset = (context as usize).checked_sub(start)?;
         let size = std::mem::size_of::<OperationSlot>();
         let index = offset / size;
         (0 == offset % size && index < self.slots.len()).then_some(index)
-    }
-
-    /// Read every completion the transmit queue `cq` holds now, handing RMA completions to their
-    /// operations (their leases and buffers are dropped here) and logging injected sends' errors.
-    /// Drives the provider's progress. Returns how many entries were read.
-    pub(super) fn reap(&self, cq: *mut sys::fid_cq) -> usize {
-        let mut total = 0;
-        loop {
-            let mut entries = [sys::fi_cq_data_entry::default(); BATCH];
-            // SAFETY: the queue is open (the endpoint owns it for as long as `self` is used) and
-            // `entries` has room for `BATCH` entries of the queue's format.
-            let read = unsafe { sys::fi_cq_read(cq, entries.as_mut_ptr().cast(), BATCH) };
-            if read > 0 {
-                let read = read.unsigned_abs();
-                total += read;
-                for entry in &entries[..read.min(BATCH)] {
-                    self.complete(entry.op_context, Ok(()));
-                }
-                if read < BATCH {
-                    return total;
-                }
-            } else if read == -(sys::FI_EAVAIL as isize) {
-                total += usize::from(self.read_error(cq));
-            } else {
-                if read != -(sys::FI_EAGAIN as isize) {
-                    tracing::warn!(error = %DmaError::fabric("fi_cq_read", read as i64), "reading the transmit queue failed");
-                }
-                return total;
-            }
-        }
-    }
-
-    /// Read one error entry into a buffer of this call's own; `false` if another thread took it.
-    fn read_error(&self, cq: *mut sys::fid_cq) -> bool {
-        let Ok(Some(entry)) = super::read_error_entry(cq) else {
-            return false;
-        };
-        if self.index_of(entry.op_context).is_some() {
-            self.complete(entry.op_context, Err(entry.error("fi_cq_readerr")));
-        } else {
-            tracing::warn!(error = %entry.error("fi_cq_readerr"), "transmit failed");
-        }
-        true
-    }
-
-    /// The completion of the operation whose context is `context`, if it is one of ours.
-    fn complete(&self, context: *mut c_void, result: Result<(), DmaError>) {
-        let Some(index) = self.index_of(context) else {
-            if let Err(error) = result {
-                tracing::warn!(%error, "transmit failed");
-            }
-            return;
-        };
-        // SAFETY: this thread read the slot's completion, so it owns the slot (module docs).
-        let Some(operation) = (unsafe { &mut *self.slots[index].operation.get() }).take() else {
-            tracing::warn!(
-                index,
-                "a completion for an operation slot that holds nothing"
-            );
-            return;
-        };
-        self.slots[index].posted_at.clear();
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        // Name the operation that failed rather than the queue read that reported it.
-        let result = result.map_err(|error| match error {
-            DmaError::Fabric { code, message, .. } => DmaError::Fabric {
-                call: operation.operation.call(),
-                code,
-                message,
-            },
-            other => other,
-        });
-        let completion = Completion {
-            id: operation.id,
-            operation: operation.operation,
-            len: operation.len,
-            result,
-        };
-        // The completion has been read: the lease and the buffer may go.
-        drop(operation);
-        lock(&self.ready).push_back((index, completion));
-    }
-
-    /// Move every ready completion to `out`, freeing their slots.
-    fn deliver(&self, out: &mut Vec<Completion>) -> usize {
-        let ready: Vec<_> = lock(&self.ready).drain(..).collect();
-        let count = ready.len();
-        let mut free = Vec::with_capacity(count);
-        for (index, completion) in ready {
-            out.push(completion);
-            free.push(index);
-        }
-        lock(&self.free).extend(free);
-        count
-    }
-
-    /// The ready completion with `id`, if any, freeing its slot.
-    fn take_ready(&self, id: u64) -> Option<Completion> {
-        let mut ready = lock(&self.ready);
-        let position = ready
-            .iter()
-            .position(|(_, completion)| completion.id == id)?;
-        let (index, completion) = ready.remove(position)?;
-        drop(ready);
-        lock(&self.free).push(index);
-        Some(completion)
-    }
-
-    /// Ask the provider to cancel every operation in flight, then drive progress until none is
-    /// or `patience` has passed. Returns how many are still in flight.
-    ///
-    /// # Safety
-    /// `ep` and `cq` are the endpoint and transmit queue the operations were posted on, open.
-    unsafe fn drain(
-        &self,
-        ep: *mut sys::fid_ep,
-        cq: *mut sys::fid_cq,
-        patience: Duration,
-    ) -> usize {
-        if 0 == self.in_flight.load(Ordering::Acquire) {
-            return 0;
-        }
-        for slot in self.slots.iter() {
-            // SAFETY: the endpoint is open; fi_cancel only looks the context up among the
-            // operations it holds, and a context it does not hold is -FI_ENOENT.
-            let _ = unsafe { sys::fi_cancel(&raw mut (*ep).fid, slot.context.get().cast()) };
-        }
-        let deadline = super::deadline::Deadline::after(patience);
-        loop {
-            self.reap(cq);
-            let left = self.in_flight.load(Ordering::Acquire);
-            if 0 == left || deadline.passed() {
-                return left;
-            }
-            std::thread::yield_now();
-        }
     }
 
     /// Close the registrations of the operations still in flight. Their memory stays allocated.
@@ -567,6 +459,7 @@ impl LibfabricEndpoint {
             target,
             id,
             timeout,
+            None,
         )
     }
 
@@ -605,6 +498,7 @@ impl LibfabricEndpoint {
             source,
             id,
             timeout,
+            None,
         )
     }
 
@@ -639,6 +533,35 @@ impl LibfabricEndpoint {
             target,
             id,
             timeout,
+            None,
+        )
+    }
+
+    /// `fi_write` or `fi_read` posted by the crate for itself (a rail set's stripe): its
+    /// completion, with `token` as its id, goes to `owner` whichever thread reads it, never to
+    /// the application's ready queue (see `completions`, "Routing").
+    ///
+    /// # Errors
+    /// As [`write_within`](Self::write_within).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn post_owned(
+        &self,
+        operation: Operation,
+        lease: Lease<'_>,
+        local: Segment<'_>,
+        remote: RemoteRegion,
+        token: u64,
+        timeout: Duration,
+        owner: Owner,
+    ) -> Result<(), DmaError> {
+        self.post(
+            operation,
+            Target::Leased(lease),
+            local,
+            remote,
+            token,
+            timeout,
+            Some(owner),
         )
     }
 
@@ -652,6 +575,7 @@ impl LibfabricEndpoint {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn post(
         &self,
         operation: Operation,
@@ -660,6 +584,7 @@ impl LibfabricEndpoint {
         remote: RemoteRegion,
         id: u64,
         timeout: Duration,
+        owner: Option<Owner>,
     ) -> Result<(), DmaError> {
         self.check_rma()?;
         if local.region.domain() != self.handles.domain {
@@ -696,16 +621,16 @@ impl LibfabricEndpoint {
             }
             Target::Unleased(fi_addr) => (fi_addr, None),
         };
-        let deadline = super::deadline::Deadline::after(timeout);
-        let index = loop {
-            if let Some(index) = lock(&self.operations.free).pop() {
-                break index;
-            }
-            if deadline.passed() {
-                return Err(DmaError::WouldBlock);
-            }
-            self.progress();
-            std::thread::yield_now();
+        let deadline = Deadline::after(timeout);
+        // A full slab frees a slot only when a completion is read and taken: sleep for it.
+        let free = || lock(&self.operations.free).pop();
+        let Some(index) = free().or_else(|| {
+            self.wait_until(deadline, || {
+                self.progress();
+                free()
+            })
+        }) else {
+            return Err(DmaError::WouldBlock);
         };
         let slot = &self.operations.slots[index];
         let buffer = local.region.at(local.offset);
@@ -718,6 +643,8 @@ impl LibfabricEndpoint {
                 len: local.len,
                 lease,
                 region: Arc::clone(local.region),
+                fi_addr,
+                owner,
             });
         }
         slot.posted_at.set(self.operations.born, id);
@@ -774,63 +701,10 @@ impl LibfabricEndpoint {
         }
     }
 
-    /// Reap the transmit queue and move every RMA completion that is ready into `out`: any thread
-    /// may call it, and each completion is handed out once. Leases and buffers of the completed
-    /// operations have been dropped by the time it returns. Returns how many it added.
-    ///
-    /// # Errors
-    /// None today; the `Result` leaves room for a provider whose queue read fails for good.
-    pub fn poll_completions(&self, out: &mut Vec<Completion>) -> Result<usize, DmaError> {
-        self.progress();
-        Ok(self.operations.deliver(out))
-    }
-
-    /// Wait up to `timeout` for the completion of the operation posted with `id`, driving
-    /// progress; other completions stay for [`poll_completions`](Self::poll_completions). For
-    /// tests and simple callers: it scans the ready queue, so a completion another thread's
-    /// `poll_completions` already took is not seen here. Any `Duration` is accepted: one too
-    /// long for a deadline (`Duration::MAX`) waits until the completion arrives.
-    ///
-    /// # Errors
-    /// [`DmaError::WouldBlock`] when it has not completed within `timeout` (it is still in
-    /// flight).
-    pub fn wait_for(&self, id: u64, timeout: Duration) -> Result<Completion, DmaError> {
-        let deadline = super::deadline::Deadline::after(timeout);
-        loop {
-            self.progress();
-            if let Some(completion) = self.operations.take_ready(id) {
-                return Ok(completion);
-            }
-            if deadline.passed() {
-                return Err(DmaError::WouldBlock);
-            }
-            std::thread::yield_now();
-        }
-    }
-
     /// The provider's memory-registration mode (`domain_attr.mr_mode`: `FI_MR_VIRT_ADDR`,
     /// `FI_MR_PROV_KEY`, ...), which [`register`](Self::register) honours.
     pub fn mr_mode(&self) -> i32 {
         self.operations.mr_mode
-    }
-
-    /// How many RMA operations are in flight: posted, completion not yet read.
-    pub fn operations_in_flight(&self) -> usize {
-        self.operations.in_flight.load(Ordering::Acquire)
-    }
-
-    /// Ask the provider to cancel every RMA operation in flight, and drive progress until each
-    /// has completed (cancelled ones with `FI_ECANCELED`) or `patience` has passed; their
-    /// completions are then ready for [`poll_completions`](Self::poll_completions). Returns how
-    /// many are still in flight. Dropping the endpoint does this with
-    /// [`DRAIN_PATIENCE`](Self::DRAIN_PATIENCE). Any `Duration` is accepted: one too long for a
-    /// deadline (`Duration::MAX`) drives progress until every operation has completed.
-    pub fn drain_operations(&self, patience: Duration) -> usize {
-        // SAFETY: the endpoint and its transmit queue are open while `&self` lives.
-        unsafe {
-            self.operations
-                .drain(self.handles.ep, self.handles.tx_cq, patience)
-        }
     }
 
     /// Drain, and abandon what did not complete: called by `Drop` before the cache goes.

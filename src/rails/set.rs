@@ -1,7 +1,8 @@
 //! [`RailSet`]: one endpoint per NIC, and the calls that act on all of them.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::MAX_RAILS;
 use super::core::RailCore;
@@ -9,6 +10,9 @@ use super::region::{RailRegion, RailRemoteRegion, RailSegment};
 use super::resolve::{RailLease, RailsPinned};
 use super::stripe::{Transfers, plan};
 use crate::configuration::Configuration;
+use crate::endpoint::completions::Owner;
+use crate::endpoint::deadline::Deadline;
+use crate::endpoint::wait::{MOST_SOURCES, Source};
 use crate::endpoint::{Completion, LibfabricEndpoint, Operation, RemoteRegion, Segment};
 use crate::error::DmaError;
 
@@ -43,7 +47,10 @@ const POST_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct RailSet {
     core: RailCore<LibfabricEndpoint>,
     addresses: Vec<Vec<u8>>,
-    transfers: Transfers,
+    /// Shared with the slots of the stripes in flight, which hand their completions to it.
+    transfers: Arc<Transfers>,
+    /// Every rail's wait descriptors, or none if some rail polls (then a wait polls).
+    sources: Vec<Source>,
     /// Bytes posted on each rail.
     bytes: [AtomicU64; MAX_RAILS],
 }
@@ -89,10 +96,19 @@ impl RailSet {
             addresses.push(rail.local_address()?);
             rails.push(rail);
         }
+        const _: () = assert!(MAX_RAILS <= MOST_SOURCES, "a wait sleeps on every rail");
+        let mut sources: Vec<Source> = rails
+            .iter()
+            .flat_map(|rail| rail.wait_sources().iter().copied())
+            .collect();
+        if sources.len() != rails.len() {
+            sources.clear();
+        }
         Ok(Self {
             core: RailCore::new(rails)?,
             addresses,
-            transfers: Transfers::default(),
+            transfers: Arc::default(),
+            sources,
             bytes: std::array::from_fn(|_| AtomicU64::new(0)),
         })
     }
@@ -380,10 +396,10 @@ impl RailSet {
             let endpoint = self.core.rail(rail);
             let len = segment.len();
             let result = match leases.get_mut(rail).and_then(Option::take) {
-                Some(lease) => match operation {
-                    Operation::Write => endpoint.write_within(lease, segment, target, tag, timeout),
-                    Operation::Read => endpoint.read_within(lease, segment, target, tag, timeout),
-                },
+                Some(lease) => {
+                    let owner: Owner = Arc::clone(&self.transfers) as Owner;
+                    endpoint.post_owned(operation, lease, segment, target, tag, timeout, owner)
+                }
                 None => Err(DmaError::InvalidArgument(format!(
                     "no lease for rail {rail}"
                 ))),
@@ -408,45 +424,41 @@ impl RailSet {
     }
 
     /// Read every rail's completions and move into `out` the completion of each transfer whose
-    /// last stripe has completed (one per transfer, with the `id` it was posted with). Any thread
-    /// may call it; each completion is handed out once. Returns how many it added.
+    /// last stripe has completed (one per transfer, with the `id` it was posted with), and those
+    /// of operations posted on a rail's endpoint directly. Any thread may call it; each
+    /// completion is handed out once. A stripe's completion reaches its transfer whichever thread
+    /// reads the rail's queue: this call, a rail's own `poll_completions` or `progress`, another
+    /// thread's [`wait_for`](Self::wait_for). Returns how many it added.
     ///
     /// # Errors
     /// As [`LibfabricEndpoint::poll_completions`].
     pub fn poll_completions(&self, out: &mut Vec<Completion>) -> Result<usize, DmaError> {
-        let mut added = self.transfers.take_ready(out);
-        let mut stripes = Vec::new();
+        let mut added = 0;
         for rail in self.core.rails() {
-            rail.poll_completions(&mut stripes)?;
-            for stripe in stripes.drain(..) {
-                added += self.transfers.complete(stripe, out);
-            }
+            added += rail.poll_completions(out)?;
         }
         Ok(added + self.transfers.take_ready(out))
     }
 
     /// Wait up to `timeout` for the completion of the transfer posted with `id`, driving
-    /// progress on every rail; other completions stay for
-    /// [`poll_completions`](Self::poll_completions). For tests and simple callers.
+    /// progress on every rail and sleeping on their queues between reads (as
+    /// [`LibfabricEndpoint::wait_for`]). It takes only that transfer's completion: every other
+    /// stays for [`poll_completions`](Self::poll_completions) or another waiter, also while this
+    /// one waits. An operation posted on a rail directly is waited for on that rail
+    /// ([`LibfabricEndpoint::wait_for`]). Any `Duration` is accepted (`Duration::MAX` waits until
+    /// the completion arrives).
     ///
     /// # Errors
-    /// [`DmaError::WouldBlock`] when it has not completed within `timeout`.
+    /// [`DmaError::WouldBlock`] when it has not completed within `timeout` (it is still in
+    /// flight).
     pub fn wait_for(&self, id: u64, timeout: Duration) -> Result<Completion, DmaError> {
-        let deadline = Instant::now().checked_add(timeout);
-        let mut ready = Vec::new();
-        loop {
-            self.poll_completions(&mut ready)?;
-            if let Some(position) = ready.iter().position(|completion| completion.id == id) {
-                let completion = ready.swap_remove(position);
-                self.transfers.put_back(ready);
-                return Ok(completion);
-            }
-            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                self.transfers.put_back(ready);
-                return Err(DmaError::WouldBlock);
-            }
-            std::thread::yield_now();
-        }
+        self.transfers
+            .waiter
+            .wait(&self.sources, Deadline::after(timeout), || {
+                self.progress();
+                self.transfers.take(id)
+            })
+            .ok_or(DmaError::WouldBlock)
     }
 
     /// Drive progress on every rail: a tcp target progresses the transfers into its memory only

@@ -5,15 +5,22 @@
 //!   the length allows with every stripe at least [`MIN_STRIPE`]: stripes are the length over
 //!   `k` rounded up to [`STRIPE_ALIGN`] bytes, the last one taking what is left. The stripes
 //!   start at the round-robin's rail, so short and long transfers spread alike.
-//! - Every stripe of a transfer is posted under the same tag (its endpoint's operation id), one
-//!   per rail, so a rail's completion names its transfer. The transfer's [`Completion`] is handed
-//!   out once every posted stripe has completed, with the first stripe error if any.
+//! - Every stripe of a transfer is posted under the same tag, one per rail, as an operation the
+//!   rail set owns (see the endpoint's `completions` module, "Routing"): its completion comes
+//!   back to the rail set's [`Transfers`] by the slot it was posted in, never by the number, so
+//!   whichever thread reads a rail's queue hands it here, and no application id can be mistaken
+//!   for a tag. The transfer's [`Completion`] is handed out once every posted stripe has
+//!   completed, with the first stripe error if any.
+//! - Completed transfers wait in a ready queue bounded by the transfers in flight; a waiter takes
+//!   only its own (by id), so no waiter holds another's completion while it waits.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use crate::endpoint::completions::CompletionOwner;
+use crate::endpoint::wait::Waiter;
 use crate::endpoint::{Completion, Operation};
 use crate::error::DmaError;
 
@@ -85,6 +92,8 @@ pub(crate) struct Transfers {
     ready: Mutex<VecDeque<Completion>>,
     /// Transfers cut into more than one stripe.
     striped: AtomicU64,
+    /// The threads waiting for a transfer (`RailSet::wait_for`), rung when one is ready.
+    pub(crate) waiter: Waiter,
 }
 
 impl Transfers {
@@ -135,39 +144,18 @@ impl Transfers {
         if done {
             if let Some(transfer) = in_flight.remove(&tag) {
                 drop(in_flight);
-                self.ready_lock().push_back(finish(transfer));
+                self.publish(finish(transfer));
             }
         }
     }
 
-    /// Account a rail's completion: the transfer's own, once its last stripe is in, goes to
-    /// `out`; a completion of no transfer of ours (an operation posted on the rail's endpoint
-    /// directly) goes to `out` unchanged. Returns how many it added.
-    pub(crate) fn complete(&self, completion: Completion, out: &mut Vec<Completion>) -> usize {
-        let mut in_flight = self.lock();
-        let Some(transfer) = in_flight.get_mut(&completion.id) else {
-            drop(in_flight);
-            out.push(completion);
-            return 1;
-        };
-        transfer.remaining = transfer.remaining.saturating_sub(1);
-        if let Err(error) = completion.result {
-            transfer.error.get_or_insert(error);
-        }
-        if 0 < transfer.remaining {
-            return 0;
-        }
-        match in_flight.remove(&completion.id) {
-            Some(transfer) => {
-                drop(in_flight);
-                out.push(finish(transfer));
-                1
-            }
-            None => 0,
-        }
+    /// Hand out a finished transfer's completion and wake its waiters.
+    fn publish(&self, completion: Completion) {
+        self.ready_lock().push_back(completion);
+        self.waiter.ring();
     }
 
-    /// Move the completions made ready by `unposted` into `out`.
+    /// Move every ready completion into `out`. Returns how many it added.
     pub(crate) fn take_ready(&self, out: &mut Vec<Completion>) -> usize {
         let mut ready = self.ready_lock();
         let count = ready.len();
@@ -175,11 +163,11 @@ impl Transfers {
         count
     }
 
-    /// Hand back completions taken but not wanted (`wait_for`'s others), for the next poll.
-    pub(crate) fn put_back(&self, completions: Vec<Completion>) {
-        if !completions.is_empty() {
-            self.ready_lock().extend(completions);
-        }
+    /// The ready completion of the transfer posted with `id`, if any; the others stay.
+    pub(crate) fn take(&self, id: u64) -> Option<Completion> {
+        let mut ready = self.ready_lock();
+        let position = ready.iter().position(|completion| completion.id == id)?;
+        ready.remove(position)
     }
 
     /// How many transfers are in flight.
@@ -200,6 +188,33 @@ impl Transfers {
 
     fn ready_lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Completion>> {
         self.ready.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl CompletionOwner for Transfers {
+    /// A stripe's completion, its id the transfer's tag: the transfer's own completion is
+    /// published once its last stripe is in.
+    fn completed(&self, stripe: Completion) {
+        let mut in_flight = self.lock();
+        let Some(transfer) = in_flight.get_mut(&stripe.id) else {
+            drop(in_flight);
+            tracing::warn!(
+                tag = stripe.id,
+                "a stripe completion for no transfer in flight"
+            );
+            return;
+        };
+        transfer.remaining = transfer.remaining.saturating_sub(1);
+        if let Err(error) = stripe.result {
+            transfer.error.get_or_insert(error);
+        }
+        if 0 < transfer.remaining {
+            return;
+        }
+        if let Some(transfer) = in_flight.remove(&stripe.id) {
+            drop(in_flight);
+            self.publish(finish(transfer));
+        }
     }
 }
 
@@ -250,14 +265,17 @@ mod tests {
         let transfers = Transfers::default();
         let tag = transfers.begin(42, Operation::Write, 3 * MIN_STRIPE, 3);
         let mut out = Vec::new();
-        assert_eq!(0, transfers.complete(stripe_done(tag, Ok(())), &mut out));
+        transfers.completed(stripe_done(tag, Ok(())));
         let failed = DmaError::InvalidArgument("stripe".into());
+        transfers.completed(stripe_done(tag, Err(failed.clone())));
         assert_eq!(
             0,
-            transfers.complete(stripe_done(tag, Err(failed.clone())), &mut out)
+            transfers.take_ready(&mut out),
+            "not before the last stripe"
         );
-        assert!(out.is_empty(), "not before the last stripe");
-        assert_eq!(1, transfers.complete(stripe_done(tag, Ok(())), &mut out));
+        transfers.completed(stripe_done(tag, Ok(())));
+        assert_eq!(None, transfers.take(41), "only by its own id");
+        assert_eq!(1, transfers.take_ready(&mut out));
         assert_eq!(
             vec![Completion {
                 id: 42,
@@ -268,9 +286,9 @@ mod tests {
             out
         );
         assert_eq!(0, transfers.in_flight());
-        // A completion of no transfer passes through unchanged.
-        assert_eq!(1, transfers.complete(stripe_done(999, Ok(())), &mut out));
-        assert_eq!(999, out[1].id);
+        // A stripe completion of no transfer is dropped, not handed out as the application's.
+        transfers.completed(stripe_done(999, Ok(())));
+        assert_eq!(0, transfers.take_ready(&mut out));
     }
 
     #[test]
@@ -279,7 +297,7 @@ mod tests {
         let mut out = Vec::new();
         // The posted stripe completes before the post of the others fails.
         let tag = transfers.begin(1, Operation::Read, 4 * MIN_STRIPE, 4);
-        transfers.complete(stripe_done(tag, Ok(())), &mut out);
+        transfers.completed(stripe_done(tag, Ok(())));
         transfers.unposted(tag, 3, DmaError::WouldBlock);
         assert_eq!(1, transfers.take_ready(&mut out));
         assert_eq!(
@@ -291,9 +309,16 @@ mod tests {
         let tag = transfers.begin(2, Operation::Read, 4 * MIN_STRIPE, 4);
         transfers.unposted(tag, 2, DmaError::WouldBlock);
         assert_eq!(0, transfers.take_ready(&mut out));
-        transfers.complete(stripe_done(tag, Ok(())), &mut out);
-        assert!(out.is_empty());
-        transfers.complete(stripe_done(tag, Ok(())), &mut out);
+        transfers.completed(stripe_done(tag, Ok(())));
+        assert_eq!(0, transfers.take_ready(&mut out));
+        transfers.completed(stripe_done(tag, Ok(())));
+        assert_eq!(Some(2), transfers.take(2).map(|done| done.id));
+        out.push(Completion {
+            id: 2,
+            operation: Operation::Read,
+            len: 0,
+            result: Err(DmaError::WouldBlock),
+        });
         assert_eq!(
             (2, Err(DmaError::WouldBlock)),
             (out[0].id, out[0].result.clone())

@@ -1,0 +1,280 @@
+//! Waiting for completions: sleeping against spinning, and the async API against both, on
+//! loopback tcp;ofi_rxm. Prints a markdown table (docs/benchmarks.md, "Completions").
+//!
+//! - idle CPU: the CPU time a thread blocked in `receive` for 2 s uses (its own clock,
+//!   `CLOCK_THREAD_CPUTIME_ID`), with the queues sleeping (`FI_WAIT_FD`, the default) and spinning
+//!   (`Configuration::busy_poll`); and the whole process's over 2 s of an idle `AsyncEndpoint`
+//!   (its driver task asleep on the fds, the runtime's threads parked);
+//! - 4 KiB write latency, one in flight, post to completion read, p50 and p99: sync spinning
+//!   (`busy_poll`, `wait_for`), sync sleeping (`wait_for`), async (`AsyncEndpoint::write`, current-
+//!   thread runtime); the target is driven the same way (a spinning progress loop, or a thread
+//!   sleeping in `progress_sleeping`, or its own `AsyncEndpoint`);
+//! - 64 KiB writes with 64 in flight: throughput, sync sleeping against async.
+//!
+//! `cargo bench --features tokio --bench completions` (add `-- --quick` for a short run).
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use dma_libfabric::asynchronous::AsyncEndpoint;
+use dma_libfabric::{Configuration, LibfabricEndpoint};
+
+fn open(busy_poll: bool) -> LibfabricEndpoint {
+    let configuration = Configuration {
+        rma: true,
+        busy_poll,
+        ..Configuration::default()
+    };
+    LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap()
+}
+
+fn clock(id: libc::clockid_t) -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a live timespec for the call to fill.
+    unsafe { libc::clock_gettime(id, &raw mut now) };
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+}
+
+fn percent(cpu: Duration, wall: Duration) -> f64 {
+    100.0 * cpu.as_secs_f64() / wall.as_secs_f64()
+}
+
+/// The share of a core a thread blocked in `receive(2 s)` uses.
+fn idle_receive(busy_poll: bool) -> f64 {
+    let endpoint = open(busy_poll);
+    let (wall, cpu) = (Instant::now(), clock(libc::CLOCK_THREAD_CPUTIME_ID));
+    assert_eq!(None, endpoint.receive(Duration::from_secs(2)).unwrap());
+    percent(clock(libc::CLOCK_THREAD_CPUTIME_ID) - cpu, wall.elapsed())
+}
+
+/// The share of a core the whole process uses over 2 s of an idle `AsyncEndpoint`.
+fn idle_async() -> f64 {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let endpoint = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (wall, cpu) = (Instant::now(), clock(libc::CLOCK_PROCESS_CPUTIME_ID));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let share = percent(clock(libc::CLOCK_PROCESS_CPUTIME_ID) - cpu, wall.elapsed());
+        drop(endpoint);
+        share
+    })
+}
+
+fn quantiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort_unstable();
+    let at = |fraction: f64| samples[((samples.len() - 1) as f64 * fraction) as usize];
+    (at(0.5), at(0.99))
+}
+
+/// Run `body` while another thread drives `target` (spinning on `progress`, or sleeping in
+/// `progress_sleeping`).
+fn with_target<R>(target: &LibfabricEndpoint, spin: bool, body: impl FnOnce() -> R) -> R {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                if spin {
+                    target.progress();
+                } else {
+                    target.progress_sleeping(Duration::from_millis(50));
+                }
+            }
+        });
+        let result = body();
+        stop.store(true, Ordering::Relaxed);
+        result
+    })
+}
+
+/// 4 KiB writes, one at a time, sync: (p50, p99).
+fn sync_latency(busy_poll: bool, writes: usize) -> (Duration, Duration) {
+    let server = open(busy_poll);
+    let client = open(busy_poll);
+    let source = server.register(4096).unwrap();
+    let target = client.register(4096).unwrap();
+    let address = client.local_address().unwrap();
+    with_target(&client, busy_poll, || {
+        let mut samples = Vec::with_capacity(writes);
+        for id in 0..(writes + 100) as u64 {
+            let lease = server.peers().lease(1, &address).unwrap();
+            let posted = Instant::now();
+            server
+                .write(lease, source.segment(0, 4096).unwrap(), target.remote(), id)
+                .unwrap();
+            server
+                .wait_for(id, Duration::from_secs(10))
+                .unwrap()
+                .result
+                .unwrap();
+            if id >= 100 {
+                samples.push(posted.elapsed());
+            }
+        }
+        quantiles(samples)
+    })
+}
+
+/// 4 KiB writes, one at a time, async on a current-thread runtime: (p50, p99).
+fn async_latency(writes: usize) -> (Duration, Duration) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let server = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
+        let client = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
+        let source = server.endpoint().register(4096).unwrap();
+        let target = client.endpoint().register(4096).unwrap();
+        let address = client.endpoint().local_address().unwrap();
+        let mut samples = Vec::with_capacity(writes);
+        for round in 0..writes + 100 {
+            let lease = server.lease(1, &address).await.unwrap();
+            let posted = Instant::now();
+            let done = server
+                .write(lease, source.segment(0, 4096).unwrap(), target.remote())
+                .await
+                .unwrap();
+            done.result.unwrap();
+            if round >= 100 {
+                samples.push(posted.elapsed());
+            }
+        }
+        quantiles(samples)
+    })
+}
+
+const WINDOW: usize = 64;
+const LARGE: usize = 64 << 10;
+
+/// 64 KiB writes with 64 in flight, sync sleeping: bytes per second.
+fn sync_throughput(writes: usize) -> f64 {
+    let server = open(false);
+    let client = open(false);
+    let source = server.register(LARGE).unwrap();
+    let target = client.register(WINDOW * LARGE).unwrap();
+    let address = client.local_address().unwrap();
+    with_target(&client, false, || {
+        let started = Instant::now();
+        for id in 0..writes as u64 {
+            if id >= WINDOW as u64 {
+                server
+                    .wait_for(id - WINDOW as u64, Duration::from_secs(10))
+                    .unwrap()
+                    .result
+                    .unwrap();
+            }
+            let slot = (id % WINDOW as u64) * LARGE as u64;
+            let lease = server.peers().lease(1, &address).unwrap();
+            let remote = target.remote().slice(slot, LARGE as u64).unwrap();
+            server
+                .write(lease, source.segment(0, LARGE).unwrap(), remote, id)
+                .unwrap();
+        }
+        for id in writes.saturating_sub(WINDOW)..writes {
+            server.wait_for(id as u64, Duration::from_secs(10)).unwrap();
+        }
+        (writes * LARGE) as f64 / started.elapsed().as_secs_f64()
+    })
+}
+
+/// 64 KiB writes with 64 in flight, async (64 tasks, current-thread runtime): bytes per second.
+fn async_throughput(writes: usize) -> f64 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let server = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
+        let client = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
+        let target = client.endpoint().register(WINDOW * LARGE).unwrap();
+        let address = client.endpoint().local_address().unwrap();
+        drop(server.lease(1, &address).await.unwrap()); // resolved once, before the clock
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..WINDOW)
+            .map(|slot| {
+                let (server, address) = (server.clone(), address.clone());
+                let source = server.endpoint().register_shared(LARGE).unwrap();
+                let remote = target
+                    .remote()
+                    .slice((slot * LARGE) as u64, LARGE as u64)
+                    .unwrap();
+                tokio::spawn(async move {
+                    for _ in 0..writes / WINDOW {
+                        let lease = server.lease(1, &address).await.unwrap();
+                        let segment = source.segment(0, LARGE).unwrap();
+                        server
+                            .write(lease, segment, remote)
+                            .await
+                            .unwrap()
+                            .result
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        (writes / WINDOW * WINDOW * LARGE) as f64 / started.elapsed().as_secs_f64()
+    })
+}
+
+fn micros(duration: Duration) -> String {
+    format!("{:.1} µs", duration.as_secs_f64() * 1e6)
+}
+
+fn main() {
+    let quick = std::env::args().any(|argument| "--quick" == argument);
+    let (latency_writes, throughput_writes) = if quick {
+        (2_000, 4_096)
+    } else {
+        (20_000, 32_768)
+    };
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average at the start: {}", load.trim());
+    println!();
+    println!("| measure | sleeping (default) | spinning (`busy_poll`) | async (tokio) |");
+    println!("|---|---|---|---|");
+    println!(
+        "| idle CPU, a thread blocked in `receive(2 s)` / the process with an idle `AsyncEndpoint` | {:.3}% of a core | {:.1}% of a core | {:.3}% of a core |",
+        idle_receive(false),
+        idle_receive(true),
+        idle_async()
+    );
+    let (sleep50, sleep99) = sync_latency(false, latency_writes);
+    let (spin50, spin99) = sync_latency(true, latency_writes);
+    let (async50, async99) = async_latency(latency_writes);
+    println!(
+        "| 4 KiB write, post to completion, p50 ({latency_writes} writes) | {} | {} | {} |",
+        micros(sleep50),
+        micros(spin50),
+        micros(async50)
+    );
+    println!(
+        "| the same, p99 | {} | {} | {} |",
+        micros(sleep99),
+        micros(spin99),
+        micros(async99)
+    );
+    let sync = sync_throughput(throughput_writes);
+    let asynchronous = async_throughput(throughput_writes);
+    println!(
+        "| 64 KiB writes, 64 in flight ({throughput_writes} writes) | {:.0} MB/s | | {:.0} MB/s ({:.2}× sync) |",
+        sync / 1e6,
+        asynchronous / 1e6,
+        asynchronous / sync
+    );
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!();
+    println!("load average at the end: {}", load.trim());
+}

@@ -1,0 +1,466 @@
+//! The async API (feature `tokio`): an endpoint's sends, receives, RMA writes and reads as
+//! futures that resolve when their completion has been read, driven by a task that sleeps on the
+//! completion queues' file descriptors through tokio's [`AsyncFd`].
+//!
+//! # The driver
+//!
+//! [`AsyncEndpoint::new`] spawns one task on the current runtime (current-thread or
+//! multi-thread). It reads the transmit queue, which drives the provider's progress and hands each
+//! completion to the party that posted it (see `endpoint::completions`, "Routing"): a future's
+//! operation is owned by that future's shared state, whose waker it wakes. Then, in the order that
+//! loses no wake-up with an edge-triggered `AsyncFd`: readiness cleared, the queue read,
+//! `fi_trywait` on the transmit queue, a check that its descriptor is not still readable (an
+//! event the provider left unconsumed sends no second edge: rxm 2.x reads connection events at
+//! most every 10 ms), and only then an await of either queue's descriptor. It
+//! wakes the receivers whenever the receive queue's descriptor fires. No thread spins: between
+//! events the driver and every future are parked in the runtime.
+//!
+//! Only providers whose queues have a wait object (tcp, tcp;ofi_rxm) can be driven this way;
+//! [`AsyncEndpoint::new`] refuses the others (efa would need a thread blocked in
+//! `fi_cq_sread`) and an endpoint opened with
+//! [`Configuration::busy_poll`](crate::Configuration::busy_poll), with [`DmaError::Unsupported`].
+//!
+//! # Cancel safety
+//!
+//! Every future here may be dropped at any await point:
+//! - before its operation is posted, nothing was posted, and the lease and buffer borrowed by
+//!   the future go with it as with any borrow;
+//! - once it is posted, the operation's slot in the endpoint holds its own clone of the lease and
+//!   of the buffer's registration (the same slot the sync API uses), so dropping the future
+//!   frees, reuses and unregisters nothing the provider may still touch, and the lease stays
+//!   until the completion is read. The operation goes on; the driver (or any thread that reads
+//!   the queue) reads its completion, and drops the lease and the buffer then. Nothing leaks:
+//!   the future's state is freed when the last of the future and the slot lets go of it.
+//!
+//! # Bounds
+//!
+//! One allocation per operation (the state the slot and the future share); at most as many
+//! operations in flight as the endpoint's slab holds
+//! ([`MAX_OPERATIONS`](crate::endpoint::MAX_OPERATIONS)): a post into a full slab is retried, as
+//! backpressure is, for at most [`POST_PATIENCE`].
+//!
+//! # Timeouts
+//!
+//! The futures have none of their own: wrap them in `tokio::time::timeout`. Dropping a timed-out
+//! write is safe (above); the endpoint's
+//! [`overdue_operations`](crate::LibfabricEndpoint::overdue_operations) tells which peers stopped
+//! answering.
+
+use std::future::{Future, poll_fn};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::cache::Lease;
+use crate::endpoint::completions::{CompletionOwner, Owner};
+use crate::endpoint::wait::Source;
+use crate::endpoint::{Completion, LibfabricEndpoint, Operation, RemoteRegion, Segment};
+use crate::error::DmaError;
+
+/// How long a post retries backpressure (`-FI_EAGAIN`, a full slab) before its future answers
+/// [`DmaError::WouldBlock`] with nothing posted; as the sync [`LibfabricEndpoint::write`].
+pub const POST_PATIENCE: Duration = Duration::from_secs(1);
+
+/// A [`LibfabricEndpoint`] whose operations are futures. Cheap to clone: clones share the
+/// endpoint and its driver, which stops when the last clone drops (operations still in flight
+/// then are reaped by whoever reads the queue next, or drained when the endpoint drops).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dma_libfabric::DmaError> {
+/// use std::sync::Arc;
+/// use dma_libfabric::{Configuration, LibfabricEndpoint};
+/// use dma_libfabric::asynchronous::AsyncEndpoint;
+///
+/// let configuration = Configuration { rma: true, ..Configuration::default() };
+/// let server = AsyncEndpoint::new(Arc::new(LibfabricEndpoint::open(&configuration, None)?))?;
+/// let client = AsyncEndpoint::new(Arc::new(LibfabricEndpoint::open(&configuration, None)?))?;
+/// let target = client.endpoint().register(64)?;
+/// let source = server.endpoint().register(64)?;
+/// source.write_bytes(0, &[7; 64])?;
+///
+/// let lease = server.lease(1, &client.endpoint().local_address()?).await?;
+/// let done = server.write(lease, source.segment(0, 64)?, target.remote()).await?;
+/// assert_eq!(Ok(()), done.result);
+/// // The bytes land as the client's driver reads its queues.
+/// let mut seen = [0; 64];
+/// while seen != [7; 64] {
+///     tokio::task::yield_now().await;
+///     target.read_bytes(0, &mut seen)?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct AsyncEndpoint {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for AsyncEndpoint {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("AsyncEndpoint")
+            .field("endpoint", &self.shared.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    endpoint: Arc<LibfabricEndpoint>,
+    source: Source,
+    /// Woken whenever the receive queue's descriptor fires.
+    received: Arc<Notify>,
+    driver: JoinHandle<()>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// A completion queue's descriptor, owned by the queue (this only names it to tokio).
+struct QueueFd(RawFd);
+
+impl AsRawFd for QueueFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// What the driver task owns. Fields drop in order: the descriptors leave tokio's reactor before
+/// the endpoint (and so the queues that own them) can close.
+struct Driver {
+    fds: [AsyncFd<QueueFd>; 2],
+    received: Arc<Notify>,
+    source: Source,
+    endpoint: Arc<LibfabricEndpoint>,
+}
+
+impl Driver {
+    async fn run(self) {
+        loop {
+            // Read: completions go to their owners (futures are woken), progress is driven.
+            self.endpoint.progress();
+            self.received.notify_waiters();
+            // A descriptor still readable after the read sends no new edge: read again (rxm
+            // leaves connection events for up to its CM interval, 10 ms, in 2.x).
+            if !self.source.may_sleep_on_queue(0) || self.source.readable(0) {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            poll_fn(|context| {
+                let mut woken = false;
+                for fd in &self.fds {
+                    if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(context) {
+                        ready.clear_ready();
+                        woken = true;
+                    }
+                }
+                if woken {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+        }
+    }
+}
+
+impl AsyncEndpoint {
+    /// Drive `endpoint` from a task spawned on the current tokio runtime.
+    ///
+    /// # Errors
+    /// [`DmaError::Unsupported`] for an endpoint whose queues have no wait object (efa, or opened
+    /// with `Configuration::busy_poll`); [`DmaError::Fabric`] (call `AsyncFd::new`) when tokio's
+    /// reactor refuses a descriptor.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, as `tokio::spawn` does.
+    pub fn new(endpoint: Arc<LibfabricEndpoint>) -> Result<Self, DmaError> {
+        let Some(&source) = endpoint.wait_sources().first() else {
+            return Err(DmaError::Unsupported(format!(
+                "the async API sleeps on the completion queues' wait descriptors, and {}'s \
+                 queues have none (a provider without FI_WAIT_FD, or Configuration::busy_poll)",
+                endpoint.describe().provider
+            )));
+        };
+        let register = |fd: RawFd| {
+            // SAFETY: `fd` is a queue's wait descriptor, open for as long as the queue, which
+            // the endpoint keeps open while the driver holds its `Arc`; the driver drops its
+            // `AsyncFd`s before that `Arc` (`Driver`'s field order), and `QueueFd` always
+            // answers the same descriptor.
+            unsafe { AsyncFd::register_with_interest(QueueFd(fd), Interest::READABLE) }.map_err(
+                |error| {
+                    let (_, error) = error.into_parts();
+                    DmaError::Fabric {
+                        call: "AsyncFd::register_with_interest",
+                        code: -i64::from(error.raw_os_error().unwrap_or(0)),
+                        message: error.to_string(),
+                    }
+                },
+            )
+        };
+        let [tx, rx] = source.fds();
+        let received = Arc::new(Notify::new());
+        let driver = Driver {
+            fds: [register(tx)?, register(rx)?],
+            received: Arc::clone(&received),
+            source,
+            endpoint: Arc::clone(&endpoint),
+        };
+        let driver = tokio::spawn(driver.run());
+        Ok(Self {
+            shared: Arc::new(Shared {
+                endpoint,
+                source,
+                received,
+                driver,
+            }),
+        })
+    }
+
+    /// The endpoint: for registering memory, its cache, and every sync call.
+    pub fn endpoint(&self) -> &Arc<LibfabricEndpoint> {
+        &self.shared.endpoint
+    }
+
+    /// A lease on `client` at `address` (see [`AddressCache::lease`](crate::AddressCache::lease))
+    /// without blocking the runtime: a hit is taken at once; a miss is resolved on tokio's
+    /// blocking pool (`spawn_blocking`), where waiting for the cache's writer to insert the
+    /// entry costs no runtime thread, and then taken as the hit it has become.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping it leaves at most a resolved entry for `client` in the cache, as a
+    /// `resolve` would, and no lease.
+    ///
+    /// # Errors
+    /// As [`AddressCache::lease`](crate::AddressCache::lease).
+    pub async fn lease(&self, client: u64, address: &[u8]) -> Result<Lease<'_>, DmaError> {
+        let peers = self.shared.endpoint.peers();
+        match peers.lease_within(client, address, Duration::ZERO) {
+            Err(DmaError::WouldBlock) => {}
+            done => return done,
+        }
+        let endpoint = Arc::clone(&self.shared.endpoint);
+        let owned = address.to_vec();
+        let resolved = tokio::task::spawn_blocking(move || {
+            endpoint.peers().pin().resolve(client, &owned).map(|_| ())
+        })
+        .await
+        .map_err(|error| {
+            DmaError::InvalidArgument(format!("the resolving task failed: {error}"))
+        })?;
+        resolved?;
+        peers.lease(client, address)
+    }
+
+    /// `fi_write` of `source` into the peer's `target` against `lease`, resolving to its
+    /// [`Completion`] once that has been read (its `id` is 0: the future is the handle).
+    /// Backpressure is retried for up to [`POST_PATIENCE`], yielding to the runtime in between.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, at every await point (module docs): dropped before the post, nothing was
+    /// posted; dropped after, the write completes on its own, its lease and the source's
+    /// registration held by the endpoint until the driver reads the completion. The source's
+    /// bytes are read by the provider until then: do not rewrite them in the meantime.
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::write_within`], at the post (nothing posted); the completion's
+    /// own error in [`Completion::result`].
+    pub async fn write(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+        target: RemoteRegion,
+    ) -> Result<Completion, DmaError> {
+        self.rma(Operation::Write, lease, source, target).await
+    }
+
+    /// `fi_read` of the peer's `source` into `destination` against `lease`; otherwise as
+    /// [`write`](Self::write). Read the destination after the future resolves.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`write`](Self::write): a dropped read goes on writing into
+    /// `destination`'s memory until its completion is read, which the endpoint keeps registered
+    /// and allocated until then; what the destination holds meanwhile is unspecified.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    pub async fn read(
+        &self,
+        lease: Lease<'_>,
+        destination: Segment<'_>,
+        source: RemoteRegion,
+    ) -> Result<Completion, DmaError> {
+        self.rma(Operation::Read, lease, destination, source).await
+    }
+
+    async fn rma(
+        &self,
+        operation: Operation,
+        lease: Lease<'_>,
+        local: Segment<'_>,
+        remote: RemoteRegion,
+    ) -> Result<Completion, DmaError> {
+        let state = Arc::new(Pending::default());
+        let endpoint = &self.shared.endpoint;
+        let deadline = Instant::now().checked_add(POST_PATIENCE);
+        loop {
+            let owner: Owner = Arc::clone(&state) as Owner;
+            // No await between the post and the slot's taking the lease: one synchronous call.
+            match endpoint.post_owned(
+                operation,
+                lease.clone(),
+                local,
+                remote,
+                0,
+                Duration::ZERO,
+                owner,
+            ) {
+                Ok(()) => break,
+                Err(DmaError::WouldBlock)
+                    if deadline.is_some_and(|deadline| Instant::now() < deadline) =>
+                {
+                    endpoint.progress();
+                    tokio::task::yield_now().await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        drop(lease);
+        Completed {
+            pending: state,
+            endpoint,
+            read: false,
+        }
+        .await
+    }
+
+    /// Send `message` (at most the provider's inject size) to the peer `lease` holds, retrying
+    /// backpressure for up to [`POST_PATIENCE`], yielding to the runtime in between. A send
+    /// completes when the provider has copied the message (`fi_inject`).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the message is sent exactly once if the future resolved `Ok`, and at most
+    /// once if it was dropped (the provider copies it in one call; no await falls inside one).
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::send_within`].
+    pub async fn send(&self, lease: &Lease<'_>, message: &[u8]) -> Result<(), DmaError> {
+        let endpoint = &self.shared.endpoint;
+        let deadline = Instant::now().checked_add(POST_PATIENCE);
+        loop {
+            match endpoint.try_send(lease.peer(), message) {
+                Err(DmaError::WouldBlock)
+                    if deadline.is_some_and(|deadline| Instant::now() < deadline) =>
+                {
+                    endpoint.progress();
+                    tokio::task::yield_now().await;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// The next message received, waiting for one as long as it takes (wrap it in
+    /// `tokio::time::timeout` to bound it).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a message is taken off the queue only in the poll that returns it, so a
+    /// dropped `receive` has taken none, and the next `receive` (or a sync one) gets it.
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::try_receive`].
+    pub async fn receive(&self) -> Result<Vec<u8>, DmaError> {
+        let shared = &self.shared;
+        loop {
+            let notified = shared.received.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the queue is read, so a message that arrives after the read
+            // wakes it.
+            notified.as_mut().enable();
+            if let Some(message) = shared.endpoint.try_receive()? {
+                return Ok(message);
+            }
+            if !shared.source.may_sleep_on_queue(1) {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A posted operation's completion, shared by its slot (which delivers it) and its future.
+#[derive(Default)]
+struct Pending {
+    state: Mutex<(Option<Completion>, Option<Waker>)>,
+}
+
+impl CompletionOwner for Pending {
+    fn completed(&self, completion: Completion) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.0 = Some(completion);
+        let waker = state.1.take();
+        drop(state);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// Resolves when the operation's completion has been delivered to its [`Pending`].
+struct Completed<'endpoint> {
+    pending: Arc<Pending>,
+    endpoint: &'endpoint LibfabricEndpoint,
+    /// Whether its first poll has read the queue itself.
+    read: bool,
+}
+
+impl Completed<'_> {
+    fn take(&self, context: &std::task::Context<'_>) -> Option<Completion> {
+        let mut state = self
+            .pending
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let completion = state.0.take();
+        if completion.is_none() {
+            match &mut state.1 {
+                Some(waker) => waker.clone_from(context.waker()),
+                none => *none = Some(context.waker().clone()),
+            }
+        }
+        completion
+    }
+}
+
+impl Future for Completed<'_> {
+    type Output = Result<Completion, DmaError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> Poll<Self::Output> {
+        if let Some(completion) = self.take(context) {
+            return Poll::Ready(Ok(completion));
+        }
+        // On tcp a small write often completes as it is posted: one read of the queue here saves
+        // the round trip through the reactor and the driver task.
+        if !std::mem::replace(&mut self.read, true) {
+            self.endpoint.progress();
+            if let Some(completion) = self.take(context) {
+                return Poll::Ready(Ok(completion));
+            }
+        }
+        Poll::Pending
+    }
+}

@@ -1,0 +1,325 @@
+//! Sleeping until the completion queues have something: the `fi_trywait` protocol, and how many
+//! threads share one queue's file descriptor.
+//!
+//! # Which queues sleep
+//!
+//! Where the provider offers a wait object (tcp and tcp;ofi_rxm, in libfabric 1.17 and 2.x) the
+//! endpoint's completion queues are opened with `wait_obj = FI_WAIT_FD`, and
+//! `fi_control(FI_GETWAIT)` gives each an epoll file descriptor that becomes readable when the
+//! provider has something to do: bytes on a socket, a connection request. Everywhere else the
+//! queues are opened with `FI_WAIT_NONE` and a wait polls as it always did: efa refuses every wait
+//! object in 1.17, and in 2.x offers `FI_WAIT_FD` on RDM only with shm off and re-arms its
+//! completion channel only inside `fi_cq_sread`, so it would need a thread blocked in
+//! `fi_cq_sread`, which this crate does not have yet. [`Configuration::busy_poll`] asks for the
+//! polling on every provider.
+//!
+//! # The protocol (`fi_poll(3)`; fabtests `functional/msg_epoll.c`)
+//!
+//! Nothing inside libfabric moves data while the application sleeps: the kernel holds the socket
+//! bytes, the descriptor wakes the application, and its next `fi_cq_read` (or rxm's `fi_trywait`,
+//! which runs one progress pass) moves them. So a wait is a loop of: read the queues (the
+//! caller's `attempt`, which drives progress and looks for what it waits for); `fi_trywait` on
+//! both queues; only if it answers 0, `poll` the descriptors; then read again. A wake-up with no
+//! completion is normal (a rendezvous, a connection set-up, a peer's RMA into this endpoint's
+//! memory), and is answered by reading again.
+//!
+//! # Many waiters
+//!
+//! One descriptor wakes every thread that polls it, and a completion read by one thread may be
+//! another's (an RMA completion waited for by `wait_for` on another thread). So one waiter at a
+//! time, the poller, sleeps in `poll`; the others sleep on a condition variable and are woken
+//! whenever the poller wakes, to read the queues themselves. A thread that hands a completion to
+//! a possibly sleeping owner rings the [`Waiter`]: the followers' generation moves on, and an
+//! `eventfd` in the poller's `poll` set wakes the poller. Ringing costs one atomic load when no
+//! thread waits.
+//!
+//! Why no wake-up is lost: a waiter reads the generation *before* its attempt and sleeps only if
+//! it is unchanged, under the state lock; a ringer publishes the completion (under the ready
+//! queue's lock) *before* it reads the waiter count, and the waiter counts itself *before* its
+//! attempt takes that lock. Either the attempt sees the completion, or the ringer sees the waiter
+//! and moves the generation under the state lock, which the sleeper then sees or is woken by.
+//! The poller's own `poll` is bounded by [`MOST_SLEEP`] all the same, so a wake-up the provider
+//! fails to signal costs at most that, never a hang.
+//!
+//! # Bounds
+//!
+//! A `Waiter` holds one `eventfd`; `poll` is given at most 2 × [`MOST_SOURCES`] + 1
+//! descriptors (two per source, at most [`MOST_SOURCES`] sources), on the stack.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use super::deadline::Deadline;
+use crate::sys;
+
+/// The longest one `poll` sleeps before the queues are read again, whatever the deadline.
+pub(crate) const MOST_SLEEP: Duration = Duration::from_secs(1);
+
+/// The most sources one wait sleeps on (a rail set's rails: at least
+/// [`MAX_RAILS`](crate::MAX_RAILS), checked where the rail set waits).
+pub(crate) const MOST_SOURCES: usize = 8;
+
+/// The most descriptors one wait polls: two queues per source, and the waiter's own bell.
+const MOST_FDS: usize = 2 * MOST_SOURCES + 1;
+
+/// One endpoint's completion queues opened with `FI_WAIT_FD`: what a waiter sleeps on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Source {
+    fabric: *mut sys::fid_fabric,
+    cqs: [*mut sys::fid_cq; 2],
+    fds: [RawFd; 2],
+}
+
+// SAFETY: the pointers are the endpoint's open fabric and queues, which libfabric lets any thread
+// use (the domain is FI_THREAD_SAFE); a `Source` is used only while its endpoint is open.
+unsafe impl Send for Source {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Source {}
+
+impl Source {
+    /// The wait descriptors of `cqs`, both opened with `FI_WAIT_FD` in `fabric`; `None` when the
+    /// provider gives none (then the endpoint polls).
+    ///
+    /// # Safety
+    /// `fabric` and `cqs` are open, and stay open for as long as the `Source` is used.
+    pub(crate) unsafe fn of(
+        fabric: *mut sys::fid_fabric,
+        cqs: [*mut sys::fid_cq; 2],
+    ) -> Option<Self> {
+        let mut fds = [-1; 2];
+        for (cq, fd) in cqs.iter().zip(&mut fds) {
+            // SAFETY: the queue is open (the caller's promise); FI_GETWAIT writes one int.
+            let code = unsafe {
+                sys::fi_control(
+                    &raw mut (**cq).fid,
+                    sys::FI_GETWAIT as i32,
+                    std::ptr::from_mut(fd).cast(),
+                )
+            };
+            if 0 != code || *fd < 0 {
+                tracing::debug!(code, "no wait descriptor for a completion queue: polling");
+                return None;
+            }
+        }
+        Some(Self { fabric, cqs, fds })
+    }
+
+    /// `fi_trywait` on both queues: whether the caller may block on the descriptors now.
+    fn may_sleep(&self) -> bool {
+        self.may_sleep_on(&self.cqs)
+    }
+
+    /// The transmit queue's descriptor, then the receive queue's.
+    pub(crate) fn fds(&self) -> [RawFd; 2] {
+        self.fds
+    }
+
+    /// `fi_trywait` on the transmit queue alone (0) or the receive queue alone (1): whether the
+    /// caller may block on that queue's descriptor now.
+    pub(crate) fn may_sleep_on_queue(&self, queue: usize) -> bool {
+        match self.cqs.get(queue) {
+            Some(cq) => self.may_sleep_on(std::slice::from_ref(cq)),
+            None => false,
+        }
+    }
+
+    /// Whether queue `queue`'s descriptor (0: transmit, 1: receive) is readable now, without
+    /// blocking: what an edge-triggered waiter checks before it sleeps, since an event the
+    /// provider left unconsumed (rxm reads its connection events at most every
+    /// `FI_OFI_RXM_CM_PROGRESS_INTERVAL`, 10 ms by default, in 2.x) sends no second edge.
+    pub(crate) fn readable(&self, queue: usize) -> bool {
+        let Some(&fd) = self.fds.get(queue) else {
+            return false;
+        };
+        let mut pollfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one initialised pollfd that lives across the call; a zero timeout.
+        0 < unsafe { libc::poll(&raw mut pollfd, 1, 0) }
+    }
+
+    fn may_sleep_on(&self, cqs: &[*mut sys::fid_cq]) -> bool {
+        let mut fids = [std::ptr::null_mut(); 2];
+        for (fid, cq) in fids.iter_mut().zip(cqs) {
+            // SAFETY: the queues are open (`of`'s promise).
+            *fid = unsafe { &raw mut (**cq).fid };
+        }
+        let count = cqs.len().min(2) as i32;
+        // SAFETY: the fabric and the queues are open; `fids` holds `count` valid fids.
+        let code = unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), count) };
+        if 0 != code && code != -(sys::FI_EAGAIN as i32) {
+            tracing::debug!(
+                code,
+                "fi_trywait failed: reading again rather than sleeping"
+            );
+        }
+        0 == code
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Whether a waiter is the poller now.
+    poller: bool,
+    /// Moves on whenever the poller wakes or a completion is handed to a waiter.
+    generation: u64,
+}
+
+/// The threads waiting on one endpoint's (or one rail set's) completions: see the module docs.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    waiting: AtomicUsize,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// An `eventfd` in the poller's `poll` set, written to wake it; `None` if the system gave
+    /// none (the poller then wakes by itself within [`MOST_SLEEP`]).
+    bell: Option<OwnedFd>,
+}
+
+impl Default for Waiter {
+    fn default() -> Self {
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        let bell = (fd >= 0).then(|| {
+            // SAFETY: `fd` was just opened and is owned by nothing else.
+            unsafe { OwnedFd::from_raw_fd(fd) }
+        });
+        Self {
+            waiting: AtomicUsize::new(0),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            bell,
+        }
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Waiter {
+    /// Something a waiter may be waiting for was just published (a completion in a ready queue):
+    /// wake the waiters to look. One atomic load when none waits.
+    pub(crate) fn ring(&self) {
+        if 0 == self.waiting.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut state = lock(&self.state);
+        state.generation = state.generation.wrapping_add(1);
+        let poller = state.poller;
+        drop(state);
+        self.changed.notify_all();
+        if poller {
+            if let Some(bell) = &self.bell {
+                let one = 1_u64;
+                // SAFETY: writing 8 bytes from a live u64 to our own eventfd; a full counter
+                // (EAGAIN) already wakes the poller.
+                let _ = unsafe { libc::write(bell.as_raw_fd(), (&raw const one).cast(), 8) };
+            }
+        }
+    }
+
+    /// Call `attempt` until it answers `Some` or `deadline` passes, sleeping on `sources`'
+    /// descriptors between calls (see the module docs); with no sources (a provider without a
+    /// wait object, [`Configuration::busy_poll`](crate::Configuration::busy_poll)), yielding
+    /// between calls instead. `attempt` must read the queues (drive progress) itself.
+    pub(crate) fn wait<T>(
+        &self,
+        sources: &[Source],
+        deadline: Deadline,
+        mut attempt: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
+        if sources.is_empty() || sources.len() > MOST_SOURCES {
+            return spin(deadline, attempt);
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _counted = Counted(&self.waiting);
+        loop {
+            let seen = lock(&self.state).generation;
+            if let Some(found) = attempt() {
+                return Some(found);
+            }
+            if deadline.passed() {
+                return None;
+            }
+            let mut state = lock(&self.state);
+            if state.generation != seen {
+                continue;
+            }
+            let sleep = deadline.remaining().unwrap_or(MOST_SLEEP).min(MOST_SLEEP);
+            if state.poller {
+                let _unused = self
+                    .changed
+                    .wait_timeout_while(state, sleep, |state| state.generation == seen)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            state.poller = true;
+            drop(state);
+            if sources.iter().all(Source::may_sleep) {
+                self.poll(sources, sleep);
+            }
+            let mut state = lock(&self.state);
+            state.poller = false;
+            state.generation = state.generation.wrapping_add(1);
+            drop(state);
+            self.changed.notify_all();
+        }
+    }
+
+    /// Block in `poll` on every source's descriptors and the bell for at most `sleep`.
+    fn poll(&self, sources: &[Source], sleep: Duration) {
+        let mut fds = [libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        }; MOST_FDS];
+        let mut count = 0;
+        for fd in sources
+            .iter()
+            .flat_map(|source| source.fds)
+            .chain(self.bell.as_ref().map(AsRawFd::as_raw_fd))
+        {
+            fds[count] = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            count += 1;
+        }
+        let millis = i32::try_from(sleep.as_millis().max(1)).unwrap_or(i32::MAX);
+        // SAFETY: `fds` holds `count` initialised pollfds, and lives across the call.
+        let _ = unsafe { libc::poll(fds.as_mut_ptr(), count as libc::nfds_t, millis) };
+        if let Some(bell) = &self.bell {
+            let mut rung = 0_u64;
+            // SAFETY: reading 8 bytes into a live u64 from our own non-blocking eventfd.
+            let _ = unsafe { libc::read(bell.as_raw_fd(), (&raw mut rung).cast(), 8) };
+        }
+    }
+}
+
+/// Uncounts a waiter when its wait ends, however it ends.
+struct Counted<'count>(&'count AtomicUsize);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The polling wait: `attempt` until it answers or the deadline passes, yielding in between.
+fn spin<T>(deadline: Deadline, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
+    loop {
+        if let Some(found) = attempt() {
+            return Some(found);
+        }
+        if deadline.passed() {
+            return None;
+        }
+        std::thread::yield_now();
+    }
+}
