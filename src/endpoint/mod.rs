@@ -58,6 +58,7 @@
 //!   completion has been read; dropping the endpoint drains them, or abandons them after closing
 //!   the endpoint, before the cache and the domain close.
 
+pub mod buffer;
 mod deadline;
 mod handles;
 pub mod in_flight;
@@ -72,6 +73,7 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use self::buffer::{Exposure, MemoryInterface, PooledBuffer, RegionSlice, StableBuffer};
 use self::handles::Handles;
 pub use self::in_flight::OverdueOperation;
 pub use self::memory::{MemoryRegion, RemoteRegion, Segment};

@@ -60,7 +60,7 @@ use std::time::{Duration, Instant};
 
 use super::LibfabricEndpoint;
 use super::in_flight::PostedAt;
-use super::memory::{MemoryRegion, Pool, Registration, RemoteRegion, Segment};
+use super::memory::{MemoryRegion, OperationHold, Pool, Registration, RemoteRegion, Segment};
 use crate::cache::{Lease, Peer};
 use crate::error::DmaError;
 use crate::sys;
@@ -115,7 +115,7 @@ struct InFlight {
     /// [`LibfabricEndpoint::write_unleased`].
     #[allow(dead_code)]
     lease: Option<Lease<'static>>,
-    region: Arc<Registration>,
+    region: OperationHold,
 }
 
 /// A slot of the slab: `repr(C)` with the context first, so the context pointer is the slot's.
@@ -642,7 +642,7 @@ impl LibfabricEndpoint {
         )
     }
 
-    fn check_rma(&self) -> Result<(), DmaError> {
+    pub(super) fn check_rma(&self) -> Result<(), DmaError> {
         if self.operations.enabled {
             Ok(())
         } else {
@@ -681,6 +681,8 @@ impl LibfabricEndpoint {
                 remote.address, remote.len
             )));
         }
+        // Before the slot: a region lending a slice answers Busy, and nothing is taken.
+        let hold = local.region.hold()?;
         let (fi_addr, lease) = match target {
             Target::Leased(lease) => {
                 if !self.peers.owns(lease.peer()) {
@@ -717,7 +719,7 @@ impl LibfabricEndpoint {
                 operation,
                 len: local.len,
                 lease,
-                region: Arc::clone(local.region),
+                region: hold,
             });
         }
         slot.posted_at.set(self.operations.born, id);
