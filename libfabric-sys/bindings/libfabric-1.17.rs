@@ -2645,6 +2645,18 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
+    pub fn dmafab_mr_reg_iface(
+        domain: *mut fid_domain,
+        buf: *const ::std::os::raw::c_void,
+        len: usize,
+        access: u64,
+        requested_key: u64,
+        iface: fi_hmem_iface,
+        device: ::std::os::raw::c_int,
+        mr: *mut *mut fid_mr,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn dmafab_write(
         ep: *mut fid_ep,
         buf: *const ::std::os::raw::c_void,

@@ -42,6 +42,7 @@ pub use self::dmafab_mr_desc as fi_mr_desc;
 pub use self::dmafab_mr_enable as fi_mr_enable;
 pub use self::dmafab_mr_key as fi_mr_key;
 pub use self::dmafab_mr_reg as fi_mr_reg;
+pub use self::dmafab_mr_reg_iface as fi_mr_reg_iface;
 pub use self::dmafab_mr_regattr as fi_mr_regattr;
 pub use self::dmafab_read as fi_read;
 pub use self::dmafab_readmsg as fi_readmsg;

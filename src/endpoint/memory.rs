@@ -529,27 +529,18 @@ impl Registration {
                         &raw mut mr,
                         ptr::null_mut(),
                     ),
-                    Some((iface, device)) => {
-                        let iov = sys::iovec {
-                            iov_base: buffer.cast(),
-                            iov_len: len,
-                        };
-                        let mut attr = sys::fi_mr_attr {
-                            mr_iov: &raw const iov,
-                            iov_count: 1,
-                            access,
-                            requested_key,
-                            iface,
-                            ..Default::default()
-                        };
-                        match iface {
-                            sys::FI_HMEM_ZE => attr.device.ze = device,
-                            sys::FI_HMEM_NEURON => attr.device.neuron = device,
-                            _ => attr.device.cuda = device,
-                        }
-                        // `attr` and `iov` outlive the call, which copies what it keeps.
-                        sys::fi_mr_regattr(domain, &raw const attr, 0, &raw mut mr)
-                    }
+                    // `fi_mr_regattr` through the shim, which builds the `fi_mr_attr` (its
+                    // layout differs between libfabric 1.x and 2.x).
+                    Some((iface, device)) => sys::fi_mr_reg_iface(
+                        domain,
+                        buffer.cast_const().cast(),
+                        len,
+                        access,
+                        requested_key,
+                        iface,
+                        device,
+                        &raw mut mr,
+                    ),
                 }
             };
             if 0 == code {
@@ -757,6 +748,23 @@ pub(crate) struct OperationHold {
     region: Arc<Registration>,
     /// Whether the hold is counted in the memory's `access` word.
     counted: bool,
+}
+
+impl OperationHold {
+    /// One more hold of the same memory, for another part of the same transfer: it cannot be
+    /// refused, since this hold already keeps slices from being lent.
+    pub(crate) fn another(&self) -> Self {
+        if self.counted {
+            self.region
+                .keeper()
+                .access
+                .fetch_add(OPERATION, Ordering::AcqRel);
+        }
+        Self {
+            region: Arc::clone(&self.region),
+            counted: self.counted,
+        }
+    }
 }
 
 impl std::ops::Deref for OperationHold {

@@ -68,6 +68,7 @@ mod messaging;
 mod open;
 mod receive;
 pub mod rma;
+pub mod vectored;
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
@@ -80,6 +81,7 @@ pub use self::memory::{MemoryRegion, RemoteRegion, Segment};
 use self::messaging::read_error_entry;
 use self::receive::ReceiveSlots;
 pub use self::rma::{Completion, MAX_OPERATIONS, Operation};
+pub use self::vectored::{MAX_PIECES, Notification};
 /// The endpoint's AV backend lives in [`crate::av`]; re-exported here, where it always was.
 pub use crate::av::FabricAv;
 use crate::av::fabric::{self as av, HandedOut};

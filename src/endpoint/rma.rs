@@ -61,6 +61,7 @@ use std::time::{Duration, Instant};
 use super::LibfabricEndpoint;
 use super::in_flight::PostedAt;
 use super::memory::{MemoryRegion, OperationHold, Pool, Registration, RemoteRegion, Segment};
+use super::vectored::{Join, JoinPart, Notifications};
 use crate::cache::{Lease, Peer};
 use crate::error::DmaError;
 use crate::sys;
@@ -116,6 +117,9 @@ struct InFlight {
     #[allow(dead_code)]
     lease: Option<Lease<'static>>,
     region: OperationHold,
+    /// The joined transfer (a scatter/gather split past the provider's limits) this operation is
+    /// one part of: only its last part to complete delivers a completion.
+    join: Option<Arc<Join>>,
 }
 
 /// A slot of the slab: `repr(C)` with the context first, so the context pointer is the slot's.
@@ -151,6 +155,8 @@ pub(super) struct Operations {
     /// `domain_attr.mr_mode`.
     mr_mode: i32,
     enabled: bool,
+    /// Remote writes' data read from the receive queue (see `vectored`), at most `cq_size`.
+    pub(super) notifications: Notifications,
 }
 
 // SAFETY: a slot's cells are touched only by the one thread that owns the slot at the time
@@ -198,6 +204,7 @@ impl Operations {
             pool: Arc::new(Pool::default()),
             mr_mode,
             enabled,
+            notifications: Notifications::new(cq_size),
         }
     }
 
@@ -302,11 +309,23 @@ impl Operations {
             },
             other => other,
         });
-        let completion = Completion {
-            id: operation.id,
-            operation: operation.operation,
-            len: operation.len,
-            result,
+        let completion = match &operation.join {
+            None => Completion {
+                id: operation.id,
+                operation: operation.operation,
+                len: operation.len,
+                result,
+            },
+            Some(join) => {
+                join.record(result);
+                if !join.finish(1) {
+                    // Another part is still in flight: it delivers the joined completion.
+                    drop(operation);
+                    lock(&self.free).push(index);
+                    return;
+                }
+                join.completion(operation.id, operation.operation)
+            }
         };
         // The completion has been read: the lease and the buffer may go.
         drop(operation);
@@ -392,8 +411,33 @@ impl Operations {
     }
 }
 
+/// What [`LibfabricEndpoint::submit`] posts.
+pub(super) struct Submission<'lease> {
+    pub(super) operation: Operation,
+    pub(super) target: Target<'lease>,
+    /// The local memory, held until the completion has been read.
+    pub(super) hold: OperationHold,
+    /// The bytes transferred.
+    pub(super) len: usize,
+    pub(super) id: u64,
+    /// The joined transfer this is a part of, if any.
+    pub(super) join: Option<JoinPart>,
+    /// A slot [`LibfabricEndpoint::reserve_slots`] took for it, or `None` to take one.
+    pub(super) slot: Option<usize>,
+}
+
+/// Whether [`LibfabricEndpoint::submit`] posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Posted {
+    /// The provider took it.
+    Posted,
+    /// A later part of a joined transfer failed to post: the joined completion carries the
+    /// error, and no more parts may be posted.
+    Abandoned,
+}
+
 /// How RMA calls name their remote side.
-enum Target<'lease> {
+pub(super) enum Target<'lease> {
     Leased(Lease<'lease>),
     /// The caller promised the entry outlives the operation.
     Unleased(sys::fi_addr_t),
@@ -683,6 +727,117 @@ impl LibfabricEndpoint {
         }
         // Before the slot: a region lending a slice answers Busy, and nothing is taken.
         let hold = local.region.hold()?;
+        let buffer = local.region.at(local.offset);
+        let desc = local.region.desc();
+        let submission = Submission {
+            operation,
+            target,
+            hold,
+            len: local.len,
+            id,
+            join: None,
+            slot: None,
+        };
+        let ep = self.handles.ep;
+        self.submit(submission, timeout, &mut |fi_addr, context| {
+            // SAFETY: the endpoint is open; `buffer` is `local.len` bytes inside a registered
+            // region (checked by `Segment`) whose registration the slot holds until the
+            // completion has been read, and `desc` is that region's descriptor; the context is
+            // the slot's, which lives in the slab for as long as the endpoint (the slab is
+            // dropped after the handles close). The remote address and key are the peer's to
+            // check.
+            unsafe {
+                match operation {
+                    Operation::Write => sys::fi_write(
+                        ep,
+                        buffer.cast_const().cast(),
+                        local.len,
+                        desc,
+                        fi_addr,
+                        remote.address,
+                        remote.key,
+                        context,
+                    ),
+                    Operation::Read => sys::fi_read(
+                        ep,
+                        buffer.cast(),
+                        local.len,
+                        desc,
+                        fi_addr,
+                        remote.address,
+                        remote.key,
+                        context,
+                    ),
+                }
+            }
+        })
+        .map(drop)
+    }
+
+    /// Take `count` free slots at once, for a transfer posted in parts, waiting up to `timeout`
+    /// (driving progress) until that many are free. They are this thread's until each is
+    /// submitted ([`Submission::slot`]) or [released](Self::release_slots).
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for more than the slab holds; [`DmaError::WouldBlock`]
+    /// when they were not free in time (none taken).
+    pub(super) fn reserve_slots(
+        &self,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<Vec<usize>, DmaError> {
+        if count > self.operations.slots.len() {
+            return Err(DmaError::InvalidArgument(format!(
+                "a transfer of {count} parts needs more than the {} operations this endpoint \
+                 keeps in flight",
+                self.operations.slots.len()
+            )));
+        }
+        let deadline = super::deadline::Deadline::after(timeout);
+        loop {
+            {
+                let mut free = lock(&self.operations.free);
+                if free.len() >= count {
+                    let at = free.len() - count;
+                    return Ok(free.split_off(at));
+                }
+            }
+            if deadline.passed() {
+                return Err(DmaError::WouldBlock);
+            }
+            self.progress();
+            std::thread::yield_now();
+        }
+    }
+
+    /// Give back slots [`reserve_slots`](Self::reserve_slots) took and nothing was posted in.
+    pub(super) fn release_slots(&self, slots: impl IntoIterator<Item = usize>) {
+        lock(&self.operations.free).extend(slots);
+    }
+
+    /// Post one operation through a slot: the lease checked and stored, a slot taken (waiting
+    /// up to `timeout`, driving progress), `issue` called with the peer's `fi_addr_t` and the
+    /// slot's context until the provider takes it or `timeout` passes. `issue` must hand the
+    /// provider only memory the submission's hold keeps alive.
+    ///
+    /// A part of a joined transfer (`submission.join`) that fails to post after an earlier part
+    /// was posted is not an error here: the failure goes into the joined completion, whose
+    /// remaining parts are given up ([`Posted::Abandoned`]), and the caller posts no more parts.
+    pub(super) fn submit(
+        &self,
+        submission: Submission<'_>,
+        timeout: Duration,
+        issue: &mut dyn FnMut(sys::fi_addr_t, *mut c_void) -> isize,
+    ) -> Result<Posted, DmaError> {
+        let Submission {
+            operation,
+            target,
+            hold,
+            len,
+            id,
+            join,
+            slot: reserved,
+        } = submission;
         let (fi_addr, lease) = match target {
             Target::Leased(lease) => {
                 if !self.peers.owns(lease.peer()) {
@@ -699,63 +854,38 @@ impl LibfabricEndpoint {
             Target::Unleased(fi_addr) => (fi_addr, None),
         };
         let deadline = super::deadline::Deadline::after(timeout);
-        let index = loop {
-            if let Some(index) = lock(&self.operations.free).pop() {
-                break index;
-            }
-            if deadline.passed() {
-                return Err(DmaError::WouldBlock);
-            }
-            self.progress();
-            std::thread::yield_now();
+        let index = match reserved {
+            Some(index) => index,
+            None => loop {
+                if let Some(index) = lock(&self.operations.free).pop() {
+                    break index;
+                }
+                if deadline.passed() {
+                    return Err(DmaError::WouldBlock);
+                }
+                self.progress();
+                std::thread::yield_now();
+            },
         };
         let slot = &self.operations.slots[index];
-        let buffer = local.region.at(local.offset);
-        let desc = local.region.desc();
+        let part = join.as_ref().map(|part| Arc::clone(&part.join));
         // SAFETY: the slot came off the free list, so this thread owns it until it is posted.
         unsafe {
             *slot.operation.get() = Some(InFlight {
                 id,
                 operation,
-                len: local.len,
+                len,
                 lease,
                 region: hold,
+                join: part,
             });
         }
         slot.posted_at.set(self.operations.born, id);
         self.operations.in_flight.fetch_add(1, Ordering::AcqRel);
         loop {
-            // SAFETY: the endpoint is open; `buffer` is `local.len` bytes inside a registered
-            // region (checked by `Segment`) whose `Arc` the slot holds until the completion has
-            // been read, and `desc` is that region's descriptor; the context is the slot's, which
-            // lives in the slab for as long as the endpoint (the slab is dropped after the
-            // handles close). The remote address and key are the peer's to check.
-            let code = unsafe {
-                match operation {
-                    Operation::Write => sys::fi_write(
-                        self.handles.ep,
-                        buffer.cast_const().cast(),
-                        local.len,
-                        desc,
-                        fi_addr,
-                        remote.address,
-                        remote.key,
-                        slot.context.get().cast(),
-                    ),
-                    Operation::Read => sys::fi_read(
-                        self.handles.ep,
-                        buffer.cast(),
-                        local.len,
-                        desc,
-                        fi_addr,
-                        remote.address,
-                        remote.key,
-                        slot.context.get().cast(),
-                    ),
-                }
-            };
+            let code = issue(fi_addr, slot.context.get().cast());
             if 0 == code {
-                return Ok(());
+                return Ok(Posted::Posted);
             }
             let retry = code == -(sys::FI_EAGAIN as isize) && !deadline.passed();
             if !retry {
@@ -764,12 +894,27 @@ impl LibfabricEndpoint {
                 drop(unsafe { (*slot.operation.get()).take() });
                 slot.posted_at.clear();
                 self.operations.in_flight.fetch_sub(1, Ordering::AcqRel);
-                lock(&self.operations.free).push(index);
-                return Err(if code == -(sys::FI_EAGAIN as isize) {
+                let error = if code == -(sys::FI_EAGAIN as isize) {
                     DmaError::WouldBlock
                 } else {
                     DmaError::fabric(operation.call(), code as i64)
-                });
+                };
+                return match join {
+                    Some(part) if !part.first => {
+                        part.join.record(Err(error));
+                        if part.join.finish(part.unposted) {
+                            let completion = part.join.completion(id, operation);
+                            lock(&self.operations.ready).push_back((index, completion));
+                        } else {
+                            lock(&self.operations.free).push(index);
+                        }
+                        Ok(Posted::Abandoned)
+                    }
+                    _ => {
+                        lock(&self.operations.free).push(index);
+                        Err(error)
+                    }
+                };
             }
             self.progress();
             std::thread::yield_now();

@@ -1,0 +1,204 @@
+//! Scatter/gather and writes that notify, on the real tcp provider: pieces past the provider's
+//! limit split and joined into one completion under one lease, bad pieces refused with nothing
+//! posted, and `fi_writedata`'s data delivered to the target.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+
+use dma_libfabric::{DmaError, Exposure, Notification, Operation, Segment};
+use testkit::{PATIENCE, rma_tcp, wait_for_bytes, with_progress};
+
+const PAGE: usize = 4096;
+
+/// A pool of `pages` pages, page `n` filled with `n + 1`.
+fn numbered_pages(pages: usize) -> Vec<u8> {
+    let mut bytes = vec![0_u8; pages * PAGE];
+    for (page, chunk) in bytes.chunks_mut(PAGE).enumerate() {
+        chunk.fill(page as u8 + 1);
+    }
+    bytes
+}
+
+/// Ten scattered pages written as one transfer: more pieces than tcp's limit per message (4),
+/// so split into three messages and joined into one completion with the whole length, under
+/// one lease (back to none once it has been read), with the pool held until then. Fails if the
+/// parts deliver their own completions, or the remote offsets of later parts are wrong.
+#[test]
+fn a_gather_past_the_limit_is_split_and_joined_into_one_completion() {
+    let server = rma_tcp();
+    let client = rma_tcp();
+    let per_message = server.pieces_per_message();
+    assert!(
+        per_message < 10,
+        "tcp carries {per_message} pieces a message"
+    );
+    let mut pool = server
+        .register_buffer(numbered_pages(16), Exposure::Local)
+        .expect("registered");
+    let order = [15, 0, 7, 3, 9, 1, 12, 4, 8, 2];
+    let target = client.register(order.len() * PAGE).expect("client memory");
+    let address = client.local_address().expect("address");
+    with_progress(&client, || {
+        let lease = server.peers().lease(1, &address).expect("a lease");
+        let pieces: Vec<Segment<'_>> = order
+            .iter()
+            .map(|&page| pool.segment(page * PAGE, PAGE).unwrap())
+            .collect();
+        server
+            .write_gather(lease, &pieces, target.remote(), 11)
+            .expect("posted");
+        drop(pieces);
+        assert!(matches!(pool.as_mut_slice(), Err(DmaError::Busy)));
+        let completion = server.wait_for(11, PATIENCE).expect("completed");
+        assert_eq!(
+            (Operation::Write, order.len() * PAGE, Ok(())),
+            (completion.operation, completion.len, completion.result)
+        );
+        for (at, &page) in order.iter().enumerate() {
+            wait_for_bytes(&target, at * PAGE, &[page as u8 + 1; PAGE]);
+        }
+    });
+    let mut rest = Vec::new();
+    server.poll_completions(&mut rest).expect("poll");
+    assert!(rest.is_empty(), "one completion for the transfer: {rest:?}");
+    assert_eq!(0, server.operations_in_flight());
+    assert_eq!(0, server.peers().stats().leases, "every part's lease went");
+    pool.as_mut_slice()
+        .expect("idle once the completion was read")[0] = 0;
+}
+
+/// One remote range read into nine scattered pages (three messages), joined into one
+/// completion; the pages between them are untouched.
+#[test]
+fn a_scatter_read_lands_each_piece_in_its_page() {
+    let server = rma_tcp();
+    let client = rma_tcp();
+    let exposed = client.register(9 * PAGE).expect("client memory");
+    exposed.write_bytes(0, &numbered_pages(9)).expect("fits");
+    let address = client.local_address().expect("address");
+    let landing = server
+        .register_buffer(vec![0_u8; 18 * PAGE], Exposure::Local)
+        .expect("registered");
+    with_progress(&client, || {
+        let lease = server.peers().lease(1, &address).expect("a lease");
+        let pieces: Vec<Segment<'_>> = (0..9)
+            .map(|piece| landing.segment(2 * piece * PAGE, PAGE).unwrap())
+            .collect();
+        server
+            .read_scatter(lease, &pieces, exposed.remote(), 4)
+            .expect("posted");
+        let completion = server.wait_for(4, PATIENCE).expect("completed");
+        assert_eq!(
+            (Operation::Read, 9 * PAGE, Ok(())),
+            (completion.operation, completion.len, completion.result)
+        );
+    });
+    let bytes = landing.as_slice().expect("idle");
+    for piece in 0..9 {
+        let at = 2 * piece * PAGE;
+        assert!(
+            bytes[at..at + PAGE]
+                .iter()
+                .all(|&byte| byte == piece as u8 + 1)
+        );
+        assert!(
+            bytes[at + PAGE..at + 2 * PAGE]
+                .iter()
+                .all(|&byte| 0 == byte)
+        );
+    }
+}
+
+/// Bad pieces: none, pieces of two regions, longer together than the target, a lent slice, more
+/// parts than the endpoint keeps in flight. Each is refused with nothing posted and the lease
+/// back.
+#[test]
+fn bad_pieces_are_refused_with_nothing_posted() {
+    let server = rma_tcp();
+    let client = rma_tcp();
+    let target = client.register(2 * PAGE).expect("client memory");
+    let address = client.local_address().expect("address");
+    let one = server.register(2 * PAGE).expect("one region");
+    let other = server.register(PAGE).expect("another region");
+    let lease = || server.peers().lease(1, &address).expect("a lease");
+    let refused = |result: Result<(), DmaError>| {
+        assert!(
+            matches!(result, Err(DmaError::InvalidArgument(_))),
+            "{result:?}"
+        );
+        assert_eq!(0, server.operations_in_flight());
+        assert_eq!(0, server.peers().stats().leases);
+    };
+    refused(server.write_gather(lease(), &[], target.remote(), 1));
+    refused(server.write_gather(
+        lease(),
+        &[one.segment(0, 8).unwrap(), other.segment(0, 8).unwrap()],
+        target.remote(),
+        1,
+    ));
+    refused(server.read_scatter(
+        lease(),
+        &[
+            one.segment(0, PAGE).unwrap(),
+            one.segment(0, PAGE).unwrap(),
+            one.segment(0, 1).unwrap(),
+        ],
+        target.remote(),
+        1,
+    ));
+    let many: Vec<Segment<'_>> = (0..(dma_libfabric::endpoint::MAX_OPERATIONS + 1)
+        * server.pieces_per_message())
+        .map(|_| one.segment(0, 1).unwrap())
+        .collect();
+    let big = client.register(many.len()).expect("client memory");
+    refused(server.write_gather(lease(), &many, big.remote(), 1));
+
+    let lent = server
+        .register_buffer(vec![0_u8; PAGE], Exposure::Local)
+        .expect("registered");
+    let slice = lent.as_slice().expect("idle");
+    let result = server.write_gather(lease(), &[lent.segment(0, 8).unwrap()], target.remote(), 1);
+    assert!(matches!(result, Err(DmaError::Busy)), "{result:?}");
+    assert_eq!(0, server.operations_in_flight());
+    drop(slice);
+}
+
+/// `fi_writedata`: the target's receive queue reports the write with the initiator's data,
+/// once its bytes have landed, and `poll_notifications` hands it out once.
+#[test]
+fn a_write_with_data_notifies_the_target() {
+    let server = rma_tcp();
+    let client = rma_tcp();
+    let target = client.register(64).expect("client memory");
+    let address = client.local_address().expect("address");
+    let source = server
+        .register_buffer(b"chunk landed".to_vec(), Exposure::Local)
+        .expect("registered");
+    let notifications = with_progress(&client, || {
+        let lease = server.peers().lease(1, &address).expect("a lease");
+        server
+            .write_with_data(
+                lease,
+                source.segment(0, 12).unwrap(),
+                target.remote(),
+                0xfeed_0042,
+                5,
+            )
+            .expect("posted");
+        assert_eq!(
+            Ok(()),
+            server.wait_for(5, PATIENCE).expect("completed").result
+        );
+        let deadline = std::time::Instant::now() + PATIENCE;
+        let mut notifications = Vec::new();
+        while notifications.is_empty() {
+            client.poll_notifications(&mut notifications);
+            assert!(std::time::Instant::now() < deadline, "no notification");
+            std::thread::yield_now();
+        }
+        notifications
+    });
+    assert_eq!(vec![Notification { data: 0xfeed_0042 }], notifications);
+    wait_for_bytes(&target, 0, b"chunk landed");
+    let mut again = Vec::new();
+    assert_eq!(0, client.poll_notifications(&mut again));
+    assert_eq!(0, client.dropped_notifications());
+}
