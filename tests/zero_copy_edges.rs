@@ -202,3 +202,130 @@ fn a_write_with_data_notifies_the_target() {
     assert_eq!(0, client.poll_notifications(&mut again));
     assert_eq!(0, client.dropped_notifications());
 }
+
+/// `Configuration::hmem` asks `fi_getinfo` for `FI_HMEM`: a provider that does not offer it is
+/// passed over, with the reason (tcp on 1.17); one that does registers host memory through
+/// `FI_HMEM_SYSTEM` as any other.
+#[test]
+fn hmem_is_asked_of_fi_getinfo_when_configured() {
+    let configuration = dma_libfabric::Configuration {
+        rma: true,
+        hmem: true,
+        ..dma_libfabric::Configuration::default()
+    };
+    match dma_libfabric::LibfabricEndpoint::open(&configuration, Some("127.0.0.1")) {
+        Err(DmaError::NoProvider { .. }) => {}
+        Ok(endpoint) => {
+            let mut buffer = vec![0_u8; 64];
+            buffer[0] = 1;
+            let region = endpoint
+                .register_buffer(buffer, Exposure::Local)
+                .expect("registered");
+            assert_eq!(1, region.as_slice().expect("idle")[0]);
+        }
+        Err(other) => panic!("FI_HMEM asked: {other:?}"),
+    }
+}
+
+/// CUDA memory registered in place (`fi_mr_regattr`, `FI_HMEM_CUDA`) and written from, with the
+/// peer checking every byte. Needs a GPU, `libcudart.so`, and a provider built with CUDA support.
+#[test]
+#[ignore = "needs an NVIDIA GPU with CUDA (libcudart.so) and a libfabric provider built with FI_HMEM CUDA support"]
+fn cuda_memory_is_written_from_in_place() {
+    use std::ffi::{c_char, c_int, c_void};
+    unsafe extern "C" {
+        fn dlopen(filename: *const c_char, flags: c_int) -> *mut c_void;
+        fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+    }
+    type Malloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+    type Free = unsafe extern "C" fn(*mut c_void) -> c_int;
+    type Memcpy = unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> c_int;
+    const RTLD_NOW: c_int = 2;
+    const HOST_TO_DEVICE: c_int = 1;
+
+    // SAFETY: dlopen/dlsym of the CUDA runtime; each symbol is cast to its documented type.
+    let (malloc, free, memcpy) = unsafe {
+        let cudart = dlopen(c"libcudart.so".as_ptr(), RTLD_NOW);
+        assert!(!cudart.is_null(), "libcudart.so");
+        let symbol = |name: &std::ffi::CStr| {
+            let found = dlsym(cudart, name.as_ptr());
+            assert!(!found.is_null(), "{name:?}");
+            found
+        };
+        (
+            std::mem::transmute::<*mut c_void, Malloc>(symbol(c"cudaMalloc")),
+            std::mem::transmute::<*mut c_void, Free>(symbol(c"cudaFree")),
+            std::mem::transmute::<*mut c_void, Memcpy>(symbol(c"cudaMemcpy")),
+        )
+    };
+
+    struct Device {
+        start: *mut c_void,
+        len: usize,
+        free: Free,
+    }
+    // SAFETY: the device allocation is this value's alone.
+    unsafe impl Send for Device {}
+    // SAFETY: cudaMalloc'd memory stays at its address until cudaFree, in `Drop`.
+    unsafe impl dma_libfabric::StableBuffer for Device {
+        fn as_mut_ptr(&mut self) -> *mut u8 {
+            self.start.cast()
+        }
+        fn len(&self) -> usize {
+            self.len
+        }
+        fn interface(&self) -> dma_libfabric::MemoryInterface {
+            dma_libfabric::MemoryInterface::Cuda { device: 0 }
+        }
+    }
+    impl Drop for Device {
+        fn drop(&mut self) {
+            // SAFETY: allocated by cudaMalloc, freed once.
+            unsafe { (self.free)(self.start) };
+        }
+    }
+
+    const LEN: usize = 1 << 20;
+    let pattern: Vec<u8> = (0..LEN).map(|at| (at % 251) as u8).collect();
+    let mut start = std::ptr::null_mut();
+    // SAFETY: documented signatures; `pattern` holds LEN bytes.
+    unsafe {
+        assert_eq!(0, malloc(&raw mut start, LEN));
+        assert_eq!(
+            0,
+            memcpy(start, pattern.as_ptr().cast(), LEN, HOST_TO_DEVICE)
+        );
+    }
+    let configuration = dma_libfabric::Configuration {
+        rma: true,
+        hmem: true,
+        ..dma_libfabric::Configuration::default()
+    };
+    let server = dma_libfabric::LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))
+        .expect("a provider with FI_HMEM");
+    let client = rma_tcp();
+    let device = server
+        .register_buffer(
+            Device {
+                start,
+                len: LEN,
+                free,
+            },
+            Exposure::Local,
+        )
+        .expect("CUDA memory registered");
+    assert!(device.as_slice().is_err(), "device memory lends no slices");
+    let target = client.register(LEN).expect("client memory");
+    let address = client.local_address().expect("address");
+    with_progress(&client, || {
+        let lease = server.peers().lease(1, &address).expect("a lease");
+        server
+            .write(lease, device.segment(0, LEN).unwrap(), target.remote(), 1)
+            .expect("posted");
+        assert_eq!(
+            Ok(()),
+            server.wait_for(1, PATIENCE).expect("completed").result
+        );
+        wait_for_bytes(&target, 0, &pattern);
+    });
+}
