@@ -127,11 +127,13 @@
 //! # Contents
 //!
 //! A registered buffer is written by peers, and by the provider on behalf of local reads, at
-//! times this process does not choose. So its bytes are only ever copied in and out
-//! ([`MemoryRegion::write_bytes`], [`MemoryRegion::read_bytes`]), never lent out as a slice:
-//! a copy taken while a transfer lands may mix old and new bytes, and the application tells a
-//! complete record from a torn one (a checksum, a sequence written last), as it must on any RDMA
-//! NIC.
+//! times this process does not choose. So the bytes of a region peers may reach (every region of
+//! `register`, and the application's buffers registered [`Exposure::Remote`]) are only ever
+//! copied in and out ([`MemoryRegion::write_bytes`], [`MemoryRegion::read_bytes`]), never lent
+//! out as a slice in safe code: a copy taken while a transfer lands may mix old and new bytes, and
+//! the application tells a complete record from a torn one (a checksum, a sequence written last),
+//! as it must on any RDMA NIC. A buffer registered [`Exposure::Local`] is reached by no peer, and
+//! lends slices while no operation of this endpoint holds it (see [`buffer`](super::buffer)).
 
 use std::alloc::{self, Layout};
 use std::any::Any;

@@ -7,7 +7,7 @@
 //! into several local segments. Each message carries up to the provider's limit of pieces
 //! (`tx_attr.iov_limit` and `tx_attr.rma_iov_limit`, the smaller, and at most [`MAX_PIECES`]):
 //! a transfer of more pieces is split into several messages, posted in order, and joined into
-//! one [`Completion`](super::Completion) with the caller's id and the whole length, carrying the
+//! one [`Completion`] with the caller's id and the whole length, carrying the
 //! first part's error if any (as a rail set joins its stripes). One lease covers the whole
 //! transfer (each part holds a clone of it until its completion has been read), and the region's
 //! memory is held, as for a single write, until the last part's completion has been read.
