@@ -329,3 +329,87 @@ fn cuda_memory_is_written_from_in_place() {
         wait_for_bytes(&target, 0, &pattern);
     });
 }
+
+/// A buffer that claims any length, to try the bounds with.
+struct Claims {
+    bytes: Vec<u8>,
+    len: usize,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for Claims {
+    fn drop(&mut self) {
+        self.dropped
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+// SAFETY: only ever registered with a length the registration refuses before `fi_mr_reg`, or
+// the `Vec`'s own.
+unsafe impl dma_libfabric::StableBuffer for Claims {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.bytes.as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// Lengths past the bound (`usize::MAX`, `MAX_REGION_LEN + 1`) and 0 are refused before
+/// libfabric sees them, the buffer dropped and nothing parked; a lent slice moved to another
+/// thread keeps posts out until it is dropped there; a gather with `Duration::MAX` posts.
+#[test]
+fn bounds_threads_and_durations_at_their_edges() {
+    let server = rma_tcp();
+    let bound = dma_libfabric::endpoint::memory::MAX_REGION_LEN;
+    for len in [0, bound + 1, usize::MAX] {
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let claims = Claims {
+            bytes: vec![0; 64],
+            len,
+            dropped: std::sync::Arc::clone(&dropped),
+        };
+        let result = server.register_buffer(claims, Exposure::Remote);
+        assert!(
+            matches!(result, Err(DmaError::InvalidArgument(_))),
+            "{len}: {result:?}"
+        );
+        assert!(dropped.load(std::sync::atomic::Ordering::Acquire));
+    }
+    assert_eq!(0, server.parked_memory());
+
+    let client = rma_tcp();
+    let target = client.register(PAGE).expect("client memory");
+    let address = client.local_address().expect("address");
+    let pool = server
+        .register_buffer(numbered_pages(2), Exposure::Local)
+        .expect("registered");
+    let slice = pool.as_slice().expect("idle");
+    std::thread::scope(|scope| {
+        let lent = scope.spawn(move || {
+            let first = slice[0];
+            (first, slice)
+        });
+        let (first, slice) = lent.join().expect("the other thread");
+        assert_eq!(1, first);
+        let lease = server.peers().lease(1, &address).expect("a lease");
+        let piece = [pool.segment(0, PAGE).unwrap()];
+        assert!(matches!(
+            server.write_gather_within(lease, &piece, target.remote(), 1, std::time::Duration::MAX),
+            Err(DmaError::Busy)
+        ));
+        drop(slice);
+    });
+    with_progress(&client, || {
+        let lease = server.peers().lease(1, &address).expect("a lease");
+        let piece = [pool.segment(PAGE, PAGE).unwrap()];
+        server
+            .write_gather_within(lease, &piece, target.remote(), 2, std::time::Duration::MAX)
+            .expect("posted");
+        let completion = server
+            .wait_for(2, std::time::Duration::MAX)
+            .expect("completed");
+        assert_eq!((PAGE, Ok(())), (completion.len, completion.result));
+        wait_for_bytes(&target, 0, &[2; PAGE]);
+    });
+}
