@@ -141,9 +141,10 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::access::AccessWord;
 pub use super::buffer::{Exposure, MemoryInterface, PooledBuffer, RegionSlice, StableBuffer};
 use crate::error::DmaError;
 use crate::sys;
@@ -293,13 +294,6 @@ enum Memory {
     None,
 }
 
-/// One slice lent out, in [`Registration::access`].
-const SLICE: u64 = 1;
-/// One operation holding the memory, in [`Registration::access`].
-const OPERATION: u64 = 1 << 32;
-/// The slices' half of [`Registration::access`].
-const SLICES: u64 = OPERATION - 1;
-
 /// A registration and the memory it covers, shared by the [`MemoryRegion`] handle and every
 /// operation in flight on it. Dropping the last holder closes the registration and parks the
 /// memory in the endpoint's pool.
@@ -323,11 +317,11 @@ pub(crate) struct Registration {
     exposure: Exposure,
     /// Where the memory lives: host, or a device.
     interface: MemoryInterface,
-    /// For memory that lends slices (`Local` host memory): the live slices (low 32 bits) and the
-    /// operations holding the memory (high 32 bits), in one word so that neither can start
-    /// while the other is there. Kept by the registration that owns the memory, and reached
-    /// through `shares` from one that registers it again.
-    access: AtomicU64,
+    /// For memory that lends slices (`Local` host memory): the slices lent and the operations
+    /// holding the memory, in one word so that neither can start while the other is there (see
+    /// `access`). Kept by the registration that owns the memory, and reached through `shares`
+    /// from one that registers it again.
+    access: AccessWord,
     /// The registration whose memory this one registers again in another domain (a rail set's
     /// region), held for as long as this one lives.
     shares: Option<Arc<Registration>>,
@@ -386,7 +380,7 @@ impl Registration {
             memory: Memory::Pooled(memory),
             exposure: Exposure::Remote,
             interface: MemoryInterface::Host,
-            access: AtomicU64::new(0),
+            access: AccessWord::new(),
             shares: None,
             pool: Arc::clone(pool),
             domain,
@@ -436,7 +430,7 @@ impl Registration {
             memory: Memory::Owned(buffer),
             exposure,
             interface,
-            access: AtomicU64::new(0),
+            access: AccessWord::new(),
             shares: None,
             pool: Arc::clone(pool),
             domain,
@@ -474,7 +468,7 @@ impl Registration {
             memory: Memory::None,
             exposure: primary.exposure,
             interface: primary.interface,
-            access: AtomicU64::new(0),
+            access: AccessWord::new(),
             shares: Some(Arc::clone(primary)),
             pool: Arc::clone(pool),
             domain,
@@ -629,14 +623,8 @@ impl Registration {
     /// nothing is held then.
     pub(crate) fn hold(self: &Arc<Self>) -> Result<OperationHold, DmaError> {
         let counted = self.lends_slices();
-        if counted {
-            let access = &self.keeper().access;
-            // One word for slices and operations: of a slice and an operation starting at once,
-            // the later increment sees the earlier one, and backs out.
-            if 0 != access.fetch_add(OPERATION, Ordering::AcqRel) & SLICES {
-                access.fetch_sub(OPERATION, Ordering::Release);
-                return Err(DmaError::Busy);
-            }
+        if counted && !self.keeper().access.try_hold() {
+            return Err(DmaError::Busy);
         }
         Ok(OperationHold {
             region: Arc::clone(self),
@@ -646,24 +634,22 @@ impl Registration {
 
     /// Lend one shared slice: [`DmaError::Busy`] while an operation holds the memory.
     pub(crate) fn lend_slice(&self) -> Result<(), DmaError> {
-        let access = &self.keeper().access;
-        // Acquire: the completed operations' bytes (released by their holds' drops) are visible.
-        if 0 != access.fetch_add(SLICE, Ordering::AcqRel) & !SLICES {
-            access.fetch_sub(SLICE, Ordering::Release);
-            return Err(DmaError::Busy);
+        if self.keeper().access.try_lend() {
+            Ok(())
+        } else {
+            Err(DmaError::Busy)
         }
-        Ok(())
     }
 
     /// Give back a slice lent by [`lend_slice`](Self::lend_slice).
     pub(crate) fn return_slice(&self) {
-        self.keeper().access.fetch_sub(SLICE, Ordering::Release);
+        self.keeper().access.return_lend();
     }
 
     /// Whether an operation holds the memory now (Acquire: when not, every completed
     /// operation's bytes are visible).
     pub(crate) fn operations_hold(&self) -> bool {
-        0 != self.keeper().access.load(Ordering::Acquire) & !SLICES
+        self.keeper().access.held()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -757,10 +743,7 @@ impl OperationHold {
     /// refused, since this hold already keeps slices from being lent.
     pub(crate) fn another(&self) -> Self {
         if self.counted {
-            self.region
-                .keeper()
-                .access
-                .fetch_add(OPERATION, Ordering::AcqRel);
+            self.region.keeper().access.add_hold();
         }
         Self {
             region: Arc::clone(&self.region),
@@ -782,10 +765,7 @@ impl Drop for OperationHold {
         if self.counted {
             // Release: the operation's bytes (the completion has been read) happen before a
             // slice lent after this.
-            self.region
-                .keeper()
-                .access
-                .fetch_sub(OPERATION, Ordering::Release);
+            self.region.keeper().access.release_hold();
         }
     }
 }

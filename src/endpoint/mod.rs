@@ -58,6 +58,7 @@
 //!   completion has been read; dropping the endpoint drains them, or abandons them after closing
 //!   the endpoint, before the cache and the domain close.
 
+mod access;
 pub mod buffer;
 mod deadline;
 mod handles;
@@ -74,6 +75,9 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The access word of a `Local` region, for the loom models (`loom_tests/`).
+#[cfg(dma_loom)]
+pub use self::access::AccessWord;
 pub use self::buffer::{Exposure, MemoryInterface, PooledBuffer, RegionSlice, StableBuffer};
 use self::handles::Handles;
 pub use self::in_flight::OverdueOperation;
