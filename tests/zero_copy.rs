@@ -522,3 +522,45 @@ fn a_memory_mapping_registers_in_place() {
         .expect("idle");
     assert_eq!(start, mapping.as_ptr() as usize);
 }
+
+/// A rail set's `Local` buffer, written from on both rails (a striped write): `into_buffer` and
+/// `as_mut_slice` answer `Busy` until the write's one completion has been read, whichever rail
+/// still holds it, and the region comes back unchanged; then the buffer comes back, at its
+/// address. Fails if `RailRegion::into_buffer` stops checking every rail's holders before it
+/// closes the other rails' registrations (`let idle = true;`: the region comes back on one
+/// rail).
+#[test]
+fn a_rail_buffer_comes_back_only_when_no_rail_holds_it() {
+    let server = rma_rails(2);
+    let client = rma_rails(2);
+    const LEN: usize = 1 << 20;
+    let data: Vec<u8> = (0..LEN).map(|at| (at % 253) as u8).collect();
+    let start = data.as_ptr() as usize;
+    let mut region = server
+        .register_buffer(data, Exposure::Local)
+        .expect("registered");
+    let target = client.register(LEN).expect("client memory");
+    let addresses = client.local_addresses();
+    let addresses: Vec<&[u8]> = addresses.iter().map(Vec::as_slice).collect();
+    let region = testkit::with_rails_progress(&client, || {
+        let lease = server.lease(1, &addresses).expect("leased");
+        server
+            .write(lease, region.segment(0, LEN).unwrap(), target.remote(), 3)
+            .expect("posted");
+        // Nothing has read the completions yet (nothing progresses the server's rails).
+        assert!(matches!(region.as_mut_slice(), Err(DmaError::Busy)));
+        let (region, error) = region.into_buffer().expect_err("the stripes hold it");
+        assert!(matches!(error, DmaError::Busy), "{error:?}");
+        assert_eq!(2, region.rails(), "given back unchanged");
+        assert_eq!(
+            Ok(()),
+            server.wait_for(3, PATIENCE).expect("completed").result
+        );
+        region
+    });
+    let data = region
+        .into_buffer()
+        .map_err(|(_, error)| error)
+        .expect("idle");
+    assert_eq!(start, data.as_ptr() as usize);
+}
