@@ -70,9 +70,45 @@ void *dmafab_mr_desc(struct fid_mr *mr) { return fi_mr_desc(mr); }
 uint64_t dmafab_mr_key(struct fid_mr *mr) { return fi_mr_key(mr); }
 int dmafab_mr_bind(struct fid_mr *mr, struct fid *bfid, uint64_t flags) { return fi_mr_bind(mr, bfid, flags); }
 int dmafab_mr_enable(struct fid_mr *mr) { return fi_mr_enable(mr); }
+int dmafab_mr_regattr(struct fid_domain *domain, const struct fi_mr_attr *attr, uint64_t flags, struct fid_mr **mr)
+{ return fi_mr_regattr(domain, attr, flags, mr); }
+
+int dmafab_mr_reg_iface(struct fid_domain *domain, const void *buf, size_t len, uint64_t access, uint64_t requested_key, enum fi_hmem_iface iface, int device, struct fid_mr **mr)
+{
+	struct iovec iov = { .iov_base = (void *) buf, .iov_len = len };
+	struct fi_mr_attr attr;
+
+	memset(&attr, 0, sizeof(attr));
+	attr.mr_iov = &iov;
+	attr.iov_count = 1;
+	attr.access = access;
+	attr.requested_key = requested_key;
+	attr.iface = iface;
+	switch (iface) {
+	case FI_HMEM_ZE:
+		attr.device.ze = device;
+		break;
+	case FI_HMEM_NEURON:
+		attr.device.neuron = device;
+		break;
+	default:
+		attr.device.cuda = device;
+		break;
+	}
+	return fi_mr_regattr(domain, &attr, 0, mr);
+}
 
 ssize_t dmafab_write(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest_addr, uint64_t addr, uint64_t key, void *context)
 { return fi_write(ep, buf, len, desc, dest_addr, addr, key, context); }
+
+ssize_t dmafab_writemsg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags)
+{ return fi_writemsg(ep, msg, flags); }
+
+ssize_t dmafab_readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags)
+{ return fi_readmsg(ep, msg, flags); }
+
+ssize_t dmafab_writedata(struct fid_ep *ep, const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest_addr, uint64_t addr, uint64_t key, void *context)
+{ return fi_writedata(ep, buf, len, desc, data, dest_addr, addr, key, context); }
 ssize_t dmafab_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, uint64_t addr, uint64_t key, void *context)
 { return fi_read(ep, buf, len, desc, src_addr, addr, key, context); }
 ssize_t dmafab_cancel(struct fid *fid, void *context) { return fi_cancel(fid, context); }

@@ -44,9 +44,16 @@ void *dmafab_mr_desc(struct fid_mr *mr);
 uint64_t dmafab_mr_key(struct fid_mr *mr);
 int dmafab_mr_bind(struct fid_mr *mr, struct fid *bfid, uint64_t flags);
 int dmafab_mr_enable(struct fid_mr *mr);
+int dmafab_mr_regattr(struct fid_domain *domain, const struct fi_mr_attr *attr, uint64_t flags, struct fid_mr **mr);
+/* fi_mr_regattr of one buffer on interface `iface`, device `device`: the fi_mr_attr is built here,
+ * because its layout differs between libfabric 1.x and 2.x (2.x puts mr_iov in a union). */
+int dmafab_mr_reg_iface(struct fid_domain *domain, const void *buf, size_t len, uint64_t access, uint64_t requested_key, enum fi_hmem_iface iface, int device, struct fid_mr **mr);
 
 ssize_t dmafab_write(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest_addr, uint64_t addr, uint64_t key, void *context);
 ssize_t dmafab_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, uint64_t addr, uint64_t key, void *context);
+ssize_t dmafab_writemsg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags);
+ssize_t dmafab_readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags);
+ssize_t dmafab_writedata(struct fid_ep *ep, const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest_addr, uint64_t addr, uint64_t key, void *context);
 ssize_t dmafab_cancel(struct fid *fid, void *context);
 
 int dmafab_control(struct fid *fid, int command, void *arg);

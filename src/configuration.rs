@@ -231,6 +231,11 @@ pub struct Configuration {
     /// Only then are `FI_RMA` capabilities asked of `fi_getinfo`, so an endpoint that only sends
     /// and receives costs what it did before. Default `false`.
     pub rma: bool,
+    /// Whether `FI_HMEM` (device memory: CUDA, ROCr, Level Zero, Neuron) is asked of
+    /// `fi_getinfo`, so that [`register_buffer`](crate::LibfabricEndpoint::register_buffer) takes
+    /// a buffer whose [`interface`](crate::StableBuffer::interface) is a device. A provider that
+    /// does not offer it is passed over (tcp on libfabric 1.17 does not). Default `false`.
+    pub hmem: bool,
     /// rxm's buffer sizes. They take effect only once applied to the environment before
     /// libfabric initialises; see [`apply_rxm_environment`](Self::apply_rxm_environment).
     pub rxm: RxmSizing,
@@ -492,6 +497,7 @@ impl Default for Configuration {
             rma: false,
             cache_patience: Self::DEFAULT_CACHE_PATIENCE,
             busy_poll: false,
+            hmem: false,
         }
     }
 }

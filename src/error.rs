@@ -78,12 +78,20 @@ pub enum DmaError {
          writer; a send or RMA post was not posted; a waited-for operation is still in flight)"
     )]
     WouldBlock,
-    /// The writer's inbox is full ([`AddressCache::INBOX_BOUND`](crate::AddressCache::INBOX_BOUND)
-    /// requests), so [`Pinned::try_resolve`](crate::Pinned::try_resolve) queued nothing and
-    /// changed nothing. Try again (a later `try_resolve` queues the miss once the writer has made
-    /// room), or call [`Pinned::resolve`](crate::Pinned::resolve), which waits for room.
+    /// The call would have to wait for something this call cannot wait on; nothing was queued
+    /// and nothing changed. Try again.
+    ///
+    /// - The address cache's writer's inbox is full
+    ///   ([`AddressCache::INBOX_BOUND`](crate::AddressCache::INBOX_BOUND) requests), so
+    ///   [`Pinned::try_resolve`](crate::Pinned::try_resolve) queued nothing (a later
+    ///   `try_resolve` queues the miss once the writer has made room, or
+    ///   [`Pinned::resolve`](crate::Pinned::resolve) waits for room).
+    /// - A [`MemoryRegion`](crate::MemoryRegion) of the application's memory is in use: an
+    ///   operation holds it (so it lends no slice and gives no buffer back), or a slice of it is
+    ///   lent (so no operation is posted on it). See [`crate::endpoint::buffer`].
     #[error(
-        "the address cache's writer is busy: its inbox is full and nothing was queued; try again"
+        "busy: the address cache's writer's inbox is full, or the memory region is held by an \
+         operation or a lent slice; nothing was queued or changed; try again"
     )]
     Busy,
     /// The provider reported the peer's connection refused, reset or otherwise given up, so the

@@ -61,8 +61,9 @@ pub use av::{AvBackend, FabricAv};
 pub use cache::{AddressCache, CacheStats, Lease, Peer, Pinned};
 pub use configuration::{Configuration, Provider, RxmSizing};
 pub use endpoint::{
-    Completion, Description, LibfabricEndpoint, MemoryRegion, Operation, OverdueOperation,
-    RemoteRegion, Segment,
+    Completion, Description, Exposure, LibfabricEndpoint, MemoryInterface, MemoryRegion,
+    Notification, Operation, OverdueOperation, PooledBuffer, RegionSlice, RemoteRegion, Segment,
+    StableBuffer,
 };
 pub use error::DmaError;
 pub use rails::{

@@ -2637,6 +2637,26 @@ unsafe extern "C" {
     pub fn dmafab_mr_enable(mr: *mut fid_mr) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
+    pub fn dmafab_mr_regattr(
+        domain: *mut fid_domain,
+        attr: *const fi_mr_attr,
+        flags: u64,
+        mr: *mut *mut fid_mr,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn dmafab_mr_reg_iface(
+        domain: *mut fid_domain,
+        buf: *const ::std::os::raw::c_void,
+        len: usize,
+        access: u64,
+        requested_key: u64,
+        iface: fi_hmem_iface,
+        device: ::std::os::raw::c_int,
+        mr: *mut *mut fid_mr,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn dmafab_write(
         ep: *mut fid_ep,
         buf: *const ::std::os::raw::c_void,
@@ -2655,6 +2675,25 @@ unsafe extern "C" {
         len: usize,
         desc: *mut ::std::os::raw::c_void,
         src_addr: fi_addr_t,
+        addr: u64,
+        key: u64,
+        context: *mut ::std::os::raw::c_void,
+    ) -> isize;
+}
+unsafe extern "C" {
+    pub fn dmafab_writemsg(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize;
+}
+unsafe extern "C" {
+    pub fn dmafab_readmsg(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize;
+}
+unsafe extern "C" {
+    pub fn dmafab_writedata(
+        ep: *mut fid_ep,
+        buf: *const ::std::os::raw::c_void,
+        len: usize,
+        desc: *mut ::std::os::raw::c_void,
+        data: u64,
+        dest_addr: fi_addr_t,
         addr: u64,
         key: u64,
         context: *mut ::std::os::raw::c_void,

@@ -43,11 +43,16 @@ pub use self::dmafab_mr_desc as fi_mr_desc;
 pub use self::dmafab_mr_enable as fi_mr_enable;
 pub use self::dmafab_mr_key as fi_mr_key;
 pub use self::dmafab_mr_reg as fi_mr_reg;
+pub use self::dmafab_mr_reg_iface as fi_mr_reg_iface;
+pub use self::dmafab_mr_regattr as fi_mr_regattr;
 pub use self::dmafab_read as fi_read;
+pub use self::dmafab_readmsg as fi_readmsg;
 pub use self::dmafab_recv as fi_recv;
 pub use self::dmafab_send as fi_send;
 pub use self::dmafab_trywait as fi_trywait;
 pub use self::dmafab_write as fi_write;
+pub use self::dmafab_writedata as fi_writedata;
+pub use self::dmafab_writemsg as fi_writemsg;
 
 /// `FI_ADDR_UNSPEC`: `((uint64_t) -1)`, a cast bindgen does not evaluate.
 pub const FI_ADDR_UNSPEC: fi_addr_t = u64::MAX;

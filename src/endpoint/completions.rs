@@ -157,11 +157,23 @@ impl Operations {
             },
             Failure::Other(other) => other,
         });
-        let completion = Completion {
-            id: operation.id,
-            operation: operation.operation,
-            len: operation.len,
-            result,
+        let completion = match &operation.join {
+            None => Completion {
+                id: operation.id,
+                operation: operation.operation,
+                len: operation.len,
+                result,
+            },
+            Some(join) => {
+                join.record(result);
+                if !join.finish(1) {
+                    // Another part is still in flight: it delivers the joined completion.
+                    drop(operation);
+                    lock(&self.free).push(index);
+                    return;
+                }
+                join.completion(operation.id, operation.operation)
+            }
         };
         let owner = operation.owner.clone();
         // The completion has been read: the lease and the buffer may go.

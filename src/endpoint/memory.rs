@@ -127,13 +127,16 @@
 //! # Contents
 //!
 //! A registered buffer is written by peers, and by the provider on behalf of local reads, at
-//! times this process does not choose. So its bytes are only ever copied in and out
-//! ([`MemoryRegion::write_bytes`], [`MemoryRegion::read_bytes`]), never lent out as a slice:
-//! a copy taken while a transfer lands may mix old and new bytes, and the application tells a
-//! complete record from a torn one (a checksum, a sequence written last), as it must on any RDMA
-//! NIC.
+//! times this process does not choose. So the bytes of a region peers may reach (every region of
+//! `register`, and the application's buffers registered [`Exposure::Remote`]) are only ever
+//! copied in and out ([`MemoryRegion::write_bytes`], [`MemoryRegion::read_bytes`]), never lent
+//! out as a slice in safe code: a copy taken while a transfer lands may mix old and new bytes, and
+//! the application tells a complete record from a torn one (a checksum, a sequence written last),
+//! as it must on any RDMA NIC. A buffer registered [`Exposure::Local`] is reached by no peer, and
+//! lends slices while no operation of this endpoint holds it (see [`buffer`](super::buffer)).
 
 use std::alloc::{self, Layout};
+use std::any::Any;
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -141,6 +144,8 @@ use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::access::AccessWord;
+pub use super::buffer::{Exposure, MemoryInterface, PooledBuffer, RegionSlice, StableBuffer};
 use crate::error::DmaError;
 use crate::sys;
 
@@ -222,6 +227,9 @@ impl Drop for Buffer {
 #[derive(Default)]
 pub(crate) struct Pool {
     classes: Mutex<BTreeMap<usize, VecDeque<Buffer>>>,
+    /// Buffers the application handed in (`register_buffer`, `Exposure::Remote`), parked when
+    /// their region dropped: never reused, dropped (their own `Drop` run) with the pool.
+    owned: Mutex<Vec<Box<dyn Any + Send>>>,
     /// The bytes parked now: the capacities of every buffer in `classes`.
     parked: AtomicUsize,
 }
@@ -259,6 +267,13 @@ impl Pool {
         Ok(buffer)
     }
 
+    /// Keep the application's `buffer` of `len` bytes until the endpoint closes.
+    fn park_owned(&self, buffer: Box<dyn Any + Send>, len: usize) {
+        let mut owned = self.owned.lock().unwrap_or_else(PoisonError::into_inner);
+        owned.push(buffer);
+        self.parked.fetch_add(len, Ordering::AcqRel);
+    }
+
     /// Keep `buffer` until the endpoint closes, or until a later registration reuses it.
     fn park(&self, buffer: Buffer) {
         let capacity = buffer.capacity();
@@ -266,6 +281,17 @@ impl Pool {
         classes.entry(capacity).or_default().push_back(buffer);
         self.parked.fetch_add(capacity, Ordering::AcqRel);
     }
+}
+
+/// The memory a registration covers.
+enum Memory {
+    /// The endpoint's own, from its pool: parked there again on drop.
+    Pooled(Buffer),
+    /// The application's buffer (a `Box<B>` of the `StableBuffer` it handed in), registered in
+    /// place: its bytes never moved, and the box only keeps it, and its `Drop`, alive.
+    Owned(Box<dyn Any + Send>),
+    /// Another registration's memory (`shares`), or none any more (inside `Drop`).
+    None,
 }
 
 /// A registration and the memory it covers, shared by the [`MemoryRegion`] handle and every
@@ -284,12 +310,20 @@ pub(crate) struct Registration {
     buffer: *mut u8,
     /// The registered length, at most `memory`'s capacity.
     len: usize,
-    /// The memory, handed back to `pool` in `Drop`; `None` inside `Drop`, and for a registration
-    /// of another's memory (`shares`).
-    memory: Option<Buffer>,
+    /// The memory: the pool's, handed back to `pool` in `Drop`, or the application's (see
+    /// `buffer`); `None` inside `Drop`, and for a registration of another's memory (`shares`).
+    memory: Memory,
+    /// Whether peers may reach the memory (`Remote`), or only this endpoint's own operations.
+    exposure: Exposure,
+    /// Where the memory lives: host, or a device.
+    interface: MemoryInterface,
+    /// For memory that lends slices (`Local` host memory): the slices lent and the operations
+    /// holding the memory, in one word so that neither can start while the other is there (see
+    /// `access`). Kept by the registration that owns the memory, and reached through `shares`
+    /// from one that registers it again.
+    access: AccessWord,
     /// The registration whose memory this one registers again in another domain (a rail set's
     /// region), held for as long as this one lives.
-    #[allow(dead_code)] // held for its `Drop`
     shares: Option<Arc<Registration>>,
     /// The endpoint's pool.
     pool: Arc<Pool>,
@@ -343,12 +377,66 @@ impl Registration {
             remote_base: 0,
             buffer,
             len,
-            memory: Some(memory),
+            memory: Memory::Pooled(memory),
+            exposure: Exposure::Remote,
+            interface: MemoryInterface::Host,
+            access: AccessWord::new(),
             shares: None,
             pool: Arc::clone(pool),
             domain,
         };
         // SAFETY: the caller's promise, and `registration` owns the `len` bytes at `buffer`.
+        unsafe { registration.register(ep, mr_mode, keys) }
+    }
+
+    /// Register the application's `buffer` (a `Box` of its `StableBuffer`) in place: `len` bytes
+    /// at `start`, with `exposure`'s access flags, through `fi_mr_regattr` when `interface` is
+    /// not plain host memory. Otherwise as [`new`](Self::new).
+    ///
+    /// # Safety
+    /// As [`new`](Self::new); and the `len` bytes at `start` are `buffer`'s, valid for as long
+    /// as `buffer` is neither dropped nor touched (a `StableBuffer`'s promise), and `buffer`
+    /// gives nobody else access to them.
+    #[allow(clippy::too_many_arguments)] // one registration's facts, each needed
+    pub(crate) unsafe fn owned(
+        domain: *mut sys::fid_domain,
+        ep: *mut sys::fid_ep,
+        mr_mode: i32,
+        buffer: Box<dyn Any + Send>,
+        (start, len): (*mut u8, usize),
+        (exposure, interface): (Exposure, MemoryInterface),
+        pool: &Arc<Pool>,
+        keys: &mut dyn FnMut() -> u64,
+    ) -> Result<Self, DmaError> {
+        if 0 == len || len > MAX_REGION_LEN {
+            return Err(DmaError::InvalidArgument(format!(
+                "a buffer of {len} bytes cannot be registered: a region is 1 to {MAX_REGION_LEN} \
+                 bytes (MAX_REGION_LEN)"
+            )));
+        }
+        if start.is_null() {
+            return Err(DmaError::InvalidArgument(
+                "the buffer's pointer is null".into(),
+            ));
+        }
+        refuse_raw_keys(mr_mode)?;
+        let registration = Self {
+            mr: AtomicPtr::new(ptr::null_mut()),
+            desc: ptr::null_mut(),
+            key: 0,
+            remote_base: 0,
+            buffer: start,
+            len,
+            memory: Memory::Owned(buffer),
+            exposure,
+            interface,
+            access: AccessWord::new(),
+            shares: None,
+            pool: Arc::clone(pool),
+            domain,
+        };
+        // SAFETY: the caller's promise; `registration` owns `buffer`, so the bytes live until
+        // it drops, which closes the registration first.
         unsafe { registration.register(ep, mr_mode, keys) }
     }
 
@@ -377,7 +465,10 @@ impl Registration {
             remote_base: 0,
             buffer: primary.buffer,
             len: primary.len,
-            memory: None,
+            memory: Memory::None,
+            exposure: primary.exposure,
+            interface: primary.interface,
+            access: AccessWord::new(),
             shares: Some(Arc::clone(primary)),
             pool: Arc::clone(pool),
             domain,
@@ -400,9 +491,18 @@ impl Registration {
         keys: &mut dyn FnMut() -> u64,
     ) -> Result<Self, DmaError> {
         let (domain, buffer, len) = (self.domain, self.buffer, self.len);
+        let (exposure, interface) = (self.exposure, self.interface);
         let mut registration = self;
-        let access =
-            u64::from(sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE);
+        let access = match exposure {
+            Exposure::Remote => {
+                u64::from(sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE)
+            }
+            // The local side of this endpoint's own RMA only: no flag a peer's transfer needs,
+            // so the provider admits none (`-FI_EACCES`). Not FI_SEND or FI_RECV either: rxm
+            // turns them into FI_REMOTE_READ and FI_REMOTE_WRITE, for its rendezvous protocol,
+            // in which the peer reads or writes the buffer.
+            Exposure::Local => u64::from(sys::FI_READ | sys::FI_WRITE),
+        };
         let provider_keys = 0 != mr_mode & sys::FI_MR_PROV_KEY as i32;
         let mut mr: *mut sys::fid_mr = ptr::null_mut();
         let mut requested_key = 0;
@@ -413,23 +513,41 @@ impl Registration {
             // first and then only parks them; `mr` receives one object, owned by `registration`
             // from here on (its `Drop` closes it).
             let code = unsafe {
-                sys::fi_mr_reg(
-                    domain,
-                    buffer.cast_const().cast(),
-                    len,
-                    access,
-                    0,
-                    requested_key,
-                    0,
-                    &raw mut mr,
-                    ptr::null_mut(),
-                )
+                match interface.hmem() {
+                    None => sys::fi_mr_reg(
+                        domain,
+                        buffer.cast_const().cast(),
+                        len,
+                        access,
+                        0,
+                        requested_key,
+                        0,
+                        &raw mut mr,
+                        ptr::null_mut(),
+                    ),
+                    // `fi_mr_regattr` through the shim, which builds the `fi_mr_attr` (its
+                    // layout differs between libfabric 1.x and 2.x).
+                    Some((iface, device)) => sys::fi_mr_reg_iface(
+                        domain,
+                        buffer.cast_const().cast(),
+                        len,
+                        access,
+                        requested_key,
+                        iface,
+                        device,
+                        &raw mut mr,
+                    ),
+                }
             };
             if 0 == code {
                 break;
             }
             if code != -(sys::FI_ENOKEY as i32) || provider_keys || KEY_ATTEMPTS == attempt {
-                return Err(DmaError::fabric("fi_mr_reg", code.into()));
+                let call = match interface.hmem() {
+                    None => "fi_mr_reg",
+                    Some(_) => "fi_mr_regattr",
+                };
+                return Err(DmaError::fabric(call, code.into()));
             }
         }
         registration.mr = AtomicPtr::new(mr);
@@ -445,8 +563,12 @@ impl Registration {
         let (desc, key) = unsafe { (sys::fi_mr_desc(mr), sys::fi_mr_key(mr)) };
         registration.desc = desc;
         registration.key = if provider_keys { key } else { requested_key };
-        // FI_KEY_NOTAVAIL is `(uint64_t) -1`, a cast bindgen does not evaluate.
-        if u64::MAX == registration.key {
+        if Exposure::Local == exposure {
+            // No key a peer could use: libfabric's own software registration gives none
+            // (FI_KEY_NOTAVAIL) to a registration without remote access.
+            registration.key = u64::MAX;
+        } else if u64::MAX == registration.key {
+            // FI_KEY_NOTAVAIL is `(uint64_t) -1`, a cast bindgen does not evaluate.
             return Err(DmaError::InvalidArgument(
                 "the provider gave no 64-bit key for the region (FI_KEY_NOTAVAIL)".into(),
             ));
@@ -479,6 +601,82 @@ impl Registration {
         self.desc
     }
 
+    /// The registration that owns the memory, and so keeps its `access` word.
+    fn keeper(&self) -> &Registration {
+        self.shares.as_deref().unwrap_or(self)
+    }
+
+    /// Whether the memory lends slices (`Local` host memory the application handed in), and so
+    /// counts its operations.
+    pub(crate) fn lends_slices(&self) -> bool {
+        let keeper = self.keeper();
+        Exposure::Local == keeper.exposure
+            && keeper.interface.is_host()
+            && matches!(keeper.memory, Memory::Owned(_))
+    }
+
+    /// Hold the memory for one operation, until the returned hold drops (when the operation's
+    /// completion has been read).
+    ///
+    /// # Errors
+    /// [`DmaError::Busy`] while a slice of the memory is lent out ([`MemoryRegion::as_slice`]):
+    /// nothing is held then.
+    pub(crate) fn hold(self: &Arc<Self>) -> Result<OperationHold, DmaError> {
+        let counted = self.lends_slices();
+        if counted && !self.keeper().access.try_hold() {
+            return Err(DmaError::Busy);
+        }
+        Ok(OperationHold {
+            region: Arc::clone(self),
+            counted,
+        })
+    }
+
+    /// Lend one shared slice: [`DmaError::Busy`] while an operation holds the memory.
+    pub(crate) fn lend_slice(&self) -> Result<(), DmaError> {
+        if self.keeper().access.try_lend() {
+            Ok(())
+        } else {
+            Err(DmaError::Busy)
+        }
+    }
+
+    /// Give back a slice lent by [`lend_slice`](Self::lend_slice).
+    pub(crate) fn return_slice(&self) {
+        self.keeper().access.return_lend();
+    }
+
+    /// Whether an operation holds the memory now (Acquire: when not, every completed
+    /// operation's bytes are visible).
+    pub(crate) fn operations_hold(&self) -> bool {
+        self.keeper().access.held()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Close the registration and hand out the application's buffer, if it is a `B`: for the
+    /// last holder only. Anything else comes back unchanged, registration open.
+    pub(crate) fn into_owned<B: 'static>(mut self) -> Result<B, Self> {
+        match std::mem::replace(&mut self.memory, Memory::None) {
+            Memory::Owned(buffer) => match buffer.downcast::<B>() {
+                Ok(buffer) => {
+                    self.close_registration();
+                    Ok(*buffer)
+                }
+                Err(buffer) => {
+                    self.memory = Memory::Owned(buffer);
+                    Err(self)
+                }
+            },
+            other => {
+                self.memory = other;
+                Err(self)
+            }
+        }
+    }
+
     pub(crate) fn domain(&self) -> *mut sys::fid_domain {
         self.domain
     }
@@ -489,7 +687,7 @@ impl Registration {
     }
 
     /// `offset..offset + len` as a checked range of this buffer.
-    fn check_range(&self, offset: usize, len: usize) -> Result<(), DmaError> {
+    pub(crate) fn check_range(&self, offset: usize, len: usize) -> Result<(), DmaError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(DmaError::InvalidArgument(format!(
@@ -517,19 +715,72 @@ impl Drop for Registration {
         self.close_registration();
         // Parked, not freed: a peer's transfer admitted before the close may still move bytes
         // through it (module docs); the pool frees it after the endpoint has closed.
-        if let Some(memory) = self.memory.take() {
-            self.pool.park(memory);
+        match std::mem::replace(&mut self.memory, Memory::None) {
+            Memory::Pooled(memory) => self.pool.park(memory),
+            // A peer may still move bytes through it: parked until the endpoint closes.
+            Memory::Owned(buffer) if Exposure::Remote == self.exposure => {
+                self.pool.park_owned(buffer, self.len);
+            }
+            // No peer could reach it (no remote access), and no operation holds it (this is the
+            // last holder): the application's `Drop` runs now.
+            Memory::Owned(buffer) => drop(buffer),
+            Memory::None => {}
         }
     }
 }
 
-/// A registered buffer of this process, which peers may write into and read from with RMA.
+/// The memory of one operation in flight, held until its completion has been read: the
+/// registration (and so the memory) lives at least that long, and, for memory that lends slices,
+/// no slice can be lent meanwhile.
+pub(crate) struct OperationHold {
+    region: Arc<Registration>,
+    /// Whether the hold is counted in the memory's `access` word.
+    counted: bool,
+}
+
+impl OperationHold {
+    /// One more hold of the same memory, for another part of the same transfer: it cannot be
+    /// refused, since this hold already keeps slices from being lent.
+    pub(crate) fn another(&self) -> Self {
+        if self.counted {
+            self.region.keeper().access.add_hold();
+        }
+        Self {
+            region: Arc::clone(&self.region),
+            counted: self.counted,
+        }
+    }
+}
+
+impl std::ops::Deref for OperationHold {
+    type Target = Registration;
+
+    fn deref(&self) -> &Registration {
+        &self.region
+    }
+}
+
+impl Drop for OperationHold {
+    fn drop(&mut self) {
+        if self.counted {
+            // Release: the operation's bytes (the completion has been read) happen before a
+            // slice lent after this.
+            self.region.keeper().access.release_hold();
+        }
+    }
+}
+
+/// A registered buffer of this process: the local side of this endpoint's RMA operations and,
+/// unless registered [`Exposure::Local`], memory peers may write into and read from.
 ///
-/// Made by [`LibfabricEndpoint::register`](crate::LibfabricEndpoint::register); it borrows that
-/// endpoint. Dropping it while an operation on it is in flight is safe: the memory and the
-/// registration live until the operation's completion has been read. Its memory is then parked
-/// by the endpoint, not freed, since a peer's transfer may still reach it
-/// ([`parked_memory`](crate::LibfabricEndpoint::parked_memory)). See the [module docs](self).
+/// Made by [`LibfabricEndpoint::register`](crate::LibfabricEndpoint::register) (the endpoint's
+/// own memory, `B` = [`PooledBuffer`]) or
+/// [`register_buffer`](crate::LibfabricEndpoint::register_buffer) (the application's buffer `B`,
+/// registered in place); it borrows that endpoint. Dropping it while an operation on it is in
+/// flight is safe: the memory and the registration live until the operation's completion has
+/// been read. Memory a peer may reach is then parked by the endpoint, not freed, since a peer's
+/// transfer may still reach it ([`parked_memory`](crate::LibfabricEndpoint::parked_memory)). See
+/// the [module docs](self) and [`buffer`](super::buffer) for the application's memory.
 ///
 /// ```
 /// use dma_libfabric::{Configuration, LibfabricEndpoint, RemoteRegion};
@@ -546,7 +797,7 @@ impl Drop for Registration {
 /// assert_eq!(region.remote(), RemoteRegion::from_bytes(&advertised)?);
 /// # Ok::<(), dma_libfabric::DmaError>(())
 /// ```
-pub struct MemoryRegion<'ep> {
+pub struct MemoryRegion<'ep, B = PooledBuffer> {
     pub(crate) inner: Arc<Registration>,
     /// The endpoint, for a region made by
     /// [`register_shared`](crate::LibfabricEndpoint::register_shared): declared after `inner`, so
@@ -554,33 +805,81 @@ pub struct MemoryRegion<'ep> {
     #[allow(dead_code)]
     owner: Option<Arc<crate::LibfabricEndpoint>>,
     endpoint: PhantomData<&'ep ()>,
+    /// The type of the memory, for [`into_buffer`](Self::into_buffer); `fn() -> B` so that the
+    /// region is `Sync` whatever `B` is (no `&B` is ever lent).
+    buffer: PhantomData<fn() -> B>,
 }
 
-impl std::fmt::Debug for MemoryRegion<'_> {
+impl<B> std::fmt::Debug for MemoryRegion<'_, B> {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter
             .debug_struct("MemoryRegion")
             .field("len", &self.inner.len)
+            .field("exposure", &self.inner.exposure)
+            .field("interface", &self.inner.interface)
             .field("remote", &self.remote())
             .finish_non_exhaustive()
     }
 }
 
 impl MemoryRegion<'_> {
-    pub(crate) fn new(registration: Registration) -> Self {
-        Self {
-            inner: Arc::new(registration),
-            owner: None,
-            endpoint: PhantomData,
-        }
-    }
-
     /// The same region, keeping `owner` (its endpoint) alive instead of borrowing it.
     pub(crate) fn owned_by(self, owner: Arc<crate::LibfabricEndpoint>) -> MemoryRegion<'static> {
         MemoryRegion {
             inner: self.inner,
             owner: Some(owner),
             endpoint: PhantomData,
+            buffer: PhantomData,
+        }
+    }
+}
+
+impl<'ep, B> MemoryRegion<'ep, B> {
+    pub(crate) fn new(registration: Registration) -> Self {
+        Self {
+            inner: Arc::new(registration),
+            owner: None,
+            endpoint: PhantomData,
+            buffer: PhantomData,
+        }
+    }
+
+    /// The same region, its buffer type forgotten: for a rail set, which keeps every rail's
+    /// registration as the library's own type.
+    pub(crate) fn erase(self) -> MemoryRegion<'ep> {
+        MemoryRegion {
+            inner: self.inner,
+            owner: self.owner,
+            endpoint: PhantomData,
+            buffer: PhantomData,
+        }
+    }
+
+    /// The same region, typed again as holding a `C` (checked when the buffer is handed out).
+    pub(crate) fn retype<C>(self) -> MemoryRegion<'ep, C> {
+        MemoryRegion {
+            inner: self.inner,
+            owner: self.owner,
+            endpoint: PhantomData,
+            buffer: PhantomData,
+        }
+    }
+
+    /// Its parts, for [`into_buffer`](Self::into_buffer) and friends.
+    pub(crate) fn into_parts(self) -> (Arc<Registration>, Option<Arc<crate::LibfabricEndpoint>>) {
+        (self.inner, self.owner)
+    }
+
+    /// A region from [`into_parts`](Self::into_parts)' parts.
+    pub(crate) fn from_parts(
+        inner: Arc<Registration>,
+        owner: Option<Arc<crate::LibfabricEndpoint>>,
+    ) -> Self {
+        Self {
+            inner,
+            owner,
+            endpoint: PhantomData,
+            buffer: PhantomData,
         }
     }
 
@@ -589,11 +888,12 @@ impl MemoryRegion<'_> {
     ///
     /// # Safety
     /// The endpoint this region is registered with outlives the returned region.
-    pub(crate) unsafe fn unbind(self) -> MemoryRegion<'static> {
+    pub(crate) unsafe fn unbind(self) -> MemoryRegion<'static, B> {
         MemoryRegion {
             inner: self.inner,
             owner: self.owner,
             endpoint: PhantomData,
+            buffer: PhantomData,
         }
     }
 
@@ -607,7 +907,20 @@ impl MemoryRegion<'_> {
         0 == self.inner.len
     }
 
-    /// What a peer needs to write into or read from this whole region.
+    /// Whether peers may reach it ([`Exposure::Remote`]; every region of
+    /// [`register`](crate::LibfabricEndpoint::register)) or only this endpoint's own operations.
+    pub fn exposure(&self) -> Exposure {
+        self.inner.exposure
+    }
+
+    /// Where its memory lives: host memory, or a device's.
+    pub fn interface(&self) -> MemoryInterface {
+        self.inner.interface
+    }
+
+    /// What a peer needs to write into or read from this whole region. A region registered
+    /// [`Exposure::Local`] has no remote access and no key: its key here is `FI_KEY_NOTAVAIL`
+    /// (`u64::MAX`), and the provider refuses a peer's transfer under it.
     pub fn remote(&self) -> RemoteRegion {
         RemoteRegion {
             address: self.inner.remote_base,
@@ -636,12 +949,22 @@ impl MemoryRegion<'_> {
     /// Copy `data` into the region at `offset`.
     ///
     /// # Errors
-    /// [`DmaError::InvalidArgument`] when it does not fit; nothing is copied.
+    /// [`DmaError::InvalidArgument`] when it does not fit, for device memory (host code cannot
+    /// copy into it), and for a region registered [`Exposure::Local`] (written through
+    /// [`as_mut_slice`](Self::as_mut_slice), which the borrow checker and the region keep apart
+    /// from slices lent out); nothing is copied.
     pub fn write_bytes(&self, offset: usize, data: &[u8]) -> Result<(), DmaError> {
+        self.check_copy()?;
+        if self.inner.lends_slices() {
+            return Err(DmaError::InvalidArgument(
+                "a Local region is written through as_mut_slice, not write_bytes".into(),
+            ));
+        }
         self.inner.check_range(offset, data.len())?;
         // SAFETY: the range is inside the buffer (checked), which lives as long as `self`; the
-        // bytes are plain `u8`, and a transfer landing meanwhile may only tear them (module
-        // docs), which a copy of bytes tolerates.
+        // bytes are plain `u8` in host memory (checked), a region that lends no slices has none
+        // lent, and a transfer landing meanwhile may only tear them (module docs), which a copy
+        // of bytes tolerates.
         unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.inner.at(offset), data.len()) };
         Ok(())
     }
@@ -649,12 +972,27 @@ impl MemoryRegion<'_> {
     /// Copy the region's bytes at `offset` into `out`.
     ///
     /// # Errors
-    /// [`DmaError::InvalidArgument`] when the range does not fit; nothing is copied.
+    /// [`DmaError::InvalidArgument`] when the range does not fit, and for device memory; nothing
+    /// is copied.
     pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<(), DmaError> {
+        self.check_copy()?;
         self.inner.check_range(offset, out.len())?;
-        // SAFETY: as in `write_bytes`, in the other direction.
+        // SAFETY: as in `write_bytes`, in the other direction (reading while slices are lent is
+        // reading shared bytes).
         unsafe { ptr::copy_nonoverlapping(self.inner.at(offset), out.as_mut_ptr(), out.len()) };
         Ok(())
+    }
+
+    /// Host code copies only host memory.
+    fn check_copy(&self) -> Result<(), DmaError> {
+        if self.inner.interface.is_host() {
+            Ok(())
+        } else {
+            Err(DmaError::InvalidArgument(format!(
+                "the region is device memory ({:?}): host code cannot copy it",
+                self.inner.interface
+            )))
+        }
     }
 
     /// How many operations in flight hold this region now.

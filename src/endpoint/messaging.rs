@@ -236,6 +236,10 @@ impl LibfabricEndpoint {
         if read < 0 {
             return Err(DmaError::fabric("fi_cq_read", read as i64));
         }
+        // A peer's write that notified (`fi_writedata`): set aside, not a message.
+        if self.operations.notifications.accept(&entry) {
+            return Ok(None);
+        }
         let Some(index) = self.receives.index_of(entry.op_context) else {
             return Err(DmaError::InvalidArgument(
                 "a receive completion named a context this endpoint never posted".into(),

@@ -58,6 +58,8 @@
 //!   completion has been read; dropping the endpoint drains them, or abandons them after closing
 //!   the endpoint, before the cache and the domain close.
 
+mod access;
+pub mod buffer;
 pub(crate) mod completions;
 pub(crate) mod deadline;
 mod handles;
@@ -68,18 +70,24 @@ mod messaging;
 mod open;
 mod receive;
 pub mod rma;
+pub mod vectored;
 pub(crate) mod wait;
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The access word of a `Local` region, for the loom models (`loom_tests/`).
+#[cfg(dma_loom)]
+pub use self::access::AccessWord;
+pub use self::buffer::{Exposure, MemoryInterface, PooledBuffer, RegionSlice, StableBuffer};
 use self::handles::Handles;
 pub use self::in_flight::OverdueOperation;
 pub use self::memory::{MemoryRegion, RemoteRegion, Segment};
 use self::messaging::read_error_entry;
 use self::receive::ReceiveSlots;
 pub use self::rma::{Completion, MAX_OPERATIONS, Operation};
+pub use self::vectored::{MAX_PIECES, Notification};
 /// The endpoint's AV backend lives in [`crate::av`]; re-exported here, where it always was.
 pub use crate::av::FabricAv;
 use crate::av::fabric::{self as av, HandedOut};

@@ -566,6 +566,10 @@ fn getinfo_sized(
             (*hints).caps |= u64::from(sys::FI_RMA);
             (*(*hints).domain_attr).mr_mode |= sys::FI_MR_ENDPOINT as i32;
         }
+        if configuration.hmem {
+            // Device memory, registered through fi_mr_regattr (see `buffer`).
+            (*hints).caps |= sys::FI_HMEM;
+        }
         let mut code = sys::dmafab_set_provider_name(hints, name.as_ptr());
         if 0 == code {
             if let Some(fabric) = &fabric {

@@ -62,7 +62,8 @@ use super::LibfabricEndpoint;
 use super::completions::Owner;
 use super::deadline::Deadline;
 use super::in_flight::PostedAt;
-use super::memory::{MemoryRegion, Pool, Registration, RemoteRegion, Segment};
+use super::memory::{MemoryRegion, OperationHold, Pool, Registration, RemoteRegion, Segment};
+use super::vectored::{Join, JoinPart, Notifications};
 use super::wait::{Source, Waiter};
 use crate::cache::{Lease, Peer};
 use crate::error::DmaError;
@@ -121,12 +122,15 @@ pub(super) struct InFlight {
     /// [`LibfabricEndpoint::write_unleased`].
     #[allow(dead_code)]
     lease: Option<Lease<'static>>,
-    pub(super) region: Arc<Registration>,
+    pub(super) region: OperationHold,
     /// The peer it was posted to, for [`DmaError::PeerUnreachable`].
     pub(super) fi_addr: sys::fi_addr_t,
     /// Who receives the completion: the application's ready queue when `None`, else the crate's
     /// own party that posted it (see `completions`, "Routing").
     pub(super) owner: Option<Owner>,
+    /// The joined transfer (a scatter/gather split past the provider's limits) this operation is
+    /// one part of: only its last part to complete delivers a completion.
+    pub(super) join: Option<Arc<Join>>,
 }
 
 /// A slot of the slab: `repr(C)` with the context first, so the context pointer is the slot's.
@@ -166,6 +170,8 @@ pub(super) struct Operations {
     /// `domain_attr.mr_mode`.
     mr_mode: i32,
     enabled: bool,
+    /// Remote writes' data read from the receive queue (see `vectored`), at most `cq_size`.
+    pub(super) notifications: Notifications,
 }
 
 // SAFETY: a slot's cells are touched only by the one thread that owns the slot at the time
@@ -221,6 +227,7 @@ impl Operations {
             pool: Arc::new(Pool::default()),
             mr_mode,
             enabled,
+            notifications: Notifications::new(cq_size),
         }
     }
 
@@ -284,8 +291,35 @@ impl Operations {
     }
 }
 
+/// What [`LibfabricEndpoint::submit`] posts.
+pub(super) struct Submission<'lease> {
+    pub(super) operation: Operation,
+    pub(super) target: Target<'lease>,
+    /// The local memory, held until the completion has been read.
+    pub(super) hold: OperationHold,
+    /// The bytes transferred.
+    pub(super) len: usize,
+    pub(super) id: u64,
+    /// The joined transfer this is a part of, if any.
+    pub(super) join: Option<JoinPart>,
+    /// A slot [`LibfabricEndpoint::reserve_slots`] took for it, or `None` to take one.
+    pub(super) slot: Option<usize>,
+    /// Who receives the completion: the application when `None` (see `completions`, "Routing").
+    pub(super) owner: Option<Owner>,
+}
+
+/// Whether [`LibfabricEndpoint::submit`] posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Posted {
+    /// The provider took it.
+    Posted,
+    /// A later part of a joined transfer failed to post: the joined completion carries the
+    /// error, and no more parts may be posted.
+    Abandoned,
+}
+
 /// How RMA calls name their remote side.
-enum Target<'lease> {
+pub(super) enum Target<'lease> {
     Leased(Lease<'lease>),
     /// The caller promised the entry outlives the operation.
     Unleased(sys::fi_addr_t),
@@ -565,7 +599,7 @@ impl LibfabricEndpoint {
         )
     }
 
-    fn check_rma(&self) -> Result<(), DmaError> {
+    pub(super) fn check_rma(&self) -> Result<(), DmaError> {
         if self.operations.enabled {
             Ok(())
         } else {
@@ -606,6 +640,120 @@ impl LibfabricEndpoint {
                 remote.address, remote.len
             )));
         }
+        // Before the slot: a region lending a slice answers Busy, and nothing is taken.
+        let hold = local.region.hold()?;
+        let buffer = local.region.at(local.offset);
+        let desc = local.region.desc();
+        let submission = Submission {
+            operation,
+            target,
+            hold,
+            len: local.len,
+            id,
+            join: None,
+            slot: None,
+            owner,
+        };
+        let ep = self.handles.ep;
+        self.submit(submission, timeout, &mut |fi_addr, context| {
+            // SAFETY: the endpoint is open; `buffer` is `local.len` bytes inside a registered
+            // region (checked by `Segment`) whose registration the slot holds until the
+            // completion has been read, and `desc` is that region's descriptor; the context is
+            // the slot's, which lives in the slab for as long as the endpoint (the slab is
+            // dropped after the handles close). The remote address and key are the peer's to
+            // check.
+            unsafe {
+                match operation {
+                    Operation::Write => sys::fi_write(
+                        ep,
+                        buffer.cast_const().cast(),
+                        local.len,
+                        desc,
+                        fi_addr,
+                        remote.address,
+                        remote.key,
+                        context,
+                    ),
+                    Operation::Read => sys::fi_read(
+                        ep,
+                        buffer.cast(),
+                        local.len,
+                        desc,
+                        fi_addr,
+                        remote.address,
+                        remote.key,
+                        context,
+                    ),
+                }
+            }
+        })
+        .map(drop)
+    }
+
+    /// Take `count` free slots at once, for a transfer posted in parts, waiting up to `timeout`
+    /// (driving progress) until that many are free. They are this thread's until each is
+    /// submitted ([`Submission::slot`]) or [released](Self::release_slots).
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for more than the slab holds; [`DmaError::WouldBlock`]
+    /// when they were not free in time (none taken).
+    pub(super) fn reserve_slots(
+        &self,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<Vec<usize>, DmaError> {
+        if count > self.operations.slots.len() {
+            return Err(DmaError::InvalidArgument(format!(
+                "a transfer of {count} parts needs more than the {} operations this endpoint \
+                 keeps in flight",
+                self.operations.slots.len()
+            )));
+        }
+        let take = || {
+            let mut free = lock(&self.operations.free);
+            let at = free.len().checked_sub(count)?;
+            Some(free.split_off(at))
+        };
+        // Slots come free only as completions are read and taken: sleep for them.
+        take()
+            .or_else(|| {
+                self.wait_until(Deadline::after(timeout), || {
+                    self.progress();
+                    take()
+                })
+            })
+            .ok_or(DmaError::WouldBlock)
+    }
+
+    /// Give back slots [`reserve_slots`](Self::reserve_slots) took and nothing was posted in.
+    pub(super) fn release_slots(&self, slots: impl IntoIterator<Item = usize>) {
+        lock(&self.operations.free).extend(slots);
+    }
+
+    /// Post one operation through a slot: the lease checked and stored, a slot taken (waiting
+    /// up to `timeout`, driving progress), `issue` called with the peer's `fi_addr_t` and the
+    /// slot's context until the provider takes it or `timeout` passes. `issue` must hand the
+    /// provider only memory the submission's hold keeps alive.
+    ///
+    /// A part of a joined transfer (`submission.join`) that fails to post after an earlier part
+    /// was posted is not an error here: the failure goes into the joined completion, whose
+    /// remaining parts are given up ([`Posted::Abandoned`]), and the caller posts no more parts.
+    pub(super) fn submit(
+        &self,
+        submission: Submission<'_>,
+        timeout: Duration,
+        issue: &mut dyn FnMut(sys::fi_addr_t, *mut c_void) -> isize,
+    ) -> Result<Posted, DmaError> {
+        let Submission {
+            operation,
+            target,
+            hold,
+            len,
+            id,
+            join,
+            slot: reserved,
+            owner,
+        } = submission;
         let (fi_addr, lease) = match target {
             Target::Leased(lease) => {
                 if !self.peers.owns(lease.peer()) {
@@ -622,65 +770,43 @@ impl LibfabricEndpoint {
             Target::Unleased(fi_addr) => (fi_addr, None),
         };
         let deadline = Deadline::after(timeout);
-        // A full slab frees a slot only when a completion is read and taken: sleep for it.
-        let free = || lock(&self.operations.free).pop();
-        let Some(index) = free().or_else(|| {
-            self.wait_until(deadline, || {
-                self.progress();
-                free()
-            })
-        }) else {
-            return Err(DmaError::WouldBlock);
+        let index = match reserved {
+            Some(index) => index,
+            None => {
+                // A full slab frees a slot only when a completion is read and taken: sleep for it.
+                let free = || lock(&self.operations.free).pop();
+                let Some(index) = free().or_else(|| {
+                    self.wait_until(deadline, || {
+                        self.progress();
+                        free()
+                    })
+                }) else {
+                    return Err(DmaError::WouldBlock);
+                };
+                index
+            }
         };
         let slot = &self.operations.slots[index];
-        let buffer = local.region.at(local.offset);
-        let desc = local.region.desc();
+        let part = join.as_ref().map(|part| Arc::clone(&part.join));
         // SAFETY: the slot came off the free list, so this thread owns it until it is posted.
         unsafe {
             *slot.operation.get() = Some(InFlight {
                 id,
                 operation,
-                len: local.len,
+                len,
                 lease,
-                region: Arc::clone(local.region),
+                region: hold,
                 fi_addr,
                 owner,
+                join: part,
             });
         }
         slot.posted_at.set(self.operations.born, id);
         self.operations.in_flight.fetch_add(1, Ordering::AcqRel);
         loop {
-            // SAFETY: the endpoint is open; `buffer` is `local.len` bytes inside a registered
-            // region (checked by `Segment`) whose `Arc` the slot holds until the completion has
-            // been read, and `desc` is that region's descriptor; the context is the slot's, which
-            // lives in the slab for as long as the endpoint (the slab is dropped after the
-            // handles close). The remote address and key are the peer's to check.
-            let code = unsafe {
-                match operation {
-                    Operation::Write => sys::fi_write(
-                        self.handles.ep,
-                        buffer.cast_const().cast(),
-                        local.len,
-                        desc,
-                        fi_addr,
-                        remote.address,
-                        remote.key,
-                        slot.context.get().cast(),
-                    ),
-                    Operation::Read => sys::fi_read(
-                        self.handles.ep,
-                        buffer.cast(),
-                        local.len,
-                        desc,
-                        fi_addr,
-                        remote.address,
-                        remote.key,
-                        slot.context.get().cast(),
-                    ),
-                }
-            };
+            let code = issue(fi_addr, slot.context.get().cast());
             if 0 == code {
-                return Ok(());
+                return Ok(Posted::Posted);
             }
             let retry = code == -(sys::FI_EAGAIN as isize) && !deadline.passed();
             if !retry {
@@ -689,12 +815,28 @@ impl LibfabricEndpoint {
                 drop(unsafe { (*slot.operation.get()).take() });
                 slot.posted_at.clear();
                 self.operations.in_flight.fetch_sub(1, Ordering::AcqRel);
-                lock(&self.operations.free).push(index);
-                return Err(if code == -(sys::FI_EAGAIN as isize) {
+                let error = if code == -(sys::FI_EAGAIN as isize) {
                     DmaError::WouldBlock
                 } else {
                     DmaError::fabric(operation.call(), code as i64)
-                });
+                };
+                return match join {
+                    Some(part) if !part.first => {
+                        part.join.record(Err(error));
+                        if part.join.finish(part.unposted) {
+                            let completion = part.join.completion(id, operation);
+                            lock(&self.operations.ready).push_back((index, completion));
+                            self.operations.waiter.ring();
+                        } else {
+                            lock(&self.operations.free).push(index);
+                        }
+                        Ok(Posted::Abandoned)
+                    }
+                    _ => {
+                        lock(&self.operations.free).push(index);
+                        Err(error)
+                    }
+                };
             }
             self.progress();
             std::thread::yield_now();

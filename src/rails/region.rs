@@ -2,17 +2,23 @@
 //! [`RailRemoteRegion`] (its key on every rail, to advertise) and [`RailSegment`] (a range of
 //! it, the local side of a striped transfer).
 
+use std::marker::PhantomData;
+
 use super::MAX_RAILS;
-use crate::endpoint::{MemoryRegion, RemoteRegion, Segment};
+use crate::endpoint::{
+    Exposure, MemoryRegion, PooledBuffer, RegionSlice, RemoteRegion, Segment, StableBuffer,
+};
 use crate::error::DmaError;
 
 /// One buffer registered in every rail's domain: peers reach the same bytes through any rail.
-/// Made by [`RailSet::register`](super::RailSet::register); it borrows the rail set.
+/// Made by [`RailSet::register`](super::RailSet::register) (the rail set's own memory) or
+/// [`RailSet::register_buffer`](super::RailSet::register_buffer) (the application's buffer
+/// `B`, in place); it borrows the rail set.
 ///
 /// The buffer is rail 0's; the other rails register the same memory under their own keys, and
 /// the memory lives until every registration and every operation on any rail is done with it.
 #[derive(Debug)]
-pub struct RailRegion<'rails> {
+pub struct RailRegion<'rails, B = PooledBuffer> {
     /// Rail `i`'s registration in slot `i`; rail 0 owns the memory.
     pub(crate) regions: Vec<MemoryRegion<'rails>>,
     /// The rail set, for a region made by
@@ -20,9 +26,11 @@ pub struct RailRegion<'rails> {
     /// registrations go before the rail set can. Held for its `Drop`.
     #[allow(dead_code)]
     pub(crate) owner: Option<std::sync::Arc<super::RailSet>>,
+    /// The buffer's type, for [`into_buffer`](Self::into_buffer): rail 0's region holds it.
+    pub(crate) buffer: PhantomData<fn() -> B>,
 }
 
-impl RailRegion<'_> {
+impl<B> RailRegion<'_, B> {
     /// The region's length in bytes (never 0).
     pub fn len(&self) -> usize {
         self.regions.first().map_or(0, MemoryRegion::len)
@@ -82,6 +90,85 @@ impl RailRegion<'_> {
             Some(region) => region.read_bytes(offset, out),
             None => Err(DmaError::InvalidArgument("a region of no rails".into())),
         }
+    }
+}
+
+impl<B> RailRegion<'_, B> {
+    /// Rail 0's region, which owns the memory.
+    fn primary(&self) -> Result<&MemoryRegion<'_>, DmaError> {
+        self.regions
+            .first()
+            .ok_or_else(|| DmaError::InvalidArgument("a region of no rails".into()))
+    }
+
+    /// Whether peers may reach it (on every rail alike).
+    pub fn exposure(&self) -> Exposure {
+        self.regions
+            .first()
+            .map_or(Exposure::Remote, MemoryRegion::exposure)
+    }
+
+    /// The region's bytes, shared, as [`MemoryRegion::as_slice`]: for an [`Exposure::Local`]
+    /// region, while no operation on any rail holds it.
+    ///
+    /// # Errors
+    /// As `MemoryRegion::as_slice`.
+    pub fn as_slice(&self) -> Result<RegionSlice<'_>, DmaError> {
+        self.primary()?.as_slice()
+    }
+
+    /// The region's bytes, to write in place, as [`MemoryRegion::as_mut_slice`]: no segment of
+    /// the region (so no operation on any rail) can be taken while the slice lives.
+    ///
+    /// # Errors
+    /// As `MemoryRegion::as_mut_slice`.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8], DmaError> {
+        match self.regions.first_mut() {
+            Some(primary) => primary.as_mut_slice(),
+            None => Err(DmaError::InvalidArgument("a region of no rails".into())),
+        }
+    }
+}
+
+impl<B: StableBuffer> RailRegion<'_, B> {
+    /// The buffer back, every rail's registration closed, as [`MemoryRegion::into_buffer`]: for
+    /// an [`Exposure::Local`] region that no operation on any rail holds.
+    ///
+    /// # Errors
+    /// The region itself with [`DmaError::Busy`] while an operation on any rail holds it, or
+    /// [`DmaError::InvalidArgument`] for a `Remote` region (parked on drop): unchanged, unless
+    /// rail 0's own operation was seen done and was not (then it comes back on rail 0 alone,
+    /// the other rails' registrations closed).
+    #[allow(clippy::result_large_err)] // the region comes back with the error
+    pub fn into_buffer(mut self) -> Result<B, (Self, DmaError)> {
+        if Exposure::Local != self.exposure() || self.regions.is_empty() {
+            return Err((
+                self,
+                DmaError::InvalidArgument(
+                    "a Remote region's buffer may still be reached by a peer: it is parked on drop"
+                        .into(),
+                ),
+            ));
+        }
+        // Owned, so no segment lives and no operation can start: the holders only go. Rail 0's
+        // registration is held by every other rail's, and by its own operations.
+        let others = self.regions.len() - 1;
+        let idle = self.regions[1..].iter().all(|alias| 0 == alias.in_flight())
+            && others == self.regions[0].in_flight();
+        if !idle {
+            return Err((self, DmaError::Busy));
+        }
+        let primary = self.regions.swap_remove(0);
+        self.regions.clear(); // the other rails' registrations close, releasing rail 0's
+        primary
+            .retype::<B>()
+            .into_buffer()
+            .map_err(|(primary, error)| {
+                // Another rail's registration is gone now: the region comes back on rail 0 only,
+                // which still holds the buffer.
+                self.regions.push(primary.erase());
+                (self, error)
+            })
     }
 }
 

@@ -228,6 +228,7 @@ impl RailSet {
         Ok(RailRegion {
             regions,
             owner: None,
+            buffer: std::marker::PhantomData,
         })
     }
 
@@ -264,6 +265,51 @@ impl RailSet {
         Ok(RailRegion {
             regions,
             owner: Some(std::sync::Arc::clone(self)),
+            buffer: std::marker::PhantomData,
+        })
+    }
+
+    /// The application's `buffer`, registered in place on every rail (see
+    /// [`LibfabricEndpoint::register_buffer`]): rail 0 registers it, and every other rail
+    /// registers the same bytes under its own key. Nothing is copied.
+    ///
+    /// # Errors
+    /// As `LibfabricEndpoint::register_buffer`, for any rail; the buffer is dropped (or, if
+    /// [`Exposure::Remote`](crate::Exposure::Remote), parked) on an error, and nothing is left
+    /// registered.
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, Exposure, RailSet};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let rails = RailSet::open(&configuration, &["127.0.0.1", "127.0.0.2"])?;
+    /// let pages = vec![0_u8; 8192];
+    /// let address = pages.as_ptr() as usize;
+    /// let region = rails.register_buffer(pages, Exposure::Local)?;
+    /// assert_eq!((8192, 2), (region.len(), region.rails()));
+    /// assert_eq!(address, region.as_slice()?.as_ptr() as usize);
+    /// let pages = region.into_buffer().map_err(|(_, error)| error)?;
+    /// assert_eq!(address, pages.as_ptr() as usize);
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn register_buffer<B: crate::StableBuffer>(
+        &self,
+        buffer: B,
+        exposure: crate::Exposure,
+    ) -> Result<RailRegion<'_, B>, DmaError> {
+        let primary = self.core.rail(0).register_buffer(buffer, exposure)?.erase();
+        let mut regions = Vec::with_capacity(self.len());
+        regions.push(primary);
+        for rail in &self.core.rails()[1..] {
+            // SAFETY: rail 0's endpoint outlives every other rail's: `RailCore` drops its rails
+            // last to first.
+            let alias = unsafe { rail.register_alias(&regions[0]) }?;
+            regions.push(alias);
+        }
+        Ok(RailRegion {
+            regions,
+            owner: None,
+            buffer: std::marker::PhantomData,
         })
     }
 
