@@ -520,3 +520,73 @@ impl LibfabricEndpoint {
             .load(Ordering::Relaxed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests assert by panicking
+
+    use super::*;
+
+    /// Three parts, the third given up when it failed to post (after the first two were posted):
+    /// whichever counts last, the posting thread giving up or the last part completing, delivers
+    /// one completion, with the whole length and the first error.
+    #[test]
+    fn a_join_delivers_once_with_the_first_error_whoever_counts_last() {
+        let failed = || DmaError::fabric("fi_write", -i64::from(sys::FI_EIO));
+        // The parts complete first, then the poster gives the third up.
+        let join = Join::new(3, 300);
+        join.record(Ok(()));
+        assert!(!join.finish(1));
+        join.record(Ok(()));
+        assert!(!join.finish(1));
+        join.record(Err(failed()));
+        assert!(join.finish(1), "the poster counts last: it delivers");
+        let completion = join.completion(9, Operation::Write);
+        assert_eq!((9, 300), (completion.id, completion.len));
+        assert!(completion.result.is_err());
+
+        // The poster gives up the last two parts first; the one posted part delivers.
+        let join = Join::new(3, 300);
+        join.record(Err(failed()));
+        assert!(!join.finish(2));
+        join.record(Err(DmaError::WouldBlock)); // a later error is not the one reported
+        assert!(join.finish(1));
+        let completion = join.completion(9, Operation::Read);
+        assert!(matches!(completion.result, Err(DmaError::Fabric { .. })));
+
+        // Every part fine: Ok.
+        let join = Join::new(2, 8);
+        join.record(Ok(()));
+        assert!(!join.finish(1));
+        join.record(Ok(()));
+        assert!(join.finish(1));
+        assert_eq!(Ok(()), join.completion(1, Operation::Write).result);
+    }
+
+    /// Notifications are bounded: past the bound the oldest goes, counted; message completions
+    /// (`FI_RECV`) and entries without remote CQ data are not taken.
+    #[test]
+    fn notifications_are_bounded_and_only_remote_data_is_taken() {
+        let notifications = Notifications::new(2);
+        let entry = |flags: u64, data: u64| sys::fi_cq_data_entry {
+            flags,
+            data,
+            ..Default::default()
+        };
+        let remote = u64::from(sys::FI_REMOTE_CQ_DATA | sys::FI_REMOTE_WRITE);
+        assert!(!notifications.accept(&entry(u64::from(sys::FI_RECV | sys::FI_MSG), 1)));
+        assert!(!notifications.accept(&entry(u64::from(sys::FI_RECV | sys::FI_REMOTE_CQ_DATA), 1)));
+        for data in 1..=3 {
+            assert!(notifications.accept(&entry(remote, data)));
+        }
+        let waiting: Vec<u64> = notifications
+            .waiting
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|notification| notification.data)
+            .collect();
+        assert_eq!(vec![2, 3], waiting, "the oldest dropped");
+        assert_eq!(1, notifications.dropped.load(Ordering::Relaxed));
+    }
+}
