@@ -192,6 +192,56 @@ fn a_target_in_progress_sleeping_lands_a_write_and_sleeps_when_idle() {
     wait_for_bytes(&target, 0, &data[..4096]);
 }
 
+/// Many threads asleep on one endpoint at once (one in `poll`, the others on the condition
+/// variable), each waiting for its own write, and one more in `receive`: every completion reaches
+/// its waiter, whichever thread read it, and the message reaches the receiver.
+#[test]
+fn many_sleeping_waiters_each_get_their_own_completion() {
+    let server = rma_tcp();
+    let client = rma_tcp();
+    let source = server.register(4096).unwrap();
+    let target = client.register(8 * 4096).unwrap();
+    let address = client.local_address().unwrap();
+    let client_address = server.local_address().unwrap();
+    with_progress(&client, || {
+        let ready = std::sync::Barrier::new(10);
+        std::thread::scope(|scope| {
+            let waiters: Vec<_> = (0..8_u64)
+                .map(|id| {
+                    let (server, ready) = (&server, &ready);
+                    scope.spawn(move || {
+                        ready.wait();
+                        server.wait_for(id, PATIENCE)
+                    })
+                })
+                .collect();
+            let receiver = scope.spawn(|| {
+                ready.wait();
+                server.receive(PATIENCE)
+            });
+            ready.wait();
+            // Posted in reverse, so the first waiter's completion comes last.
+            for id in (0..8_u64).rev() {
+                let lease = server.peers().lease(1, &address).unwrap();
+                let slot = target.remote().slice(id * 4096, 4096).unwrap();
+                server
+                    .write(lease, source.segment(0, 4096).unwrap(), slot, id)
+                    .unwrap();
+            }
+            for (id, waiter) in waiters.into_iter().enumerate() {
+                let done = waiter.join().unwrap().expect("its own completion");
+                assert_eq!((id as u64, Ok(())), (done.id, done.result));
+            }
+            let pinned = client.peers().pin();
+            let peer = pinned.resolve(2, &client_address).unwrap();
+            client.send_within(peer, b"hello", PATIENCE).unwrap();
+            drop(pinned);
+            assert_eq!(Some(b"hello".to_vec()), receiver.join().unwrap().unwrap());
+        });
+    });
+    assert_eq!(0, server.operations_in_flight());
+}
+
 /// `Configuration::busy_poll` keeps the spinning wait, which still answers.
 #[test]
 fn busy_poll_keeps_the_spinning_wait() {
