@@ -202,5 +202,5 @@ fn failure_records_of_4096_refused_clients_stay_within_their_term() {
     println!("failure records: +{grown} B for 4,096 refused clients, bound {bound} B");
 }
 
-/// What one failure record may cost, as the writer's module docs state it (`Failures::RECORD_BYTES`).
+/// What one failure record may cost, as the writer's module docs and `cache::failures` state it.
 const FAILURE_RECORD: usize = 256;

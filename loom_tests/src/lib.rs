@@ -36,7 +36,10 @@ macro_rules! static_world {
                 ::dma_libfabric::AddressCache<::dma_libfabric::ModelAv>,
             ) = {
                 let av = ::dma_libfabric::ModelAv::with_layout($format, $address_len, 4);
-                let cache = ::dma_libfabric::AddressCache::with_backend(av.clone());
+                // An hour: a model's waits end by what the model does, never at a deadline that
+                // a slow run of loom might reach.
+                let cache = ::dma_libfabric::AddressCache::with_backend(av.clone())
+                    .with_patience(::std::time::Duration::from_secs(3600));
                 (av, cache)
             };
         }

@@ -64,7 +64,9 @@ fn outcome(result: &Result<u64, DmaError>) -> Outcome {
         Ok(fi_addr) => Outcome::Ok(Some(*fi_addr)),
         Err(DmaError::InvalidAddress(_)) => Outcome::InvalidAddress,
         Err(DmaError::Capacity { .. }) => Outcome::Capacity,
-        Err(DmaError::WouldBlock) => Outcome::WouldBlock,
+        // A blocking lease that waited out its timeout: the request stays queued, as a
+        // `WouldBlock` leaves it.
+        Err(DmaError::WouldBlock | DmaError::OutOfPatience { .. }) => Outcome::WouldBlock,
         Err(DmaError::Fabric {
             call: "fi_av_insert",
             ..
