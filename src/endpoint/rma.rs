@@ -16,12 +16,12 @@
 //!
 //! # One transmit queue, two kinds of entries
 //!
-//! Sends are injected and complete silently, so the transmit queue held only their errors; RMA
+//! Sends complete into the transmit queue (each counted in its own slab, see `sends`); RMA
 //! operations complete into the same queue (an endpoint binds one queue for transmits). Every read
 //! of it, [`LibfabricEndpoint::progress`] included, goes through `Operations::reap`, which
 //! recognises an RMA context by its address (inside the slab, on a slot boundary, as receive slots
-//! are recognised) and hands it to its operation; anything else is an injected send's error and is
-//! logged as before. Neither path can steal the other's completions.
+//! are recognised) and hands it to its operation; anything else is a send's completion, handed to
+//! the send slab (which logs an unknown context's error). Neither path can steal the other's completions.
 //!
 //! # Backpressure
 //!
@@ -151,6 +151,8 @@ pub(super) struct Operations {
     /// `domain_attr.mr_mode`.
     mr_mode: i32,
     enabled: bool,
+    /// Sends in flight, whose completions share the transmit queue (see `sends`).
+    pub(super) sends: super::sends::Sends,
 }
 
 // SAFETY: a slot's cells are touched only by the one thread that owns the slot at the time
@@ -170,7 +172,12 @@ impl Operations {
     ///
     /// # Safety
     /// `info` is the non-null `fi_info` the endpoint was opened with.
-    pub(super) unsafe fn new(info: *const sys::fi_info, enabled: bool, cq_size: usize) -> Self {
+    pub(super) unsafe fn new(
+        info: *const sys::fi_info,
+        enabled: bool,
+        cq_size: usize,
+        sends: super::sends::Sends,
+    ) -> Self {
         // SAFETY: fi_getinfo fills every attribute pointer of the entries it returns.
         let (mr_mode, tx_size) =
             unsafe { ((*(*info).domain_attr).mr_mode, (*(*info).tx_attr).size) };
@@ -198,6 +205,7 @@ impl Operations {
             pool: Arc::new(Pool::default()),
             mr_mode,
             enabled,
+            sends,
         }
     }
 
@@ -233,7 +241,7 @@ impl Operations {
     }
 
     /// Read every completion the transmit queue `cq` holds now, handing RMA completions to their
-    /// operations (their leases and buffers are dropped here) and logging injected sends' errors.
+    /// operations (their leases and buffers are dropped here) and sends' to the send slab.
     /// Drives the provider's progress. Returns how many entries were read.
     pub(super) fn reap(&self, cq: *mut sys::fid_cq) -> usize {
         let mut total = 0;
@@ -270,7 +278,8 @@ impl Operations {
         if self.index_of(entry.op_context).is_some() {
             self.complete(entry.op_context, Err(entry.error("fi_cq_readerr")));
         } else {
-            tracing::warn!(error = %entry.error("fi_cq_readerr"), "transmit failed");
+            // A send's (see `sends`), or an unknown context's, logged there.
+            self.sends.failed(&entry);
         }
         true
     }
@@ -278,9 +287,8 @@ impl Operations {
     /// The completion of the operation whose context is `context`, if it is one of ours.
     fn complete(&self, context: *mut c_void, result: Result<(), DmaError>) {
         let Some(index) = self.index_of(context) else {
-            if let Err(error) = result {
-                tracing::warn!(%error, "transmit failed");
-            }
+            // A send's (see `sends`); errors come through `read_error`.
+            self.sends.completed(context);
             return;
         };
         // SAFETY: this thread read the slot's completion, so it owns the slot (module docs).
