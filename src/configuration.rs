@@ -166,6 +166,143 @@ impl Default for RxmSizing {
 }
 
 impl RxmSizing {
+    /// The largest [`buffer_size`](Self::buffer_size): 64 KiB, four times rxm's default. rxm
+    /// clamps anything past `INT32_MAX` silently, and its bounce-buffer pools grow in chunks of
+    /// 1,024 buffers: 64 MiB a chunk at this size, and a 1 GiB buffer would ask a terabyte.
+    /// Larger messages go by rxm's rendezvous protocol anyway.
+    pub const MAX_BUFFER_SIZE: usize = 64 << 10;
+    /// The largest [`tx_size`](Self::tx_size): rxm's maximum transmit depth (`RXM_TX_SIZE`,
+    /// libfabric 1.17 and 2.6.0).
+    pub const MAX_TX_SIZE: usize = 16_384;
+    /// The largest [`rx_size`](Self::rx_size): rxm's maximum receive depth (`RXM_RX_SIZE`).
+    pub const MAX_RX_SIZE: usize = 65_536;
+    /// The largest [`msg_tx_size`](Self::msg_tx_size): the transmit depth tcp's connections
+    /// offer (`tx_attr.size` of its message endpoint, 1,024 in 2.6.0's `xnet_attr.c`).
+    pub const MAX_MSG_TX_SIZE: usize = 1024;
+    /// The largest [`msg_rx_size`](Self::msg_rx_size) with a shared receive context (rxm's
+    /// default over tcp): the depth of tcp's shared receive context (65,536). Without one
+    /// (`use_srx: Some(false)`), each connection's receive queue holds at most
+    /// [`MAX_MSG_TX_SIZE`](Self::MAX_MSG_TX_SIZE), 1,024.
+    pub const MAX_MSG_RX_SIZE: usize = 65_536;
+
+    /// Check each size against its bound (from 1 to the `MAX_*` constant of its name; `None`
+    /// is rxm's default), naming the field, the value and the bound: a size rxm or tcp does not
+    /// accept makes `fi_getinfo` find nothing, which `open` could only report as "no provider".
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, DmaError, RxmSizing};
+    ///
+    /// let mut configuration = Configuration::default();
+    /// configuration.rxm.msg_rx_size = Some(usize::MAX);
+    /// let Err(DmaError::InvalidArgument(reason)) = configuration.validate() else {
+    ///     panic!("refused");
+    /// };
+    /// assert!(reason.contains("rxm.msg_rx_size") && reason.contains(&usize::MAX.to_string()));
+    /// assert!(reason.contains(&RxmSizing::MAX_MSG_RX_SIZE.to_string()), "{reason}");
+    /// ```
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for the first size out of its bounds.
+    pub fn validate(&self) -> Result<(), DmaError> {
+        let msg_rx_bound = if Some(false) == self.use_srx {
+            (
+                Self::MAX_MSG_TX_SIZE,
+                "RxmSizing::MAX_MSG_TX_SIZE, without a shared receive context",
+            )
+        } else {
+            (Self::MAX_MSG_RX_SIZE, "RxmSizing::MAX_MSG_RX_SIZE")
+        };
+        let sizes = [
+            (
+                "rxm.buffer_size",
+                self.buffer_size,
+                Self::MAX_BUFFER_SIZE,
+                "RxmSizing::MAX_BUFFER_SIZE",
+            ),
+            (
+                "rxm.tx_size",
+                self.tx_size,
+                Self::MAX_TX_SIZE,
+                "RxmSizing::MAX_TX_SIZE",
+            ),
+            (
+                "rxm.rx_size",
+                self.rx_size,
+                Self::MAX_RX_SIZE,
+                "RxmSizing::MAX_RX_SIZE",
+            ),
+            (
+                "rxm.msg_tx_size",
+                self.msg_tx_size,
+                Self::MAX_MSG_TX_SIZE,
+                "RxmSizing::MAX_MSG_TX_SIZE",
+            ),
+            (
+                "rxm.msg_rx_size",
+                self.msg_rx_size,
+                msg_rx_bound.0,
+                msg_rx_bound.1,
+            ),
+        ];
+        for (field, value, high, bound) in sizes {
+            if let Some(value) = value {
+                within(field, value, 1, high, bound).map_err(|error| match error {
+                    DmaError::InvalidArgument(reason) => {
+                        DmaError::InvalidArgument(format!("{reason}: None takes rxm's default"))
+                    }
+                    other => other,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the process's environment sets (the sizes libfabric reads when it initialises),
+    /// checked against the bounds: the reason a size there is refused, naming the variable and
+    /// its value, if one is. For `open`'s error when `fi_getinfo` finds nothing.
+    pub(crate) fn environment_misfit() -> Option<String> {
+        let read = |name: &str| std::env::var(name).ok();
+        let mut sizing = Self::provider_defaults();
+        let fields: [(&str, &mut Option<usize>); 5] = [
+            ("FI_OFI_RXM_BUFFER_SIZE", &mut sizing.buffer_size),
+            ("FI_OFI_RXM_TX_SIZE", &mut sizing.tx_size),
+            ("FI_OFI_RXM_RX_SIZE", &mut sizing.rx_size),
+            ("FI_OFI_RXM_MSG_TX_SIZE", &mut sizing.msg_tx_size),
+            ("FI_OFI_RXM_MSG_RX_SIZE", &mut sizing.msg_rx_size),
+        ];
+        for (name, field) in fields {
+            if let Some(text) = read(name) {
+                match text.trim().parse::<usize>() {
+                    // 0 is rxm's default too.
+                    Ok(0) => {}
+                    Ok(value) => *field = Some(value),
+                    Err(_) => {
+                        return Some(format!("the environment sets {name}={text}, not a size"));
+                    }
+                }
+            }
+        }
+        sizing.use_srx =
+            read("FI_OFI_RXM_USE_SRX").map(|text| !matches!(text.trim(), "0" | "false" | "no"));
+        let Err(DmaError::InvalidArgument(reason)) = sizing.validate() else {
+            return None;
+        };
+        // Name the variable the process was started with, not the configuration's field.
+        let reason = [
+            ("rxm.buffer_size", "FI_OFI_RXM_BUFFER_SIZE"),
+            ("rxm.tx_size", "FI_OFI_RXM_TX_SIZE"),
+            ("rxm.rx_size", "FI_OFI_RXM_RX_SIZE"),
+            ("rxm.msg_tx_size", "FI_OFI_RXM_MSG_TX_SIZE"),
+            ("rxm.msg_rx_size", "FI_OFI_RXM_MSG_RX_SIZE"),
+        ]
+        .into_iter()
+        .fold(reason, |reason, (field, variable)| {
+            reason.replace(field, variable)
+        })
+        .replace("None takes rxm's default", "unset it for rxm's default");
+        Some(format!("the environment is out of bounds: {reason}"))
+    }
+
     /// rxm's own defaults: no variable set.
     pub fn provider_defaults() -> Self {
         Self {
@@ -210,8 +347,10 @@ pub struct Configuration {
     /// The size of each receive buffer, and so the largest message received: from 1 to
     /// [`MAX_RECEIVE_SIZE`](Self::MAX_RECEIVE_SIZE) and the provider's `ep_attr.max_msg_size`.
     pub receive_size: usize,
-    /// The transmit queue depth asked of the provider (the `tx_attr.size` hint): how many sends
-    /// may be outstanding before the provider answers `FI_EAGAIN`. `None` takes the provider's
+    /// The transmit queue depth asked of the provider (the `tx_attr.size` hint), and so how many
+    /// sends the endpoint keeps in flight (counted until their completion is read; past it a
+    /// send answers `WouldBlock` and posts nothing: see
+    /// [`Description::max_sends_in_flight`](crate::endpoint::Description::max_sends_in_flight)). `None` takes the provider's
     /// default (rxm: 2,048 or `FI_OFI_RXM_TX_SIZE`; native tcp: 65,536), and so does `Some(0)`.
     /// More than the provider accepts (rxm: 16,384) is refused by
     /// [`open`](crate::LibfabricEndpoint::open) with [`DmaError::InvalidArgument`] naming the
@@ -336,7 +475,7 @@ impl Configuration {
     /// [`MAX_AV_CAPACITY`](Self::MAX_AV_CAPACITY); `receive_buffers` at least 1, and at most
     /// `cq_size` and `rx_size` (every posted receive may complete before the queue is read);
     /// `receive_size` from 1 to [`MAX_RECEIVE_SIZE`](Self::MAX_RECEIVE_SIZE); `cq_size` at most
-    /// [`MAX_CQ_SIZE`](Self::MAX_CQ_SIZE).
+    /// [`MAX_CQ_SIZE`](Self::MAX_CQ_SIZE); and rxm's sizes ([`RxmSizing::validate`]).
     ///
     /// ```
     /// use dma_libfabric::{Configuration, DmaError};
@@ -403,7 +542,7 @@ impl Configuration {
                 Self::MAX_CACHE_PATIENCE
             )));
         }
-        Ok(())
+        self.rxm.validate()
     }
 
     /// The default [`cache_patience`](Self::cache_patience): 5 s, the cache's own
@@ -619,12 +758,16 @@ pub(crate) fn no_data(provider: Provider) -> DmaError {
             compiled.join(" ")
         )
     } else {
+        let rxm = matches!(provider, Provider::Tcp | Provider::Verbs)
+            .then(RxmSizing::environment_misfit)
+            .flatten()
+            .map(|reason| format!(" ({reason})"));
         let hint = match provider {
             Provider::Efa | Provider::EfaDirect => " (no efa device on this host?)",
             Provider::TcpNative if major < 2 => {
                 " (libfabric 1.x's tcp has no reliable-datagram endpoint: use Provider::Tcp)"
             }
-            _ => "",
+            _ => rxm.as_deref().unwrap_or(""),
         };
         format!(
             "{} is compiled into libfabric {major}.{minor} but offers no thread-safe \
@@ -765,6 +908,80 @@ mod tests {
             .validate(),
             Err(DmaError::InvalidArgument(_))
         ));
+        let rxm = |sizing: RxmSizing| Configuration {
+            rxm: sizing,
+            ..base()
+        };
+        let none = RxmSizing::provider_defaults;
+        for (sizing, value, bound) in [
+            (
+                RxmSizing {
+                    buffer_size: Some(usize::MAX),
+                    ..none()
+                },
+                usize::MAX,
+                RxmSizing::MAX_BUFFER_SIZE,
+            ),
+            (
+                RxmSizing {
+                    tx_size: Some(RxmSizing::MAX_TX_SIZE + 1),
+                    ..none()
+                },
+                RxmSizing::MAX_TX_SIZE + 1,
+                RxmSizing::MAX_TX_SIZE,
+            ),
+            (
+                RxmSizing {
+                    rx_size: Some(usize::MAX),
+                    ..none()
+                },
+                usize::MAX,
+                RxmSizing::MAX_RX_SIZE,
+            ),
+            (
+                RxmSizing {
+                    msg_tx_size: Some(1025),
+                    ..none()
+                },
+                1025,
+                RxmSizing::MAX_MSG_TX_SIZE,
+            ),
+            (
+                RxmSizing {
+                    msg_rx_size: Some(usize::MAX),
+                    ..none()
+                },
+                usize::MAX,
+                RxmSizing::MAX_MSG_RX_SIZE,
+            ),
+            (
+                RxmSizing {
+                    msg_rx_size: Some(2048),
+                    use_srx: Some(false),
+                    ..none()
+                },
+                2048,
+                RxmSizing::MAX_MSG_TX_SIZE,
+            ),
+            (
+                RxmSizing {
+                    msg_tx_size: Some(0),
+                    ..none()
+                },
+                0,
+                1,
+            ),
+        ] {
+            past(rxm(sizing), value, bound);
+        }
+        at(rxm(RxmSizing {
+            buffer_size: Some(RxmSizing::MAX_BUFFER_SIZE),
+            tx_size: Some(RxmSizing::MAX_TX_SIZE),
+            rx_size: Some(RxmSizing::MAX_RX_SIZE),
+            msg_tx_size: Some(RxmSizing::MAX_MSG_TX_SIZE),
+            msg_rx_size: Some(RxmSizing::MAX_MSG_RX_SIZE),
+            use_srx: None,
+        }));
         assert!(matches!(
             Configuration { receive_buffers: 513, ..base() }.validate(),
             Err(DmaError::InvalidArgument(reason)) if reason.contains("513") && reason.contains("cq_size is 512")

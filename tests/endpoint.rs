@@ -115,7 +115,7 @@ fn two_endpoints_exchange_messages_both_ways() {
 fn an_oversized_message_is_refused_before_libfabric_sees_it() {
     let endpoint = tcp();
     let peer = insert(&endpoint, &endpoint.local_address().expect("address"));
-    let too_big = vec![0; endpoint.describe().inject_size + 1];
+    let too_big = vec![0; endpoint.describe().max_send_size + 1];
     assert!(matches!(
         // SAFETY: `peer` was inserted into `endpoint`'s AV above and is removed only at the end.
         unsafe { endpoint.send_raw(peer, &too_big) },

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use super::AvBackend;
 use crate::address::AddressFormat;
+use crate::endpoint::unreachable::Unreachable;
 use crate::error::DmaError;
 use crate::sys;
 
@@ -27,6 +28,8 @@ pub(crate) struct HandedOut {
     mark: AtomicU64,
     /// `fi_av_attr.count`; `u64::MAX` for an AV no endpoint registered.
     capacity: u64,
+    /// Which indices the provider reported dead, per incarnation (the message path's).
+    pub(crate) unreachable: Unreachable,
 }
 
 impl Default for HandedOut {
@@ -34,6 +37,7 @@ impl Default for HandedOut {
         Self {
             mark: AtomicU64::new(0),
             capacity: u64::MAX,
+            unreachable: Unreachable::default(),
         }
     }
 }
@@ -42,6 +46,7 @@ impl HandedOut {
     /// Note that `fi_av_insert` returned `fi_addr`.
     fn note(&self, fi_addr: sys::fi_addr_t) {
         // Release: a reader that sees the new mark also sees the insert that allocated it.
+        self.unreachable.inserted(fi_addr);
         self.mark
             .fetch_max(fi_addr.saturating_add(1), Ordering::Release);
     }
@@ -63,6 +68,7 @@ pub(crate) fn register(av: *mut sys::fid_av, capacity: usize) -> Arc<HandedOut> 
     let record = Arc::new(HandedOut {
         mark: AtomicU64::new(0),
         capacity: u64::try_from(capacity).unwrap_or(u64::MAX),
+        unreachable: Unreachable::with_capacity(capacity),
     });
     let mut records = RECORDS.lock().unwrap_or_else(PoisonError::into_inner);
     records.retain(|(key, live)| *key != av as usize && live.strong_count() > 0);

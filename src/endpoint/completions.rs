@@ -119,7 +119,11 @@ impl Operations {
             };
             self.complete(entry.op_context, Err(error));
         } else {
-            tracing::warn!(error = %entry.error("fi_cq_readerr"), "transmit failed");
+            // A send's (see `sends`), or an unknown context's, logged there. A send's slot is
+            // free now, which a sender may be sleeping for.
+            if self.sends.failed(&entry) {
+                self.waiter.ring();
+            }
         }
         true
     }
@@ -127,8 +131,16 @@ impl Operations {
     /// The completion of the operation whose context is `context`, if it is one of ours.
     fn complete(&self, context: *mut c_void, result: Result<(), Failure>) {
         let Some(index) = self.index_of(context) else {
-            if let Err(Failure::Other(error) | Failure::PeerLost(error)) = result {
-                tracing::warn!(%error, "transmit failed");
+            match result {
+                // A send's (see `sends`): its slot is free, which a sender may be sleeping for.
+                Ok(()) => {
+                    if self.sends.completed(context) {
+                        self.waiter.ring();
+                    }
+                }
+                Err(Failure::Other(error) | Failure::PeerLost(error)) => {
+                    tracing::warn!(%error, "transmit failed");
+                }
             }
             return;
         };

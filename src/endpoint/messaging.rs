@@ -1,5 +1,32 @@
-//! Messaging: sends (`fi_inject` to a [`Peer`], or `unsafe` to a raw `fi_addr_t`), receives
-//! into the endpoint's own buffers, driving progress, and reading error completions.
+//! Messaging: sends (to a [`Peer`], or `unsafe` to a raw `fi_addr_t`), receives into the
+//! endpoint's own buffers, driving progress, and reading error completions.
+//!
+//! # Sends: bounded, and never lost without an error
+//!
+//! A send copies the message into a slot of the endpoint's own (see `sends`) and posts it with
+//! `fi_send`, asking for a completion; it is counted until that completion has been read. At
+//! most [`Description::max_sends_in_flight`](super::Description::max_sends_in_flight) (the
+//! transmit queue's depth, `Configuration::tx_size`) are in flight: past it a send answers
+//! [`DmaError::WouldBlock`] and posts nothing, so a peer that stops reading holds at most that
+//! many, whatever the sender does. On tcp every transmit asks for `FI_TRANSMIT_COMPLETE`, which
+//! tcp completes when the peer's provider acknowledges it: a send sitting in a socket is still in
+//! flight.
+//!
+//! A send whose completion reports an error reaches the caller by the per-peer route: it is
+//! counted ([`failed_sends`](LibfabricEndpoint::failed_sends)) and logged at `warn` with its
+//! peer's `fi_addr_t`, and when the error says the peer is gone (refused, reset, not connected,
+//! unreachable) the peer is marked, so every later send to it answers
+//! [`DmaError::PeerUnreachable`] at once, without posting, until the peer is resolved anew (its
+//! entry released and inserted again). Dropping an endpoint with sends in flight drives progress
+//! for at most [`SEND_DRAIN_PATIENCE`](LibfabricEndpoint::SEND_DRAIN_PATIENCE), then logs how
+//! many it discarded at `warn` and adds them to
+//! [`discarded_sends`](LibfabricEndpoint::discarded_sends).
+//!
+//! A send's slot names its peer by index only: it holds no lease (a copying send borrows a pin,
+//! not an entry), so the entry may be removed while the send is in flight. tcp;ofi_rxm finishes
+//! such a send (each connection holds its own reference to the peer); efa frees it without a
+//! completion (see DESIGN.md), which would keep its slot counted for good. Send from registered
+//! memory against a lease where that matters.
 //!
 //! Every wait here is bounded, and sleeps on the completion queues between attempts where the
 //! provider offers a wait object (see `wait`): a send gives up after its timeout, `receive` returns `None` after
@@ -14,7 +41,7 @@ use std::time::Duration;
 #[cfg(doc)] // for the docs' links
 use super::FabricAv;
 use super::deadline::Deadline;
-use super::{LibfabricEndpoint, POST_PATIENCE};
+use super::{LibfabricEndpoint, POST_PATIENCE, sends};
 use crate::cache::Peer;
 use crate::error::DmaError;
 use crate::sys;
@@ -24,8 +51,13 @@ use crate::sys;
 const ERR_DATA_LEN: usize = 256;
 
 impl LibfabricEndpoint {
-    /// Send `message` to `peer` with `fi_inject`, retrying while the provider asks for progress,
-    /// for at most a second. See [`send_within`](Self::send_within) to choose the bound.
+    /// How long dropping an endpoint drives progress for its sends in flight before it counts
+    /// them discarded ([`discarded_sends`](Self::discarded_sends)): a peer that has stopped
+    /// reading never completes them, and a drop must not wait for it.
+    pub const SEND_DRAIN_PATIENCE: Duration = Duration::from_millis(100);
+
+    /// Send a copy of `message` to `peer`, retrying while every send slot is in flight or the
+    /// provider asks for progress, for at most a second. See [`send_within`](Self::send_within) to choose the bound.
     ///
     /// `peer` borrows the [`Pinned`](crate::Pinned) it was resolved under, so it cannot be used
     /// once that pin is dropped, when its index may have been removed and handed to another
@@ -60,15 +92,19 @@ impl LibfabricEndpoint {
         self.send_within(peer, message, Duration::from_secs(1))
     }
 
-    /// Send `message` to `peer` with `fi_inject`, retrying while the provider asks for progress,
-    /// for at most `timeout` (a peer that has gone never accepts the connection, and a posting
-    /// thread should not wait long for it). Any `Duration` is accepted: one too long for a
+    /// Send a copy of `message` to `peer` (see the module docs: counted until its completion),
+    /// retrying while every send slot is in flight or the provider asks for progress, for at
+    /// most `timeout` (a peer that has stopped never completes, and a posting thread should not
+    /// wait long for it). Any `Duration` is accepted: one too long for a
     /// deadline (`Duration::MAX`) retries until the provider takes the message.
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] when `peer` was resolved by another endpoint's cache, or the
-    /// message exceeds the provider's inject size; [`DmaError::WouldBlock`] when the provider
-    /// still asked to retry after `timeout`; [`DmaError::Fabric`] for any other failure.
+    /// message exceeds [`Description::max_send_size`](super::Description::max_send_size);
+    /// [`DmaError::PeerUnreachable`] when the provider has reported `peer` gone (an earlier
+    /// send's completion); [`DmaError::WouldBlock`] when every send slot was still in flight, or
+    /// the provider still asked to retry, after `timeout`; [`DmaError::Fabric`] for any other
+    /// failure. Nothing is posted on an error.
     ///
     /// ```
     /// use std::time::Duration;
@@ -97,8 +133,8 @@ impl LibfabricEndpoint {
         unsafe { self.send_raw_within(peer.fi_addr(), message, timeout) }
     }
 
-    /// One `fi_inject` of `message` to `peer`: [`DmaError::WouldBlock`] when the provider asks
-    /// to retry after progress.
+    /// One attempt to send a copy of `message` to `peer`: [`DmaError::WouldBlock`] when every
+    /// send slot is in flight or the provider asks to retry after progress.
     ///
     /// # Errors
     /// As [`send_within`](Self::send_within), without the retrying.
@@ -164,27 +200,87 @@ impl LibfabricEndpoint {
         fi_addr: sys::fi_addr_t,
         message: &[u8],
     ) -> Result<(), DmaError> {
-        if message.len() > self.description.inject_size {
+        let sends = &self.operations.sends;
+        if message.len() > sends.size() {
             return Err(DmaError::InvalidArgument(format!(
-                "a {}-byte message exceeds the provider's inject size of {}",
+                "a {}-byte message exceeds the {} bytes send copies (Description::max_send_size): \
+                 send larger ones from registered memory with send_from",
                 message.len(),
-                self.description.inject_size
+                sends.size()
             )));
         }
+        if let Some(code) = sends.dead(fi_addr) {
+            return Err(sends::unreachable(fi_addr, code));
+        }
+        // Past the transmit queue's depth: nothing is posted.
+        let Some((index, buffer, context)) = sends.prepare(fi_addr, message) else {
+            return Err(DmaError::WouldBlock);
+        };
         // SAFETY: the endpoint is open; the caller promises `fi_addr` is a live entry of this AV;
-        // fi_inject copies `message` before returning, so the buffer need not outlive the call.
+        // `buffer` is the slot's copy of `message`, which stays untouched until the slot's
+        // completion is read (the slot is the provider's until then), and `context` is the
+        // slot's, which lives as long as the endpoint's handles (the slab is dropped after them).
+        // No descriptor: `open` refuses providers that require FI_MR_LOCAL.
         let code = unsafe {
-            sys::fi_inject(
+            sys::fi_send(
                 self.handles.ep,
-                message.as_ptr().cast(),
+                buffer,
                 message.len(),
+                ptr::null_mut(),
                 fi_addr,
+                context,
             )
         };
-        match code {
-            0 => Ok(()),
-            code if code == -(sys::FI_EAGAIN as isize) => Err(DmaError::WouldBlock),
-            code => Err(DmaError::fabric("fi_inject", code as i64)),
+        if 0 == code {
+            return Ok(());
+        }
+        // Not posted: the slot is still this thread's.
+        sends.unprepare(index);
+        if code == -(sys::FI_EAGAIN as isize) {
+            return Err(DmaError::WouldBlock);
+        }
+        let positive = u32::try_from(code.unsigned_abs()).unwrap_or(0);
+        if super::unreachable::says_peer_is_gone(positive) {
+            sends.mark_dead(fi_addr, positive);
+            return Err(sends::unreachable(fi_addr, positive));
+        }
+        Err(DmaError::fabric("fi_send", code as i64))
+    }
+
+    /// How many sends are in flight: posted, completion not yet read. At most
+    /// [`Description::max_sends_in_flight`](super::Description::max_sends_in_flight).
+    pub fn sends_in_flight(&self) -> usize {
+        self.operations.sends.outstanding()
+    }
+
+    /// How many sends of this endpoint completed with an error, since it opened: each was also
+    /// logged at `warn` with its peer, and a peer whose error says it is gone answers the next
+    /// send with [`DmaError::PeerUnreachable`].
+    pub fn failed_sends(&self) -> u64 {
+        self.operations.sends.failures()
+    }
+
+    /// How many sends endpoints of this process discarded because they were dropped with the
+    /// sends still in flight (each drop also logs its count at `warn`).
+    pub fn discarded_sends() -> u64 {
+        sends::DISCARDED.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// At drop: drive progress for sends in flight for at most [`SEND_DRAIN_PATIENCE`](Self::SEND_DRAIN_PATIENCE), then
+    /// count what is left as discarded.
+    pub(super) fn shut_down_sends(&self) {
+        let deadline = Deadline::after(Self::SEND_DRAIN_PATIENCE);
+        while 0 < self.sends_in_flight() && !deadline.passed() {
+            self.progress();
+            std::thread::yield_now();
+        }
+        let discarded = self.sends_in_flight();
+        if 0 < discarded {
+            sends::DISCARDED.fetch_add(discarded as u64, std::sync::atomic::Ordering::AcqRel);
+            tracing::warn!(
+                discarded,
+                "the endpoint was dropped with sends in flight: they were discarded"
+            );
         }
     }
 
@@ -204,8 +300,9 @@ impl LibfabricEndpoint {
     /// Drive the provider's progress on the transmit side, reporting any transmit error, and
     /// post again any receive buffer whose earlier re-post failed.
     ///
-    /// Injected sends complete silently, so the transmit queue holds only errors; reading it is
-    /// what makes a manual-progress provider such as tcp move data.
+    /// Reading the transmit queue frees the slots of completed sends and reports failed ones
+    /// (see the module docs: counted, logged, and their peer marked unreachable where the error
+    /// says so); it is also what makes a manual-progress provider such as tcp move data.
     ///
     /// RMA operations complete into the same queue: their completions are handed to them (and
     /// their leases dropped) here too, ready for [`poll_completions`](Self::poll_completions).
@@ -251,7 +348,7 @@ impl LibfabricEndpoint {
         // SAFETY: this thread read the slot's completion and has not re-posted it.
         let message = unsafe { slot.received(entry.len) };
         self.repost(index);
-        Ok(Some(message))
+        message.map(Some)
     }
 
     /// Wait up to `timeout` for one received message, driving progress meanwhile. Any `Duration`
@@ -400,8 +497,8 @@ pub(super) struct ErrorEntry {
     /// The operation's context, as it was posted.
     pub(super) op_context: *mut std::ffi::c_void,
     /// `fi_cq_err_entry.err`: a positive `FI_E*` code.
-    err: i32,
-    /// `fi_cq_err_entry.prov_errno`: the provider's own code (tcp: an `errno`).
+    pub(super) err: i32,
+    /// `fi_cq_err_entry.prov_errno`: the provider's own code (an errno on tcp).
     pub(super) prov_errno: i32,
     /// `fi_strerror`'s text, and the provider's where it gave one.
     message: String,

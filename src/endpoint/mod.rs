@@ -19,8 +19,9 @@
 //!   So is a peer of a second cache built with `FabricAv::from_raw` on this endpoint's AV: the
 //!   check is by cache, not by AV. Posting to a raw `fi_addr_t` is `unsafe`
 //!   ([`send_raw`](LibfabricEndpoint::send_raw) and friends), with the caller's promises
-//!   written down. Sends are `fi_inject`s, which copy the message before returning, so no
-//!   operation is left in flight against the index once the pin drops.
+//!   written down. Sends copy the message into a slot of the endpoint's own before they
+//!   return; a send may still be in flight against the index once the pin drops (see
+//!   "Guarantees" for what each provider does then).
 //! - **`lookup` reads only indices this AV has handed out.** [`lookup`](LibfabricEndpoint::lookup)
 //!   answers `None`, without calling libfabric, for an index at or past the AV's capacity or
 //!   past the highest index a [`FabricAv`] on this AV has been given by `fi_av_insert` (the
@@ -54,6 +55,16 @@
 //!   in that order. Nothing is leaked, file descriptors included.
 //! - Receive buffers are owned by the endpoint and outlive its libfabric objects.
 //! - A failure part-way through `open` closes what was opened and reports which call failed.
+//! - Sends are bounded and never lost without an error: at most
+//!   [`Description::max_sends_in_flight`] (the transmit queue's depth) are in flight, counted
+//!   until their completion is read, and past it a send answers [`DmaError::WouldBlock`] with
+//!   nothing posted. A failed send is counted ([`LibfabricEndpoint::failed_sends`]) and logged,
+//!   and once the provider reports a peer gone every later send to it answers
+//!   [`DmaError::PeerUnreachable`] until it is resolved anew. Dropping the endpoint counts the
+//!   sends still in flight after [`LibfabricEndpoint::SEND_DRAIN_PATIENCE`] as discarded
+//!   ([`LibfabricEndpoint::discarded_sends`], and a `warn`). A send holds no lease: tcp;ofi_rxm
+//!   finishes a send whose entry was removed meanwhile; efa frees it without a completion,
+//!   which keeps its slot counted.
 //! - RMA operations in flight (see [`rma`]) hold their lease and local memory until their
 //!   completion has been read; dropping the endpoint drains them, or abandons them after closing
 //!   the endpoint, before the cache and the domain close.
@@ -70,6 +81,8 @@ mod messaging;
 mod open;
 mod receive;
 pub mod rma;
+mod sends;
+pub(crate) mod unreachable;
 pub mod vectored;
 pub(crate) mod wait;
 
@@ -87,6 +100,7 @@ pub use self::memory::{MemoryRegion, RemoteRegion, Segment};
 use self::messaging::read_error_entry;
 use self::receive::ReceiveSlots;
 pub use self::rma::{Completion, MAX_OPERATIONS, Operation};
+pub use self::sends::{MAX_SEND_COPY, MAX_SENDS};
 pub use self::vectored::{MAX_PIECES, Notification};
 /// The endpoint's AV backend lives in [`crate::av`]; re-exported here, where it always was.
 pub use crate::av::FabricAv;
@@ -115,8 +129,17 @@ pub struct Description {
     pub threading: u32,
     /// The address vector type (`FI_AV_TABLE` here).
     pub av_type: u32,
-    /// The largest message [`LibfabricEndpoint::send`] takes (`tx_attr.inject_size`).
+    /// The provider's inject size (`tx_attr.inject_size`). Sends are not injected (an inject
+    /// asks for no completion, so its failure is never reported); see
+    /// [`max_send_size`](Self::max_send_size).
     pub inject_size: usize,
+    /// The largest message [`LibfabricEndpoint::send`] copies and sends: the configuration's
+    /// `receive_size`, at most [`MAX_SEND_COPY`].
+    pub max_send_size: usize,
+    /// How many sends may be in flight at once (the transmit queue's depth, `tx_attr.size`,
+    /// within the completion queue's and [`MAX_SENDS`]): past it, a send answers
+    /// [`DmaError::WouldBlock`] and posts nothing.
+    pub max_sends_in_flight: usize,
 }
 
 /// How long `open` keeps posting a receive buffer the provider answers `-FI_EAGAIN` for, driving
@@ -146,7 +169,8 @@ pub struct LibfabricEndpoint {
     handles: Handles,
     /// Declared after `handles` so it is dropped after the endpoint has been closed.
     receives: ReceiveSlots,
-    description: Description,
+    /// Boxed: read rarely, and it keeps the endpoint small to move.
+    description: Box<Description>,
     /// The indices `FabricAv` backends on this AV have been handed, and the AV's capacity: what
     /// `lookup` may read.
     handed_out: Arc<HandedOut>,
@@ -182,6 +206,8 @@ impl std::fmt::Debug for LibfabricEndpoint {
 
 impl Drop for LibfabricEndpoint {
     fn drop(&mut self) {
+        // Sends still in flight are counted as discarded (they hold nothing but their slot).
+        self.shut_down_sends();
         // RMA operations hold leases on the cache and registrations in the domain: first.
         self.shut_down_operations();
         // SAFETY: dropped exactly once, here, before `handles` closes the address vector it

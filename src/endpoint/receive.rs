@@ -137,22 +137,37 @@ impl ReceiveSlot {
         (buffer.as_mut_ptr().cast(), buffer.len())
     }
 
-    /// The first `len` received bytes.
+    /// The first `len` received bytes; a truncation error (`-FI_ETRUNC`) when the completion
+    /// reports more bytes than the buffer holds. A provider that reports a message's full length
+    /// in a successful completion (udp;ofi_rxd was seen to deliver a cut message as a success)
+    /// has truncated it: it is never cut short silently.
     ///
     /// # Safety
     /// The caller read this slot's completion and has not re-posted it, so the provider is done
     /// with the buffer and no other thread owns it.
-    pub(super) unsafe fn received(&self, len: usize) -> Vec<u8> {
+    pub(super) unsafe fn received(&self, len: usize) -> Result<Vec<u8>, DmaError> {
         // SAFETY: as the caller promises, nothing writes to the buffer now.
         let buffer = unsafe { &*self.buffer.get() };
-        buffer[..len.min(buffer.len())].to_vec()
+        match buffer.get(..len) {
+            Some(bytes) => Ok(bytes.to_vec()),
+            None => Err(DmaError::Fabric {
+                call: "fi_cq_read",
+                code: -i64::from(sys::FI_ETRUNC),
+                message: format!(
+                    "{}: the provider reported a {len}-byte message, and the receive buffer \
+                     holds {} (Configuration::receive_size)",
+                    crate::error::strerror(sys::FI_ETRUNC.into()),
+                    buffer.len()
+                ),
+            }),
+        }
     }
 }
 
 /// `len` zeroed bytes on the heap, or `None` when the allocator cannot give them: zeroed by the
 /// allocator (`calloc`'s fresh pages), not written here, so a large buffer costs no resident
 /// memory until the provider fills it.
-fn zeroed(len: usize) -> Option<Box<[u8]>> {
+pub(super) fn zeroed(len: usize) -> Option<Box<[u8]>> {
     if 0 == len {
         return Some(Box::default());
     }
@@ -203,7 +218,14 @@ mod tests {
         assert_eq!(3, slots.len());
         let slot = slots.get(2).expect("a slot");
         // SAFETY: never posted, and this thread owns the slab.
-        assert_eq!(vec![0; 100], unsafe { slot.received(100) });
+        assert_eq!(Ok(vec![0; 100]), unsafe { slot.received(100) });
+        // SAFETY: as above.
+        let truncated = unsafe { slot.received(101) };
+        assert!(
+            matches!(&truncated, Err(DmaError::Fabric { code, message, .. })
+                if *code == -i64::from(sys::FI_ETRUNC) && message.contains("101-byte")),
+            "{truncated:?}"
+        );
         assert_eq!(100, slot.buffer().1);
         assert_eq!(
             0,

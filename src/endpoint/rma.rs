@@ -16,12 +16,12 @@
 //!
 //! # One transmit queue, two kinds of entries
 //!
-//! Sends are injected and complete silently, so the transmit queue held only their errors; RMA
+//! Sends complete into the transmit queue (each counted in its own slab, see `sends`); RMA
 //! operations complete into the same queue (an endpoint binds one queue for transmits). Every read
 //! of it, [`LibfabricEndpoint::progress`] included, goes through `Operations::reap`, which
 //! recognises an RMA context by its address (inside the slab, on a slot boundary, as receive slots
-//! are recognised) and hands it to its operation; anything else is an injected send's error and is
-//! logged as before. Neither path can steal the other's completions.
+//! are recognised) and hands it to its operation; anything else is a send's completion, handed to
+//! the send slab (which logs an unknown context's error). Neither path can steal the other's completions.
 //!
 //! # Backpressure
 //!
@@ -172,6 +172,8 @@ pub(super) struct Operations {
     enabled: bool,
     /// Remote writes' data read from the receive queue (see `vectored`), at most `cq_size`.
     pub(super) notifications: Notifications,
+    /// Sends in flight, whose completions share the transmit queue (see `sends`).
+    pub(super) sends: super::sends::Sends,
 }
 
 // SAFETY: a slot's cells are touched only by the one thread that owns the slot at the time
@@ -190,13 +192,15 @@ impl Operations {
     /// asked for RMA), else as many slots as the transmit queue and the completion queue hold.
     ///
     /// # Safety
-    /// `info` is the non-null `fi_info` the endpoint was opened with, and `source` the wait
-    /// descriptors of its queues, if they have any.
+    /// `info` is the non-null `fi_info` the endpoint was opened with, `source` the wait
+    /// descriptors of its queues, if they have any, and `sends` the send slab sharing its
+    /// transmit queue.
     pub(super) unsafe fn new(
         info: *const sys::fi_info,
         enabled: bool,
         cq_size: usize,
         source: Option<Source>,
+        sends: super::sends::Sends,
     ) -> Self {
         // SAFETY: fi_getinfo fills every attribute pointer of the entries it returns.
         let (mr_mode, tx_size) =
@@ -228,6 +232,7 @@ impl Operations {
             mr_mode,
             enabled,
             notifications: Notifications::new(cq_size),
+            sends,
         }
     }
 

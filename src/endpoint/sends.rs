@@ -1,0 +1,260 @@
+//! Sends in flight: every message [`send`](super::LibfabricEndpoint::send) takes is copied into a
+//! slot of the endpoint's own, posted with `fi_send` (never `fi_inject`, which asks for no
+//! completion and so hides a failure), and counted until its completion has been read.
+//!
+//! # Bounds
+//!
+//! The slab has as many slots as the transmit queue (`tx_attr.size`, the configuration's
+//! `tx_size`) and the transmit completion queue (`cq_size`) hold, at most [`MAX_SENDS`]; each
+//! slot has a buffer of [`max_send_size`](super::Description::max_send_size) bytes
+//! (`receive_size`, at most [`MAX_SEND_COPY`]), all in one zeroed allocation made at `open`, which
+//! the kernel backs only as slots are used. A send finding no free slot answers
+//! [`DmaError::WouldBlock`](crate::DmaError::WouldBlock) and posts nothing. So the memory the
+//! message path holds for sends, in this crate and in the provider, is bounded by that count
+//! whatever the peer does: a peer that stops reading stops completions, and sends past the count
+//! are refused.
+//!
+//! # Ownership of a slot
+//!
+//! As for receive slots and RMA operations: a slot on the free list is the list's; the thread
+//! that pops it owns it until `fi_send` accepts it, then the provider does, then the one thread
+//! whose `fi_cq_read` returned its completion, which puts it back on the free list. The context
+//! is the slot's first field (`repr(C)`), so a completion names its slot by address.
+//!
+//! # Failures
+//!
+//! A completion with an error is counted ([`failed_sends`](super::LibfabricEndpoint::failed_sends)),
+//! logged at `warn` with the peer's `fi_addr_t`, and when its code says the peer is gone
+//! (refused, reset, aborted, unreachable: see [`unreachable`](super::unreachable)) the peer is
+//! marked, so the next send to it answers
+//! [`DmaError::PeerUnreachable`](crate::DmaError::PeerUnreachable).
+
+use std::cell::UnsafeCell;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::messaging::ErrorEntry;
+use super::unreachable::says_peer_is_gone;
+use crate::av::fabric::HandedOut;
+use crate::error::DmaError;
+use crate::sys;
+
+/// The most sends one endpoint keeps in flight, whatever its transmit queue allows.
+pub const MAX_SENDS: usize = 16_384;
+
+/// The largest message [`send`](super::LibfabricEndpoint::send) copies, whatever
+/// `receive_size` is: larger ones go from registered memory
+/// (`send_from`).
+pub const MAX_SEND_COPY: usize = 64 << 10;
+
+/// Sends discarded by endpoints dropped with sends still in flight, in this process.
+pub(super) static DISCARDED: AtomicU64 = AtomicU64::new(0);
+
+/// One send in flight: `repr(C)` with the context first, so the context pointer is the slot's.
+#[repr(C)]
+struct SendSlot {
+    context: UnsafeCell<sys::fi_context2>,
+    /// The peer it was posted to, and that index's incarnation then (see `unreachable`).
+    fi_addr: AtomicU64,
+    incarnation: AtomicU32,
+}
+
+/// The slab of send slots and their buffers.
+pub(super) struct Sends {
+    slots: Box<[SendSlot]>,
+    /// `slots.len()` buffers of `size` bytes, slot `i`'s at `i * size`.
+    buffers: UnsafeCell<Box<[u8]>>,
+    size: usize,
+    free: Mutex<Vec<usize>>,
+    /// Posted, completion not yet read.
+    outstanding: AtomicUsize,
+    /// Completed with an error.
+    failed: AtomicU64,
+    /// The AV's record, whose `unreachable` marks dead peers.
+    peers: Arc<HandedOut>,
+}
+
+// SAFETY: a slot's context and buffer are touched only by the thread that owns the slot (module
+// docs: the free list's mutex and the completion queue hand it over); the rest is atomics and a
+// mutex.
+unsafe impl Sync for Sends {}
+// SAFETY: plain memory, atomics and an `Arc` of a `Sync` record.
+unsafe impl Send for Sends {}
+
+impl Sends {
+    /// `count` slots (clamped to 1..=[`MAX_SENDS`]) of `size` bytes each.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] naming the sizes when the buffers cannot be allocated.
+    pub(super) fn new(count: usize, size: usize, peers: Arc<HandedOut>) -> Result<Self, DmaError> {
+        let count = count.clamp(1, MAX_SENDS);
+        let size = size.clamp(1, MAX_SEND_COPY);
+        let buffers = count
+            .checked_mul(size)
+            .and_then(super::receive::zeroed)
+            .ok_or_else(|| {
+                DmaError::InvalidArgument(format!(
+                    "{count} send buffers of {size} bytes cannot be allocated: lower \
+                     Configuration::tx_size or Configuration::receive_size"
+                ))
+            })?;
+        Ok(Self {
+            slots: (0..count)
+                .map(|_| SendSlot {
+                    context: UnsafeCell::new(sys::fi_context2::default()),
+                    fi_addr: AtomicU64::new(0),
+                    incarnation: AtomicU32::new(0),
+                })
+                .collect(),
+            buffers: UnsafeCell::new(buffers),
+            size,
+            free: Mutex::new((0..count).rev().collect()),
+            outstanding: AtomicUsize::new(0),
+            failed: AtomicU64::new(0),
+            peers,
+        })
+    }
+
+    /// The largest message a slot holds.
+    pub(super) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// How many slots there are: the most sends in flight.
+    pub(super) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Posted and not yet completed.
+    pub(super) fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Acquire)
+    }
+
+    /// Completed with an error.
+    pub(super) fn failures(&self) -> u64 {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// The code `fi_addr` was marked dead with, if it was.
+    pub(super) fn dead(&self, fi_addr: sys::fi_addr_t) -> Option<u32> {
+        self.peers.unreachable.dead(fi_addr)
+    }
+
+    /// Mark `fi_addr`'s current incarnation dead with `code`.
+    pub(super) fn mark_dead(&self, fi_addr: sys::fi_addr_t, code: u32) {
+        let incarnation = self.peers.unreachable.incarnation(fi_addr);
+        self.peers.unreachable.mark(fi_addr, incarnation, code);
+    }
+
+    /// A free slot holding a copy of `message` for `fi_addr`, ready to post: its buffer and
+    /// context. `None` when every slot is in flight. `message` is at most [`size`](Self::size).
+    pub(super) fn prepare(
+        &self,
+        fi_addr: sys::fi_addr_t,
+        message: &[u8],
+    ) -> Option<(usize, *mut c_void, *mut c_void)> {
+        debug_assert!(message.len() <= self.size);
+        let index = self
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()?;
+        let slot = &self.slots[index];
+        slot.fi_addr.store(fi_addr, Ordering::Relaxed);
+        slot.incarnation.store(
+            self.peers.unreachable.incarnation(fi_addr),
+            Ordering::Relaxed,
+        );
+        // SAFETY: the box is never replaced; the slot's range `index * size ..` lies inside it
+        // (`count * size` bytes), and this thread owns the slot, so nothing else touches those
+        // bytes; `message` is at most `size` bytes and does not overlap the slab.
+        let buffer = unsafe {
+            let start = (*self.buffers.get()).as_mut_ptr().add(index * self.size);
+            std::ptr::copy_nonoverlapping(message.as_ptr(), start, message.len());
+            start
+        };
+        self.outstanding.fetch_add(1, Ordering::AcqRel);
+        Some((index, buffer.cast(), slot.context.get().cast()))
+    }
+
+    /// Slot `index`, which [`prepare`](Self::prepare) gave and the provider refused, is free
+    /// again.
+    pub(super) fn unprepare(&self, index: usize) {
+        self.outstanding.fetch_sub(1, Ordering::AcqRel);
+        self.release(index);
+    }
+
+    fn release(&self, index: usize) {
+        self.free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(index);
+    }
+
+    /// The slot whose context is `context`, if it is one of ours: addresses only.
+    fn index_of(&self, context: *mut c_void) -> Option<usize> {
+        let start = self.slots.as_ptr() as usize;
+        let offset = (context as usize).checked_sub(start)?;
+        let size = std::mem::size_of::<SendSlot>();
+        let index = offset / size;
+        (0 == offset % size && index < self.slots.len()).then_some(index)
+    }
+
+    /// The successful completion of the transmit whose context is `context`, read by this
+    /// thread: a send's frees its slot. Returns whether it was a send.
+    pub(super) fn completed(&self, context: *mut c_void) -> bool {
+        let Some(index) = self.index_of(context) else {
+            return false;
+        };
+        self.outstanding.fetch_sub(1, Ordering::AcqRel);
+        self.release(index);
+        true
+    }
+
+    /// The error completion `entry` of a transmit that is not an RMA operation, read by this
+    /// thread: a send's is counted, logged with its peer, marks the peer dead when its code (or
+    /// the provider's, an errno on tcp: rxm reports a send on a dropped connection as
+    /// `FI_ECANCELED` with `ENOTCONN`) says the peer is gone, and frees its slot. Anything else is
+    /// logged. Returns whether it was a send.
+    pub(super) fn failed(&self, entry: &ErrorEntry) -> bool {
+        let error = entry.error("fi_send");
+        let Some(index) = self.index_of(entry.op_context) else {
+            tracing::warn!(%error, "transmit failed");
+            return false;
+        };
+        let slot = &self.slots[index];
+        let fi_addr = slot.fi_addr.load(Ordering::Relaxed);
+        self.failed.fetch_add(1, Ordering::AcqRel);
+        let gone = [entry.err, entry.prov_errno]
+            .into_iter()
+            .filter_map(|code| u32::try_from(code).ok())
+            .find(|&code| says_peer_is_gone(code));
+        let marked = gone.is_some_and(|code| {
+            self.peers
+                .unreachable
+                .mark(fi_addr, slot.incarnation.load(Ordering::Relaxed), code)
+        });
+        tracing::warn!(
+            peer = fi_addr,
+            %error,
+            marked_unreachable = marked,
+            "a send failed: the message was not delivered"
+        );
+        self.outstanding.fetch_sub(1, Ordering::AcqRel);
+        self.release(index);
+        true
+    }
+}
+
+/// The error a send to `fi_addr`, marked dead with `code`, answers.
+pub(super) fn unreachable(fi_addr: sys::fi_addr_t, code: u32) -> DmaError {
+    DmaError::PeerUnreachable {
+        peer: fi_addr,
+        reason: format!(
+            "the provider reported {} (error {code}) for an earlier transmit to it; it is \
+             reachable again once resolved anew",
+            crate::error::strerror(code.into())
+        ),
+    }
+}

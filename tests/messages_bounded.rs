@@ -1,0 +1,253 @@
+//! The message path against a peer process that stops (SIGSTOP) or dies (SIGKILL), on real
+//! tcp;ofi_rxm endpoints: sends are bounded by the transmit queue's depth whatever the peer does,
+//! and none is lost without an error.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin, Command};
+use std::time::Duration;
+
+use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
+use testkit::PATIENCE;
+
+/// The transmit depth the tests ask for: small, so the bound shows within a few thousand sends.
+const TX_SIZE: usize = 64;
+
+fn sender() -> LibfabricEndpoint {
+    let configuration = Configuration {
+        tx_size: Some(TX_SIZE),
+        ..Configuration::default()
+    };
+    LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint")
+}
+
+/// The resident set of this process, in bytes (`/proc/self/statm`'s second field, in pages).
+fn resident() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|field| field.parse().ok())
+        .expect("resident pages");
+    pages * 4096
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// The peer's side, in the child: announce the address, then receive and drive progress until
+/// killed or until the parent goes (its stdin closes).
+fn be_the_peer() -> ! {
+    let peer = testkit::tcp();
+    println!("PEER {}", hex(&peer.local_address().expect("address")));
+    std::io::stdout().flush().expect("flush");
+    std::thread::spawn(|| {
+        let mut byte = [0; 1];
+        while let Ok(1) = std::io::stdin().read(&mut byte) {}
+        std::process::exit(0);
+    });
+    loop {
+        let _ = peer.receive(Duration::from_millis(10));
+    }
+}
+
+/// The peer process: continued and killed when dropped, so a failing test leaves no stopped
+/// process behind.
+struct PeerProcess(Child);
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The child's announced address, and its stdin (dropping it ends the child).
+fn peer_address(child: &mut Child) -> (Vec<u8>, ChildStdin) {
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = stdout.read_line(&mut line).expect("read");
+        assert!(0 < read, "the peer ended before announcing itself");
+        // libtest prints "test NAME ... " before the child's own output, on the same line.
+        if let Some(at) = line.find("PEER ") {
+            let address = unhex(line[at + 5..].trim());
+            return (address, child.stdin.take().expect("piped"));
+        }
+    }
+}
+
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .args([name, &child.id().to_string()])
+        .status()
+        .expect("kill(1)");
+    assert!(status.success(), "kill {name}");
+}
+
+/// Send one message and wait until its completion has been read: the connection is up.
+fn connect(endpoint: &LibfabricEndpoint, address: &[u8]) {
+    let pinned = endpoint.peers().pin();
+    let peer = pinned.resolve(1, address).expect("resolve");
+    endpoint
+        .send_within(peer, b"hello", PATIENCE)
+        .expect("sent");
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while 0 < endpoint.sends_in_flight() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first send never completed"
+        );
+        endpoint.progress();
+        std::thread::yield_now();
+    }
+}
+
+/// Item 1 of issue 33: a stopped peer met no backpressure (1,000,000 sends answered `Ok`, the
+/// sender grew 430 MiB, and dropping it discarded them without a word). Now sends past the
+/// transmit depth answer `WouldBlock` with nothing posted, within 4 × `tx_size` sends, memory stays
+/// within 64 MiB, and the drop reports the discarded sends.
+#[test]
+fn a_stopped_peer_meets_backpressure_within_the_transmit_depth() {
+    const NAME: &str = "a_stopped_peer_meets_backpressure_within_the_transmit_depth";
+    let Some(child) = testkit::spawn_child(NAME) else {
+        be_the_peer();
+    };
+    let mut child = PeerProcess(child);
+    let (address, stdin) = peer_address(&mut child.0);
+    let endpoint = sender();
+    let depth = endpoint.describe().max_sends_in_flight;
+    assert_eq!(
+        TX_SIZE, depth,
+        "the transmit queue's depth bounds sends in flight"
+    );
+    connect(&endpoint, &address);
+    signal(&child.0, "-STOP");
+
+    let before = resident();
+    let pinned = endpoint.peers().pin();
+    let peer = pinned.resolve(1, &address).expect("resolve");
+    let mut accepted = 0_usize;
+    let refused = loop {
+        if accepted % 64 == 0 {
+            eprintln!(
+                "{accepted} accepted, {} in flight",
+                endpoint.sends_in_flight()
+            );
+        }
+        match endpoint.send_within(peer, &[7; 64], Duration::from_millis(50)) {
+            Ok(()) => accepted += 1,
+            Err(error) => break error,
+        }
+        assert!(
+            accepted <= 4 * depth,
+            "{accepted} sends to a stopped peer answered Ok (transmit depth {depth})"
+        );
+    };
+    assert_eq!(DmaError::WouldBlock, refused);
+    assert!(endpoint.sends_in_flight() <= depth);
+    // Nothing more is posted past the bound, however often it is asked.
+    for _ in 0..10_000 {
+        assert_eq!(Err(DmaError::WouldBlock), endpoint.try_send(peer, &[7; 64]));
+    }
+    let grown = resident().saturating_sub(before);
+    assert!(grown <= 64 << 20, "the sender grew {grown} bytes");
+    drop(pinned);
+
+    let in_flight = endpoint.sends_in_flight() as u64;
+    assert!(0 < in_flight, "a stopped peer completes nothing");
+    let discarded = LibfabricEndpoint::discarded_sends();
+    drop(endpoint);
+    assert!(
+        LibfabricEndpoint::discarded_sends() >= discarded + in_flight,
+        "the drop counted its {in_flight} sends in flight as discarded"
+    );
+    drop(stdin);
+    drop(child);
+}
+
+/// Item 3 of issue 33: sends to a killed peer answered `Ok` a million times, and every one was
+/// lost without an error. Now at most the transmit depth answer `Ok`, each of those is reported
+/// failed (counted, logged) since none can arrive, and once the provider has reported the peer
+/// gone the next send answers `PeerUnreachable`.
+#[test]
+fn sends_to_a_killed_peer_are_reported_and_then_refused() {
+    const NAME: &str = "sends_to_a_killed_peer_are_reported_and_then_refused";
+    let Some(child) = testkit::spawn_child(NAME) else {
+        be_the_peer();
+    };
+    let mut child = PeerProcess(child);
+    let (address, stdin) = peer_address(&mut child.0);
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let endpoint = sender();
+    let depth = endpoint.describe().max_sends_in_flight;
+    connect(&endpoint, &address);
+    child.0.kill().expect("kill the peer");
+    child.0.wait().expect("reap the peer");
+    drop(stdin);
+
+    let pinned = endpoint.peers().pin();
+    let peer = pinned.resolve(1, &address).expect("resolve");
+    let failed_before = endpoint.failed_sends();
+    let mut accepted = 0_u64;
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let refusal = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never refused: {accepted} accepted, {} in flight, {} failed",
+            endpoint.sends_in_flight(),
+            endpoint.failed_sends()
+        );
+        match endpoint.try_send(peer, &[9; 64]) {
+            Ok(()) => accepted += 1,
+            Err(DmaError::WouldBlock) => {}
+            Err(error) => break error,
+        }
+        endpoint.progress();
+        assert!(
+            accepted <= depth as u64,
+            "{accepted} sends to a killed peer answered Ok (transmit depth {depth})"
+        );
+    };
+    let DmaError::PeerUnreachable {
+        peer: fi_addr,
+        reason,
+    } = &refusal
+    else {
+        panic!("expected PeerUnreachable, got {refusal}");
+    };
+    assert_eq!(peer.fi_addr(), *fi_addr);
+    eprintln!("refused after {accepted} sends: {reason}");
+    // Every send that answered Ok completes, and since the peer is dead, with an error.
+    while 0 < endpoint.sends_in_flight() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sends never completed"
+        );
+        endpoint.progress();
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        accepted,
+        endpoint.failed_sends() - failed_before,
+        "each send that answered Ok was reported failed"
+    );
+    // And it stays refused, without posting.
+    assert!(matches!(
+        endpoint.try_send(peer, b"again"),
+        Err(DmaError::PeerUnreachable { .. })
+    ));
+    assert_eq!(0, endpoint.sends_in_flight());
+}

@@ -1,0 +1,170 @@
+//! Four sender endpoints flood a peer process that only drives progress, for a second: each side
+//! grows at most 128 MiB and the excess is answered `WouldBlock` (issue 33, item 2; before, in the
+//! same second, 2,318,414 sends answered `Ok`, the senders grew 919 MiB and the peer 745 MiB). The
+//! peer runs under an address-space cap (`ulimit -v`), so a regression fails the test instead of
+//! taking the machine (issue 33 saw a receiver killed at 20.6 GB).
+//!
+//! What bounds it today: each sender keeps at most `tx_size` sends in flight, and tcp completes a
+//! send only once the peer's provider acknowledges it (`FI_TRANSMIT_COMPLETE`), so the senders'
+//! memory is bounded by construction. The peer's is not: rxm takes every message into a bounce
+//! buffer of a pool without a maximum (`rxm_ep_create_pools`, libfabric 1.17 and 2.6.0), and a
+//! message nobody receives keeps its buffer, so the acknowledgements pace the flood but do not
+//! stop it. Measured with `DMA_LIBFABRIC_FLOOD_SECONDS=5`: 23,811 sends, and the peer grew
+//! 314 MiB (rxm's default 16 KiB buffers). A receiver-granted credit window is what would bound
+//! it; this test holds the one-second figure of the issue.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dma_libfabric::{DmaError, LibfabricEndpoint};
+
+/// Marks the child, which plays the flooded peer.
+const CHILD: &str = "DMA_LIBFABRIC_FLOOD_CHILD";
+/// The peer's address-space cap, in KiB (`ulimit -v`): far above what a bounded peer maps (a
+/// debug test binary with libfabric maps a few hundred MiB), far below the machine.
+const CAP_KIB: u64 = 3 << 20;
+/// How much either side may grow.
+const BOUND: usize = 128 << 20;
+const SENDERS: usize = 4;
+
+fn resident_of(pid: &str) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kib: usize = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|number| number.parse().ok())
+        .expect("VmRSS");
+    kib << 10
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// Kills the peer when dropped, so a failing test leaves nothing behind.
+struct Peer(Child);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_flood_of_four_senders_is_bounded_on_both_sides() {
+    const NAME: &str = "a_flood_of_four_senders_is_bounded_on_both_sides";
+    if std::env::var(CHILD).is_ok() {
+        // The peer: announce, then only drive progress, until the parent closes stdin.
+        let peer = testkit::tcp();
+        println!("PEER {}", hex(&peer.local_address().expect("address")));
+        std::io::stdout().flush().expect("flush");
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut byte = [0; 1];
+                while let Ok(1) = std::io::stdin().read(&mut byte) {}
+                stop.store(true, Ordering::Release);
+            });
+            while !stop.load(Ordering::Acquire) {
+                peer.progress();
+                std::thread::yield_now();
+            }
+        });
+        let started = Instant::now();
+        drop(peer);
+        println!("DROPPED {}", started.elapsed().as_millis());
+        return;
+    }
+    let exe = std::env::current_exe().expect("this binary");
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {CAP_KIB} && exec \"$0\" \"$@\""))
+        .arg(exe)
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .current_dir(std::env::temp_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the peer");
+    let mut peer = Peer(child);
+    let pid = peer.0.id().to_string();
+    let mut stdout = BufReader::new(peer.0.stdout.take().expect("piped"));
+    let mut line = String::new();
+    let address = loop {
+        line.clear();
+        assert!(
+            0 < stdout.read_line(&mut line).expect("read"),
+            "the peer ended"
+        );
+        if let Some(at) = line.find("PEER ") {
+            break unhex(line[at + 5..].trim());
+        }
+    };
+    let peer_before = resident_of(&pid);
+    let senders: Vec<LibfabricEndpoint> = (0..SENDERS).map(|_| testkit::tcp()).collect();
+    let before = resident_of("self");
+    let (accepted, refused) = (AtomicU64::new(0), AtomicU64::new(0));
+    let seconds = std::env::var("DMA_LIBFABRIC_FLOOD_SECONDS")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(1);
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    std::thread::scope(|scope| {
+        for sender in &senders {
+            let (address, accepted, refused) = (&address, &accepted, &refused);
+            scope.spawn(move || {
+                let pinned = sender.peers().pin();
+                let peer = pinned.resolve(1, address).expect("resolve");
+                while Instant::now() < deadline {
+                    match sender.try_send(peer, &[5; 64]) {
+                        Ok(()) => accepted.fetch_add(1, Ordering::Relaxed),
+                        Err(DmaError::WouldBlock) => refused.fetch_add(1, Ordering::Relaxed),
+                        Err(error) => panic!("{error}"),
+                    };
+                    sender.progress();
+                }
+            });
+        }
+    });
+    let grown = resident_of("self").saturating_sub(before);
+    let peer_grown = resident_of(&pid).saturating_sub(peer_before);
+    let (accepted, refused) = (accepted.into_inner(), refused.into_inner());
+    eprintln!(
+        "{accepted} sends Ok, {refused} WouldBlock; senders grew {} KiB, the peer {} KiB",
+        grown >> 10,
+        peer_grown >> 10
+    );
+    assert!(grown <= BOUND, "the senders grew {grown} bytes");
+    assert!(
+        peer_grown <= BOUND,
+        "the flooded peer grew {peer_grown} bytes"
+    );
+    assert!(0 < refused, "the excess is answered WouldBlock");
+    drop(senders);
+    drop(peer.0.stdin.take());
+    let dropped = loop {
+        line.clear();
+        assert!(
+            0 < stdout.read_line(&mut line).expect("read"),
+            "the peer ended early"
+        );
+        if let Some(at) = line.find("DROPPED ") {
+            break line[at + 8..].trim().to_string();
+        }
+    };
+    eprintln!("the peer dropped its endpoint in {dropped} ms");
+    assert!(peer.0.wait().expect("the peer").success());
+}
