@@ -88,8 +88,8 @@ async fn send_and_receive() {
     }
     assert_eq!(b"one".to_vec(), bounded(client.receive()).await.unwrap());
     assert_eq!(b"two".to_vec(), bounded(client.receive()).await.unwrap());
-    // Too long to inject: refused at once, nothing sent.
-    let long = vec![0; server.endpoint().describe().inject_size + 1];
+    // Longer than a send slot: refused at once, nothing sent.
+    let long = vec![0; server.endpoint().describe().max_send_size + 1];
     assert!(matches!(
         server.send(&lease, &long).await,
         Err(DmaError::InvalidArgument(_))

@@ -344,9 +344,12 @@ impl AsyncEndpoint {
         .await
     }
 
-    /// Send `message` (at most the provider's inject size) to the peer `lease` holds, retrying
-    /// backpressure for up to [`POST_PATIENCE`], yielding to the runtime in between. A send
-    /// completes when the provider has copied the message (`fi_inject`).
+    /// Send `message` (at most
+    /// [`Description::max_send_size`](crate::endpoint::Description::max_send_size) bytes) to the
+    /// peer `lease` holds, retrying backpressure (every send slot in flight) for up to
+    /// [`POST_PATIENCE`], yielding to the runtime in between. It resolves once the message is
+    /// copied into one of the endpoint's send slots and posted; the slot is counted until its
+    /// completion is read (see [`LibfabricEndpoint::sends_in_flight`]).
     ///
     /// # Cancel safety
     /// Cancel safe: the message is sent exactly once if the future resolved `Ok`, and at most
