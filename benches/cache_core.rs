@@ -212,12 +212,19 @@ fn main() {
     if std::env::args().any(|argument| argument == "--list") {
         return; // `cargo test --benches` lists; nothing to list
     }
+    // `cargo bench` passes `--bench`; without it (`cargo test --benches`) a short smoke run.
+    let full = std::env::args().any(|argument| argument == "--bench");
+    let (small, large, hit_count) = if full {
+        (2_000_u64, 20_000_u64, 5_000_000)
+    } else {
+        (20, 200, 10_000)
+    };
     let mut rows = Vec::new();
     println!(
         "parked waiters (model AV; n clients parked behind one leased incarnation, 4 blocking waiters)"
     );
     let mut figures = Vec::new();
-    for n in [2_000_u64, 20_000] {
+    for n in [small, large] {
         // The least of five runs of each figure: on a shared machine a preemption lands in
         // some run, and the least is the writer's own work.
         let runs: Vec<_> = (0..RUNS).map(|_| parked(n)).collect();
@@ -243,23 +250,23 @@ fn main() {
     let ratio = |at: fn(&(Duration, Duration, Duration)) -> Duration| {
         at(&figures[1]).as_secs_f64() / at(&figures[0]).as_secs_f64()
     };
-    let turned_away: Vec<Duration> = [2_000, 20_000]
+    let turned_away: Vec<Duration> = [small, large]
         .into_iter()
         .map(|n| (0..RUNS).map(|_| superseded(n)).min().unwrap_or_default())
         .collect();
     report(
         &mut rows,
-        "turn away 2000 (one request)",
+        &format!("turn away {small} (one request)"),
         ms(turned_away[0]),
     );
     report(
         &mut rows,
-        "turn away 20000 (one request)",
+        &format!("turn away {large} (one request)"),
         ms(turned_away[1]),
     );
     report(
         &mut rows,
-        "turn away 20,000 / 2,000",
+        &format!("turn away {large} / {small}"),
         format!(
             "{:.1}x",
             turned_away[1].as_secs_f64() / turned_away[0].as_secs_f64()
@@ -267,23 +274,23 @@ fn main() {
     );
     report(
         &mut rows,
-        "park 20,000 / 2,000",
+        &format!("park {large} / {small}"),
         format!("{:.1}x", ratio(|f| f.0)),
     );
     report(
         &mut rows,
-        "admit 20,000 / 2,000",
+        &format!("admit {large} / {small}"),
         format!("{:.1}x", ratio(|f| f.1)),
     );
     report(
         &mut rows,
-        "release 20,000 / 2,000",
+        &format!("release {large} / {small}"),
         format!("{:.1}x", ratio(|f| f.2)),
     );
 
     println!("hit latency (one thread; pin, timed resolve, unpin)");
     for (name, churn) in [("idle", false), ("under churn", true)] {
-        let ([p50, p999, p9999, max], frees, bytes, large) = hits(5_000_000, churn);
+        let ([p50, p999, p9999, max], frees, bytes, large) = hits(hit_count, churn);
         report(
             &mut rows,
             &format!("hit {name}: p50 / p99.9 / p99.99 / max"),
