@@ -136,9 +136,10 @@ impl RailSet {
     ///
     /// # Errors
     /// As [`RailsPinned::resolve`], except `WouldBlock`; and as
-    /// [`AddressCache::lease`](crate::AddressCache::lease) for each rail (refused rather than a
-    /// wait on the calling thread's own pin or lease). On an error `client` is released on every
-    /// rail (bad input aside, which changes nothing).
+    /// [`AddressCache::lease`](crate::AddressCache::lease) for each rail (refused at once under
+    /// the calling thread's own pin; [`DmaError::OutOfPatience`] once rail 0's cache's patience
+    /// has passed, in all). On an error `client` is released on every rail (bad input aside,
+    /// which changes nothing).
     ///
     /// ```
     /// use dma_libfabric::{Configuration, RailSet};
