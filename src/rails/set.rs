@@ -123,8 +123,8 @@ impl RailSet {
         self.addresses.clone()
     }
 
-    /// Pin every rail's cache (see [`RailsPinned`]). First releases on every rail each client an
-    /// efa eviction dropped on some rail since the last call (module docs, guarantee 3).
+    /// Pin every rail's cache (see [`RailsPinned`]). A client an efa eviction dropped on some
+    /// rail is released on the others by the evicting writer itself (module docs, guarantee 3).
     pub fn pin(&self) -> RailsPinned<'_> {
         self.core.pin()
     }
