@@ -70,7 +70,8 @@
 //! capacity); `clients` holds one item per client registered or parked, each on one of those
 //! entries; a parked incarnation keeps at most one waiter per client (a newer request from the
 //! same client answers the older one `WouldBlock`; the waiter's deadline is kept once, in
-//! `deadlines`); `replies` and the quiescers at most one per request of a batch. The tables
+//! `deadlines`); `deferred_evictions` at most one per client this writer evicted while a rail's
+//! inbox was full; `replies` and the quiescers at most one per request of a batch. The tables
 //! shrink once they empty well below their peak.
 //!
 //! In bytes, one bound for the whole cache, above the empty cache:
