@@ -56,6 +56,52 @@ impl AvBackend for Gated {
     }
 }
 
+/// An efa `FI_AV_TABLE` (the lowest free index first) whose storage is allocated once, up front,
+/// so every byte the count sees move after the cache is built is the cache's.
+struct FixedAv {
+    slots: Vec<bool>,
+}
+
+impl FixedAv {
+    fn new(capacity: usize) -> Self {
+        Self {
+            slots: vec![false; capacity],
+        }
+    }
+}
+
+impl AvBackend for FixedAv {
+    fn format(&self) -> AddressFormat {
+        AddressFormat::Efa
+    }
+    fn address_len(&self) -> usize {
+        32
+    }
+    fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+    fn insert(&mut self, _: &[u8]) -> Result<fi_addr_t, DmaError> {
+        let Some(index) = self.slots.iter().position(|used| !used) else {
+            return Err(DmaError::Capacity {
+                capacity: self.slots.len(),
+            });
+        };
+        self.slots[index] = true;
+        Ok(index as fi_addr_t)
+    }
+    fn remove(&mut self, fi_addr: fi_addr_t) -> Result<(), DmaError> {
+        match self.slots.get_mut(fi_addr as usize) {
+            Some(used @ true) => {
+                *used = false;
+                Ok(())
+            }
+            _ => Err(DmaError::InvalidArgument(format!(
+                "{fi_addr} is not in the AV"
+            ))),
+        }
+    }
+}
+
 /// The address of miss `n`: 16 opaque bytes, never all zero.
 fn address(n: u32) -> Vec<u8> {
     let mut address = vec![1; 16];
@@ -204,3 +250,49 @@ fn failure_records_of_4096_refused_clients_stay_within_their_term() {
 
 /// What one failure record may cost, as the writer's module docs and `cache::failures` state it.
 const FAILURE_RECORD: usize = 256;
+
+#[test]
+fn evictions_driven_on_one_rail_with_the_rail_set_never_called_keep_nothing() {
+    let _turn = serial();
+    const EVICTIONS: u32 = 10_000;
+    // AVs that allocate nothing after they are built (the model AV logs every call).
+    let rails = dma_libfabric::RailCaches::new(
+        (0..2)
+            .map(|_| AddressCache::with_backend(FixedAv::new(256)))
+            .collect(),
+    )
+    .unwrap();
+    let rail = rails.rail(0);
+    let incarnations: Vec<Vec<u8>> = (0..=EVICTIONS + 100)
+        .map(|round| testkit::efa(1, 7, round + 1))
+        .collect();
+    // Each new client leases a new incarnation of one slot on rail 0 alone, driving its cache
+    // directly: it evicts the last client there, which the rail set releases on rail 1.
+    let evict = |at: u32| {
+        drop(
+            rail.lease(u64::from(at), &incarnations[at as usize])
+                .unwrap(),
+        );
+    };
+    for at in 0..100 {
+        evict(at);
+    }
+    rails.quiesce();
+    let steady = heap::Baseline::take(256).expect("the counting allocator is installed");
+    for at in 100..100 + EVICTIONS {
+        evict(at);
+    }
+    rails.quiesce();
+    let kept = steady.now();
+    // Nothing is queued per eviction: the releases went straight into rail 1's inbox.
+    assert!(
+        kept <= 16 << 10,
+        "{EVICTIONS} evictions: the heap kept {kept} B more"
+    );
+    assert_eq!(
+        u64::from(EVICTIONS + 99),
+        rails.evictions_propagated(),
+        "every evicted client released on the other rail"
+    );
+    assert_eq!(u64::from(EVICTIONS + 99), rail.stats().evicted_clients);
+}

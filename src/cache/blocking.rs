@@ -57,7 +57,8 @@ impl<B: AvBackend> AddressCache<B> {
         crate::configuration::Configuration::DEFAULT_CACHE_PATIENCE;
 
     /// This cache, with `patience` as the longest any of its calls waits (see the
-    /// [module docs](self)). `Duration::ZERO` makes every blocking lease answer at once.
+    /// patience rule of [`lease`](Self::lease)). `Duration::ZERO` makes every blocking lease
+    /// answer at once.
     ///
     /// ```
     /// use std::time::Duration;

@@ -157,6 +157,32 @@ impl Inbox {
     }
 }
 
+/// Queues releases in a cache's inbox without waiting: see [`AddressCache::release_queue`].
+pub(crate) struct ReleaseQueue {
+    channel: Bounded<Request>,
+    /// For the doorbell; weak, so that no cycle of caches keeps one alive.
+    #[cfg(not(dma_loom))]
+    shared: std::sync::Weak<Shared>,
+}
+
+impl ReleaseQueue {
+    /// Queue `client`'s release if the inbox has room now: `false` if it is full (try again
+    /// later). A cache that has stopped takes it: it holds nothing any more.
+    pub(crate) fn try_release(&self, client: u64) -> bool {
+        match self.channel.try_send(Request::Release { client }) {
+            Ok(()) => {
+                #[cfg(not(dma_loom))]
+                if let Some(shared) = self.shared.upgrade() {
+                    shared.doorbell.ring();
+                }
+                true
+            }
+            Err(TrySendError::Full) => false,
+            Err(TrySendError::Disconnected) => true,
+        }
+    }
+}
+
 /// The error for `call`, which may wait for a parked incarnation, made by a thread that holds a
 /// pin of the cache, which that incarnation would wait for: `instead` says what to use.
 fn pinned_here(call: &str, instead: &str) -> DmaError {
@@ -476,9 +502,22 @@ impl<B: AvBackend> AddressCache<B> {
     /// Call `hook` on the writer thread for each client an efa eviction of a live entry drops
     /// (other than the client whose new incarnation evicted it); `false` if a hook is set already.
     /// For the rail set, which evicts such a client on every rail. The hook must not wait for any
-    /// cache's writer.
-    pub(crate) fn on_eviction(&self, hook: Box<dyn Fn(u64) + Send + Sync>) -> bool {
+    /// cache's writer; it answers whether it is done with the client, and the writer calls it
+    /// again for a client it was not done with, every round, until it is (see
+    /// `Writer::deferred_evictions`).
+    pub(crate) fn on_eviction(&self, hook: Box<dyn Fn(u64) -> bool + Send + Sync>) -> bool {
         self.core.shared.on_evict.set(hook).is_ok()
+    }
+
+    /// A handle that queues releases in this cache's inbox without ever waiting: for another
+    /// cache's writer (a rail set's eviction hook). It does not keep this cache's shared state
+    /// alive, so two caches that hold each other's handles leave no cycle.
+    pub(crate) fn release_queue(&self) -> ReleaseQueue {
+        ReleaseQueue {
+            channel: self.core.requests.channel.clone(),
+            #[cfg(not(dma_loom))]
+            shared: std::sync::Arc::downgrade(&self.core.shared),
+        }
     }
 
     /// The most leases one entry may have out at once: [`Pinned::lease`] refuses past it, and

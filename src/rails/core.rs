@@ -2,17 +2,17 @@
 //! [`AvBackend`] (the model AV in tests), and the same code under [`RailSet`](super::RailSet).
 //!
 //! A rail is anything that has an [`AddressCache`]: the cache itself, or a
-//! [`LibfabricEndpoint`], whose cache is its AV's. [`RailCore`] holds the rails, the queue of
-//! clients an efa eviction dropped on one rail (to be released on all), and the calls that act on
-//! every rail: pin, lease, release, quiesce. See the [module docs](super) for the ordering.
+//! [`LibfabricEndpoint`], whose cache is its AV's. [`RailCore`] holds the rails, the hooks through
+//! which an efa eviction on one rail releases the client on all the others, and the calls that act
+//! on every rail: pin, lease, release, quiesce. See the [module docs](super) for the ordering.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::MAX_RAILS;
 use super::resolve::{RailLease, RailsPinned};
 use crate::av::{AvBackend, FabricAv};
-use crate::cache::{AddressCache, Pinned};
+use crate::cache::{AddressCache, Pinned, ReleaseQueue};
 use crate::endpoint::LibfabricEndpoint;
 use crate::error::DmaError;
 
@@ -51,42 +51,34 @@ pub(crate) trait Rails: Sync {
     fn release_everywhere(&self, client: u64);
 }
 
-/// Clients an efa eviction dropped on some rail, which the rail set releases on every rail.
+/// How many clients an efa eviction on one rail has released on every other rail.
+///
+/// There is no queue: each rail's cache calls its eviction hook on its writer thread, and the
+/// hook queues the client's release straight into every other rail's inbox without waiting
+/// ([`ReleaseQueue::try_release`]). A full inbox answers `false`, and the evicting writer keeps
+/// the client (once) and hands it to the hook again every round until every rail took it. So
+/// nothing here grows, whether or not anyone calls the rail set, and no lock is taken on a
+/// writer thread.
 #[derive(Default)]
 pub(crate) struct Evictions {
-    /// Whether `clients` may hold any: set (`Release`) after each push, taken (`Acquire`) before
-    /// the lock, so a call that finds it clear pays one load.
-    pending: AtomicBool,
-    clients: Mutex<Vec<u64>>,
-    /// How many clients have been evicted on every rail this way.
     propagated: AtomicU64,
 }
 
 impl Evictions {
-    /// Called on a cache's writer thread: queue `client`. Takes a lock no writer ever waits for
-    /// while holding another's, so it cannot deadlock two writers.
-    fn push(&self, client: u64) {
-        self.clients
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(client);
-        self.pending.store(true, Ordering::Release);
-    }
-
-    /// The clients queued since the last call (deduplicated).
-    fn take(&self) -> Vec<u64> {
-        // A load first: the swap is a write, which every pin would otherwise put on this one
-        // shared cache line.
-        if !self.pending.load(Ordering::Relaxed) || !self.pending.swap(false, Ordering::Acquire) {
-            return Vec::new();
+    /// On rail `rail`'s writer: queue `client`'s release on every rail of `queues` but `rail`;
+    /// whether all took it (those that did take it again on the retry: a repeated release is
+    /// harmless).
+    fn propagate(&self, queues: &[ReleaseQueue], rail: usize, client: u64) -> bool {
+        let mut taken = true;
+        for (other, queue) in queues.iter().enumerate() {
+            if other != rail {
+                taken &= queue.try_release(client);
+            }
         }
-        let mut clients =
-            std::mem::take(&mut *self.clients.lock().unwrap_or_else(PoisonError::into_inner));
-        clients.sort_unstable();
-        clients.dedup();
-        self.propagated
-            .fetch_add(clients.len() as u64, Ordering::Relaxed);
-        clients
+        if taken {
+            self.propagated.fetch_add(1, Ordering::Relaxed);
+        }
+        taken
     }
 }
 
@@ -118,12 +110,15 @@ impl<T: RailCache> RailCore<T> {
             }
         }
         let evictions = Arc::new(Evictions::default());
-        for rail in &rails {
-            let queue = Arc::clone(&evictions);
-            if !rail
-                .cache()
-                .on_eviction(Box::new(move |client| queue.push(client)))
-            {
+        let queues: Arc<[ReleaseQueue]> = rails
+            .iter()
+            .map(|rail| rail.cache().release_queue())
+            .collect();
+        for (at, rail) in rails.iter().enumerate() {
+            let (evictions, queues) = (Arc::clone(&evictions), Arc::clone(&queues));
+            if !rail.cache().on_eviction(Box::new(move |client| {
+                evictions.propagate(&queues, at, client)
+            })) {
                 return Err(DmaError::InvalidArgument(
                     "a cache already belongs to a rail set".into(),
                 ));
@@ -155,22 +150,12 @@ impl<T: RailCache> RailCore<T> {
         &self.rails
     }
 
-    /// Release, on every rail, each client an eviction on some rail dropped since the last call.
-    fn propagate_evictions(&self) {
-        for client in self.evictions.take() {
-            for rail in &self.rails {
-                rail.cache().release(client);
-            }
-        }
-    }
-
     /// How many clients an eviction on one rail has released on every rail so far.
     pub(crate) fn evictions_propagated(&self) -> u64 {
         self.evictions.propagated.load(Ordering::Relaxed)
     }
 
     pub(crate) fn pin(&self) -> RailsPinned<'_> {
-        self.propagate_evictions();
         RailsPinned::new(self)
     }
 
@@ -224,14 +209,14 @@ impl<T: RailCache> RailCore<T> {
     }
 
     pub(crate) fn quiesce(&self) {
-        // Twice at most: an eviction found while quiescing is released on every rail and
-        // quiesced in the second round.
+        // Twice at most: an eviction while quiescing queues releases on rails quiesced already,
+        // which the second round applies.
         for _ in 0..2 {
-            self.propagate_evictions();
+            let before = self.evictions_propagated();
             for rail in &self.rails {
                 rail.cache().quiesce();
             }
-            if !self.evictions.pending.load(Ordering::Acquire) {
+            if self.evictions_propagated() == before {
                 break;
             }
         }
@@ -252,7 +237,6 @@ impl<T: RailCache> Rails for RailCore<T> {
     }
 
     fn release_everywhere(&self, client: u64) {
-        self.propagate_evictions();
         for rail in &self.rails {
             rail.cache().release(client);
         }

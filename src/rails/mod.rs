@@ -87,21 +87,18 @@
 //!
 //! **Guarantee 3.** A cache's writer, when an efa eviction drops a client from a live entry (a
 //! new QKEY on its GID and QPN, advertised by another client), calls the rail set's hook for it
-//! on the writer thread. The hook only pushes the client onto the set's eviction queue (a mutex no
-//! writer holds while waiting for anything) and sets a flag with `Release`. Every
-//! [`RailSet::pin`], [`lease`](RailSet::lease), [`release`](RailSet::release) and
-//! [`quiesce`](RailSet::quiesce) first reads the flag with `Acquire` and, if set, queues a
-//! release of each evicted client on every rail, before anything else it asks of a rail. So once
-//! an eviction has happened before a rail-set call, that call releases the client on every rail
-//! ahead of its own requests; a resolve racing the release may still hit the old registration on
+//! on the writer thread. The hook queues a release of the client in every other rail's inbox
+//! without waiting (`try_send`, then that rail's doorbell): no lock, no queue of its own, no
+//! wait on another writer (so two writers evicting at once cannot wait on each other). If a
+//! rail's inbox is full, the evicting writer keeps the client, once, and hands it to the hook
+//! again every round until every rail took it: bounded by the clients that writer held. So an
+//! eviction is released on every rail as soon as their writers get to it, whether or not anyone
+//! calls the rail set (10,000 evictions driven on one rail's cache directly keep nothing:
+//! `tests/cache_bounds.rs`); a resolve racing the release may still hit the old registration on
 //! another rail, and its peers are then valid for their pin (guarantee 1 is untouched), and the
 //! next resolve after the release misses on every rail and registers the client anew, from the
-//! addresses it is given then. An eviction during `quiesce` is released and quiesced in a second
-//! round, so after `quiesce` no rail holds a client evicted on another. The flag cannot hide a
-//! client: the writer pushes under the queue's mutex and only then stores the flag (`Release`);
-//! a call that reads it set swaps it clear (`Acquire`) before it takes the mutex, so it finds
-//! every client pushed before that store, and a push that lands after the swap stores the flag
-//! again, for the next call.
+//! addresses it is given then. `quiesce` quiesces every rail again if an eviction was released
+//! during its first round, so after it no rail holds a client evicted on another.
 //!
 //! The test of the heart of this (`tests/rails_model.rs`) runs readers that resolve, lease and
 //! check both rails' entries against one incarnation while another thread restarts the client

@@ -139,8 +139,8 @@ impl RailSet {
         self.addresses.clone()
     }
 
-    /// Pin every rail's cache (see [`RailsPinned`]). First releases on every rail each client an
-    /// efa eviction dropped on some rail since the last call (module docs, guarantee 3).
+    /// Pin every rail's cache (see [`RailsPinned`]). A client an efa eviction dropped on some
+    /// rail is released on the others by the evicting writer itself (module docs, guarantee 3).
     pub fn pin(&self) -> RailsPinned<'_> {
         self.core.pin()
     }
@@ -152,9 +152,10 @@ impl RailSet {
     ///
     /// # Errors
     /// As [`RailsPinned::resolve`], except `WouldBlock`; and as
-    /// [`AddressCache::lease`](crate::AddressCache::lease) for each rail (refused rather than a
-    /// wait on the calling thread's own pin or lease). On an error `client` is released on every
-    /// rail (bad input aside, which changes nothing).
+    /// [`AddressCache::lease`](crate::AddressCache::lease) for each rail (refused at once under
+    /// the calling thread's own pin; [`DmaError::OutOfPatience`] once rail 0's cache's patience
+    /// has passed, in all). On an error `client` is released on every rail (bad input aside,
+    /// which changes nothing).
     ///
     /// ```
     /// use dma_libfabric::{Configuration, RailSet};

@@ -311,7 +311,9 @@ impl<B: AvBackend> Writer<B> {
             self.clients.remove(&holder);
             if holder != asking {
                 if let Some(hook) = self.shared.on_evict.get() {
-                    hook(holder);
+                    if !hook(holder) {
+                        self.deferred_evictions.insert(holder);
+                    }
                 }
             }
         }

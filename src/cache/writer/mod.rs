@@ -70,7 +70,8 @@
 //! capacity); `clients` holds one item per client registered or parked, each on one of those
 //! entries; a parked incarnation keeps at most one waiter per client (a newer request from the
 //! same client answers the older one `WouldBlock`; the waiter's deadline is kept once, in
-//! `deadlines`); `replies` and the quiescers at most one per request of a batch. The tables
+//! `deadlines`); `deferred_evictions` at most one per client this writer evicted while a rail's
+//! inbox was full; `replies` and the quiescers at most one per request of a batch. The tables
 //! shrink once they empty well below their peak.
 //!
 //! In bytes, one bound for the whole cache, above the empty cache:
@@ -120,7 +121,7 @@
 //! busy the inbox is after it. While removals are pending the writer moves the epoch on between
 //! requests as well as when idle, so a busy inbox does not hold removals back.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -222,8 +223,8 @@ pub(crate) struct Shared {
 }
 
 /// What [`Shared::on_evict`] holds: a call per evicted client, made on the writer thread, which
-/// must not wait for any writer.
-pub(crate) type EvictionHook = std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>;
+/// must not wait for any writer, and answers whether it is done with the client.
+pub(crate) type EvictionHook = std::sync::OnceLock<Box<dyn Fn(u64) -> bool + Send + Sync>>;
 
 impl Shared {
     pub(crate) fn new(capacity: usize) -> Self {
@@ -305,6 +306,10 @@ pub(crate) struct Writer<B> {
     /// Incarnations parked behind a removal, by the index of the removing entry.
     parked: HashMap<fi_addr_t, Box<Parked>, Hasher>,
     clients: HashMap<u64, Holding, Hasher>,
+    /// Evicted clients the eviction hook was not done with (a rail's inbox was full): handed to
+    /// it again every round until it is. One item per client, each one this writer held, so it
+    /// is bounded by the clients term of the bound.
+    deferred_evictions: HashSet<u64, Hasher>,
     /// Every waiter on a parked incarnation, by deadline: the writer answers each at its deadline
     /// if the incarnation is not in by then.
     deadlines: Deadlines,
@@ -397,6 +402,7 @@ impl<B: AvBackend> Writer<B> {
             hasher: Hasher::default(),
             parked: HashMap::default(),
             clients: HashMap::default(),
+            deferred_evictions: HashSet::default(),
             deadlines: Deadlines::new(),
             pending: BTreeMap::new(),
             retries: BTreeSet::new(),

@@ -78,6 +78,7 @@ impl<B: AvBackend> Writer<B> {
             // before waiting for the next request; then answer the waiters whose patience is out.
             let removed = self.collect();
             self.expire_waiters();
+            self.retry_evictions();
             if removed || !self.replies.is_empty() {
                 self.finish_batch();
             }
@@ -98,8 +99,10 @@ impl<B: AvBackend> Writer<B> {
                         .is_some_and(|&(deadline, ..)| deadline <= Instant::now());
             // Removals awaiting only their leases need no ticks: the last lease rings. A waiter's
             // deadline wakes the writer once, when it comes.
-            let ticking =
-                self.in_flight.is_some() || !self.retries.is_empty() || !self.quiescing.is_empty();
+            let ticking = self.in_flight.is_some()
+                || !self.retries.is_empty()
+                || !self.quiescing.is_empty()
+                || !self.deferred_evictions.is_empty();
             let waiting = ticking || !self.deadlines.is_empty();
             let until_deadline = self
                 .deadlines
@@ -369,6 +372,18 @@ impl<B: AvBackend> Writer<B> {
                     held_for,
                 }),
             ));
+        }
+    }
+
+    /// Hand the eviction hook again each evicted client it was not done with.
+    pub(super) fn retry_evictions(&mut self) {
+        if self.deferred_evictions.is_empty() {
+            return;
+        }
+        if let Some(hook) = self.shared.on_evict.get() {
+            self.deferred_evictions.retain(|&client| !hook(client));
+        } else {
+            self.deferred_evictions.clear();
         }
     }
 
