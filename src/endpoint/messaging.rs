@@ -26,7 +26,7 @@
 //! not an entry), so the entry may be removed while the send is in flight. tcp;ofi_rxm finishes
 //! such a send (each connection holds its own reference to the peer); efa frees it without a
 //! completion (see DESIGN.md), which would keep its slot counted for good. Send from registered
-//! memory against a lease where that matters.
+//! memory against a lease ([`send_from`](LibfabricEndpoint::send_from)) where that matters.
 //!
 //! Every wait here is bounded: a send gives up after its timeout, `receive` returns `None` after
 //! its own, and posting a receive buffer at `open` gives up after [`POST_PATIENCE`]. A buffer

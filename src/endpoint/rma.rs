@@ -71,13 +71,17 @@ pub const MAX_OPERATIONS: usize = 4096;
 /// How many completions one read of the queue takes.
 const BATCH: usize = 16;
 
-/// Which RMA operation a completion is for.
+mod messages;
+
+/// Which operation a completion is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
     /// An `fi_write`: local memory into a peer's.
     Write,
     /// An `fi_read`: a peer's memory into local memory.
     Read,
+    /// An `fi_send` of registered memory ([`LibfabricEndpoint::send_from`]).
+    Send,
 }
 
 impl Operation {
@@ -86,6 +90,7 @@ impl Operation {
         match self {
             Self::Write => "fi_write",
             Self::Read => "fi_read",
+            Self::Send => "fi_send",
         }
     }
 }
@@ -758,6 +763,8 @@ impl LibfabricEndpoint {
                         remote.key,
                         slot.context.get().cast(),
                     ),
+                    // `send_from` posts through `messages`, never through here.
+                    Operation::Send => -(sys::FI_EINVAL as isize),
                 }
             };
             if 0 == code {

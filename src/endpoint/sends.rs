@@ -45,7 +45,7 @@ pub const MAX_SENDS: usize = 16_384;
 
 /// The largest message [`send`](super::LibfabricEndpoint::send) copies, whatever
 /// `receive_size` is: larger ones go from registered memory
-/// (`send_from`).
+/// ([`send_from`](super::LibfabricEndpoint::send_from)).
 pub const MAX_SEND_COPY: usize = 64 << 10;
 
 /// Sends discarded by endpoints dropped with sends still in flight, in this process.
