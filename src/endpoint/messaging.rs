@@ -240,7 +240,7 @@ impl LibfabricEndpoint {
             return Err(DmaError::WouldBlock);
         }
         let positive = u32::try_from(code.unsigned_abs()).unwrap_or(0);
-        if super::unreachable::says_peer_is_gone(positive) {
+        if crate::av::unreachable::says_peer_is_gone(positive) {
             sends.mark_dead(fi_addr, positive);
             return Err(sends::unreachable(fi_addr, positive));
         }

@@ -79,7 +79,6 @@ mod open;
 mod receive;
 pub mod rma;
 mod sends;
-pub(crate) mod unreachable;
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;

@@ -25,7 +25,7 @@
 //!
 //! A completion with an error is counted ([`failed_sends`](super::LibfabricEndpoint::failed_sends)),
 //! logged at `warn` with the peer's `fi_addr_t`, and when its code says the peer is gone
-//! (refused, reset, aborted, unreachable: see [`unreachable`](super::unreachable)) the peer is
+//! (refused, reset, aborted, unreachable: see `av::unreachable`) the peer is
 //! marked, so the next send to it answers
 //! [`DmaError::PeerUnreachable`](crate::DmaError::PeerUnreachable).
 
@@ -35,8 +35,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::messaging::ErrorEntry;
-use super::unreachable::says_peer_is_gone;
 use crate::av::fabric::HandedOut;
+use crate::av::unreachable::says_peer_is_gone;
 use crate::error::DmaError;
 use crate::sys;
 
