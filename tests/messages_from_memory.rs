@@ -93,3 +93,66 @@ fn send_from_refuses_what_is_not_this_endpoints() {
         Err(DmaError::InvalidArgument(_))
     ));
 }
+
+/// `receive_into` lands a message in registered memory with its length; one longer than the
+/// destination completes with `FI_ETRUNC`; memory of another endpoint is refused; and an
+/// endpoint dropped with a `receive_into` still posted cancels it rather than wait.
+#[test]
+fn receive_into_lands_messages_in_registered_memory_and_reports_truncation() {
+    let configuration = Configuration {
+        rma: true,
+        receive_buffers: 1,
+        ..Configuration::default()
+    };
+    let receiver = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("receiver");
+    let sender = rma_endpoint(64);
+    let landing = receiver.register(4096).expect("registered");
+    let foreign = sender.register(64).expect("registered");
+    assert!(matches!(
+        receiver.receive_into(foreign.segment(0, 64).expect("segment"), 1),
+        Err(DmaError::InvalidArgument(_))
+    ));
+    // Posted after the endpoint's one buffer: the first message goes there, the second here,
+    // the third (too long for 16 bytes) to the second `receive_into`.
+    receiver
+        .receive_into(landing.segment(0, 64).expect("segment"), 10)
+        .expect("posted");
+    receiver
+        .receive_into(landing.segment(1024, 16).expect("segment"), 11)
+        .expect("posted");
+    let address = receiver.local_address().expect("address");
+    std::thread::scope(|scope| {
+        let receiving = scope.spawn(|| {
+            let first = receiver.receive(PATIENCE).expect("receive");
+            let landed = receiver.wait_for(10, PATIENCE).expect("completed");
+            let truncated = receiver.wait_for(11, PATIENCE).expect("completed");
+            (first, landed, truncated)
+        });
+        let pinned = sender.peers().pin();
+        let peer = pinned.resolve(1, &address).expect("resolve");
+        for message in [&b"first"[..], &[8; 40][..], &[9; 60][..]] {
+            sender.send_within(peer, message, PATIENCE).expect("sent");
+        }
+        let (first, landed, truncated) = receiving.join().expect("the receiving thread");
+        assert_eq!(Some(b"first".to_vec()), first);
+        assert_eq!(
+            (Operation::Receive, 40, Ok(())),
+            (landed.operation, landed.len, landed.result)
+        );
+        let mut bytes = [0; 40];
+        landing.read_bytes(0, &mut bytes).expect("read");
+        assert_eq!([8; 40], bytes);
+        assert_eq!(Operation::Receive, truncated.operation);
+        assert!(
+            matches!(&truncated.result, Err(DmaError::Fabric { code, .. })
+                if *code == -i64::from(dma_libfabric::sys::FI_ETRUNC)),
+            "{:?}",
+            truncated.result
+        );
+    });
+    receiver
+        .receive_into(landing.segment(2048, 64).expect("segment"), 12)
+        .expect("posted");
+    assert_eq!(1, receiver.operations_in_flight());
+    drop(receiver); // cancels it: no message will come
+}

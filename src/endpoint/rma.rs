@@ -82,6 +82,9 @@ pub enum Operation {
     Read,
     /// An `fi_send` of registered memory ([`LibfabricEndpoint::send_from`]).
     Send,
+    /// An `fi_recv` into registered memory ([`LibfabricEndpoint::receive_into`]); its
+    /// completion's `len` is the length received.
+    Receive,
 }
 
 impl Operation {
@@ -91,6 +94,7 @@ impl Operation {
             Self::Write => "fi_write",
             Self::Read => "fi_read",
             Self::Send => "fi_send",
+            Self::Receive => "fi_recv",
         }
     }
 }
@@ -158,6 +162,9 @@ pub(super) struct Operations {
     enabled: bool,
     /// Sends in flight, whose completions share the transmit queue (see `sends`).
     pub(super) sends: super::sends::Sends,
+    /// `receive_into`s posted and not completed: while any is, `progress` reads the receive
+    /// queue too (see `messages`).
+    receives_into: AtomicUsize,
 }
 
 // SAFETY: a slot's cells are touched only by the one thread that owns the slot at the time
@@ -211,6 +218,7 @@ impl Operations {
             mr_mode,
             enabled,
             sends,
+            receives_into: AtomicUsize::new(0),
         }
     }
 
@@ -763,8 +771,8 @@ impl LibfabricEndpoint {
                         remote.key,
                         slot.context.get().cast(),
                     ),
-                    // `send_from` posts through `messages`, never through here.
-                    Operation::Send => -(sys::FI_EINVAL as isize),
+                    // `send_from` and `receive_into` post through `messages`, never here.
+                    Operation::Send | Operation::Receive => -(sys::FI_EINVAL as isize),
                 }
             };
             if 0 == code {

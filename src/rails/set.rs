@@ -383,8 +383,8 @@ impl RailSet {
                 Some(lease) => match operation {
                     Operation::Write => endpoint.write_within(lease, segment, target, tag, timeout),
                     Operation::Read => endpoint.read_within(lease, segment, target, tag, timeout),
-                    Operation::Send => Err(DmaError::InvalidArgument(
-                        "a rail set stripes writes and reads, not sends".into(),
+                    Operation::Send | Operation::Receive => Err(DmaError::InvalidArgument(
+                        "a rail set stripes writes and reads, not messages".into(),
                     )),
                 },
                 None => Err(DmaError::InvalidArgument(format!(
