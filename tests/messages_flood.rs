@@ -10,7 +10,7 @@
 //! buffer of a pool without a maximum (`rxm_ep_create_pools`, libfabric 1.17 and 2.6.0), and a
 //! message nobody receives keeps its buffer, so the acknowledgements pace the flood but do not
 //! stop it. Measured with `DMA_LIBFABRIC_FLOOD_SECONDS=5`: 23,811 sends, and the peer grew
-//! 314 MiB (rxm's default 16 KiB buffers). A receiver-granted credit window is what would bound
+//! 314 MiB (rxm's default 16 KiB buffers; the peer here runs with the crate's rxm sizing, 4 KiB). A receiver-granted credit window is what would bound
 //! it; this test holds the one-second figure of the issue.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
@@ -62,65 +62,78 @@ impl Drop for Peer {
     }
 }
 
-#[test]
-fn a_flood_of_four_senders_is_bounded_on_both_sides() {
+/// Run this test's binary as `role` (the peer, or the flooder of `peer_address`) under the
+/// address-space cap, with rxm sized as the crate recommends (4 KiB bounce buffers, as a server
+/// runs; both sides must agree on it).
+fn spawn(role: &str, peer_address: Option<&str>) -> Child {
     const NAME: &str = "a_flood_of_four_senders_is_bounded_on_both_sides";
-    if std::env::var(CHILD).is_ok() {
-        // The peer: announce, then only drive progress, until the parent closes stdin.
-        let peer = testkit::tcp();
-        println!("PEER {}", hex(&peer.local_address().expect("address")));
-        std::io::stdout().flush().expect("flush");
-        let stop = AtomicBool::new(false);
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let mut byte = [0; 1];
-                while let Ok(1) = std::io::stdin().read(&mut byte) {}
-                stop.store(true, Ordering::Release);
-            });
-            while !stop.load(Ordering::Acquire) {
-                peer.progress();
-                std::thread::yield_now();
-            }
-        });
-        let started = Instant::now();
-        drop(peer);
-        println!("DROPPED {}", started.elapsed().as_millis());
-        return;
-    }
-    let exe = std::env::current_exe().expect("this binary");
-    let child = Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .arg("-c")
         .arg(format!("ulimit -v {CAP_KIB} && exec \"$0\" \"$@\""))
-        .arg(exe)
+        .arg(std::env::current_exe().expect("this binary"))
         .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
+        .env(CHILD, role)
+        .envs(dma_libfabric::Configuration::default().rxm_environment())
         .current_dir(std::env::temp_dir())
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("the peer");
-    let mut peer = Peer(child);
-    let pid = peer.0.id().to_string();
-    let mut stdout = BufReader::new(peer.0.stdout.take().expect("piped"));
-    let mut line = String::new();
-    let address = loop {
-        line.clear();
-        assert!(
-            0 < stdout.read_line(&mut line).expect("read"),
-            "the peer ended"
-        );
-        if let Some(at) = line.find("PEER ") {
-            break unhex(line[at + 5..].trim());
+        .stdout(Stdio::piped());
+    if let Some(address) = peer_address {
+        command.env(PEER_ADDRESS, address);
+    }
+    command.spawn().expect("a child")
+}
+
+/// Where the flooder finds the peer's address (hex).
+const PEER_ADDRESS: &str = "DMA_LIBFABRIC_FLOOD_PEER";
+
+/// The flooded peer: announce, then only drive progress, until the parent closes stdin; then
+/// time its drop.
+fn be_the_peer() {
+    let peer = testkit::tcp();
+    println!("PEER {}", hex(&peer.local_address().expect("address")));
+    std::io::stdout().flush().expect("flush");
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut byte = [0; 1];
+            while let Ok(1) = std::io::stdin().read(&mut byte) {}
+            stop.store(true, Ordering::Release);
+        });
+        while !stop.load(Ordering::Acquire) {
+            peer.progress();
+            std::thread::yield_now();
         }
-    };
-    let peer_before = resident_of(&pid);
+    });
+    let started = Instant::now();
+    drop(peer);
+    println!("DROPPED {}", started.elapsed().as_millis());
+}
+
+/// The flooder: four connected senders, then a flood of `try_send`s for the test's seconds;
+/// prints what was accepted and refused and how much this process grew meanwhile.
+fn flood() {
+    let address = unhex(&std::env::var(PEER_ADDRESS).expect("the peer's address"));
     let senders: Vec<LibfabricEndpoint> = (0..SENDERS).map(|_| testkit::tcp()).collect();
-    let before = resident_of("self");
-    let (accepted, refused) = (AtomicU64::new(0), AtomicU64::new(0));
+    // Connect each first: what a connection costs (rxm's buffers for it) is not the flood's.
+    for sender in &senders {
+        let pinned = sender.peers().pin();
+        let peer = pinned.resolve(1, &address).expect("resolve");
+        sender
+            .send_within(peer, b"hello", testkit::PATIENCE)
+            .expect("sent");
+        let deadline = Instant::now() + testkit::PATIENCE;
+        while 0 < sender.sends_in_flight() {
+            assert!(Instant::now() < deadline, "the first send never completed");
+            sender.progress();
+        }
+    }
     let seconds = std::env::var("DMA_LIBFABRIC_FLOOD_SECONDS")
         .ok()
         .and_then(|text| text.parse().ok())
         .unwrap_or(1);
+    let before = resident_of("self");
+    let (accepted, refused) = (AtomicU64::new(0), AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(seconds);
     std::thread::scope(|scope| {
         for sender in &senders {
@@ -140,10 +153,55 @@ fn a_flood_of_four_senders_is_bounded_on_both_sides() {
         }
     });
     let grown = resident_of("self").saturating_sub(before);
+    println!(
+        "FLOODED {} {} {grown}",
+        accepted.into_inner(),
+        refused.into_inner()
+    );
+    std::io::stdout().flush().expect("flush");
+}
+
+/// The first line of `child`'s output that has `tag`, from just after it.
+fn line_after(stdout: &mut BufReader<std::process::ChildStdout>, tag: &str) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            0 < stdout.read_line(&mut line).expect("read"),
+            "the child ended before saying {tag}"
+        );
+        // libtest prints "test NAME ... " before the child's own output, on the same line.
+        if let Some(at) = line.find(tag) {
+            return line[at + tag.len()..].trim().to_string();
+        }
+    }
+}
+
+#[test]
+fn a_flood_of_four_senders_is_bounded_on_both_sides() {
+    match std::env::var(CHILD).as_deref() {
+        Ok("peer") => return be_the_peer(),
+        Ok("flooder") => return flood(),
+        _ => {}
+    }
+    let mut peer = Peer(spawn("peer", None));
+    let pid = peer.0.id().to_string();
+    let mut peer_out = BufReader::new(peer.0.stdout.take().expect("piped"));
+    let address = line_after(&mut peer_out, "PEER ");
+    let peer_before = resident_of(&pid);
+    let mut flooder = Peer(spawn("flooder", Some(&address)));
+    let mut flooder_out = BufReader::new(flooder.0.stdout.take().expect("piped"));
+    let flooded = line_after(&mut flooder_out, "FLOODED ");
     let peer_grown = resident_of(&pid).saturating_sub(peer_before);
-    let (accepted, refused) = (accepted.into_inner(), refused.into_inner());
+    let numbers: Vec<usize> = flooded
+        .split_whitespace()
+        .map(|number| number.parse().expect("a number"))
+        .collect();
+    let [accepted, refused, grown] = numbers[..] else {
+        panic!("the flooder said {flooded}");
+    };
     eprintln!(
-        "{accepted} sends Ok, {refused} WouldBlock; senders grew {} KiB, the peer {} KiB",
+        "{accepted} sends Ok, {refused} WouldBlock; the senders grew {} KiB, the peer {} KiB",
         grown >> 10,
         peer_grown >> 10
     );
@@ -153,18 +211,9 @@ fn a_flood_of_four_senders_is_bounded_on_both_sides() {
         "the flooded peer grew {peer_grown} bytes"
     );
     assert!(0 < refused, "the excess is answered WouldBlock");
-    drop(senders);
+    assert!(flooder.0.wait().expect("the flooder").success());
     drop(peer.0.stdin.take());
-    let dropped = loop {
-        line.clear();
-        assert!(
-            0 < stdout.read_line(&mut line).expect("read"),
-            "the peer ended early"
-        );
-        if let Some(at) = line.find("DROPPED ") {
-            break line[at + 8..].trim().to_string();
-        }
-    };
+    let dropped = line_after(&mut peer_out, "DROPPED ");
     eprintln!("the peer dropped its endpoint in {dropped} ms");
     assert!(peer.0.wait().expect("the peer").success());
 }

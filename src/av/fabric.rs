@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use super::AvBackend;
+use super::unreachable::Unreachable;
 use crate::address::AddressFormat;
-use crate::endpoint::unreachable::Unreachable;
 use crate::error::DmaError;
 use crate::sys;
 

@@ -11,6 +11,7 @@
 pub(crate) mod fabric;
 #[cfg(any(test, feature = "model"))]
 pub(crate) mod model;
+pub(crate) mod unreachable;
 
 pub use self::fabric::FabricAv;
 

@@ -41,7 +41,7 @@ pub(crate) trait CompletionOwner: Send + Sync {
 }
 
 /// Why an operation failed, as read from its error entry.
-pub(super) enum Failure {
+pub(in crate::endpoint) enum Failure {
     /// The provider reported the peer's connection refused, reset or gone.
     PeerLost(DmaError),
     /// Anything else.
@@ -129,7 +129,7 @@ impl Operations {
     }
 
     /// The completion of the operation whose context is `context`, if it is one of ours.
-    fn complete(&self, context: *mut c_void, result: Result<(), Failure>) {
+    pub(in crate::endpoint) fn complete(&self, context: *mut c_void, result: Result<(), Failure>) {
         let Some(index) = self.index_of(context) else {
             match result {
                 // A send's (see `sends`): its slot is free, which a sender may be sleeping for.

@@ -26,7 +26,7 @@
 //! not an entry), so the entry may be removed while the send is in flight. tcp;ofi_rxm finishes
 //! such a send (each connection holds its own reference to the peer); efa frees it without a
 //! completion (see DESIGN.md), which would keep its slot counted for good. Send from registered
-//! memory against a lease where that matters.
+//! memory against a lease ([`send_from`](LibfabricEndpoint::send_from)) where that matters.
 //!
 //! Every wait here is bounded, and sleeps on the completion queues between attempts where the
 //! provider offers a wait object (see `wait`): a send gives up after its timeout, `receive` returns `None` after
@@ -240,7 +240,7 @@ impl LibfabricEndpoint {
             return Err(DmaError::WouldBlock);
         }
         let positive = u32::try_from(code.unsigned_abs()).unwrap_or(0);
-        if super::unreachable::says_peer_is_gone(positive) {
+        if crate::av::unreachable::says_peer_is_gone(positive) {
             sends.mark_dead(fi_addr, positive);
             return Err(sends::unreachable(fi_addr, positive));
         }
@@ -269,6 +269,7 @@ impl LibfabricEndpoint {
     /// At drop: drive progress for sends in flight for at most [`SEND_DRAIN_PATIENCE`](Self::SEND_DRAIN_PATIENCE), then
     /// count what is left as discarded.
     pub(super) fn shut_down_sends(&self) {
+        self.cancel_receives_into();
         let deadline = Deadline::after(Self::SEND_DRAIN_PATIENCE);
         while 0 < self.sends_in_flight() && !deadline.passed() {
             self.progress();
@@ -308,6 +309,7 @@ impl LibfabricEndpoint {
     /// their leases dropped) here too, ready for [`poll_completions`](Self::poll_completions).
     pub fn progress(&self) {
         self.repost_unposted();
+        self.reap_receives_into();
         self.operations.reap(self.handles.tx_cq);
     }
 
@@ -321,34 +323,89 @@ impl LibfabricEndpoint {
     /// read.
     pub fn try_receive(&self) -> Result<Option<Vec<u8>>, DmaError> {
         self.repost_unposted();
+        if let Some((index, outcome)) = self.receives.take_arrived() {
+            return self.deliver(index, outcome);
+        }
+        // Each pass reads one entry; `receive_into` completions are handed on and the read goes
+        // on, at most once per operation slot and receive buffer.
+        for _ in 0..=MAX_RECEIVES_INTO {
+            match self.read_arrival() {
+                Arrival::Nothing => return Ok(None),
+                Arrival::Operation => {}
+                Arrival::Slot(index, outcome) => return self.deliver(index, outcome),
+                Arrival::Failed(error) => return Err(error),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The message of slot `index`, whose completion this thread read (`outcome`: its length,
+    /// or its error), and the slot posted again.
+    fn deliver(
+        &self,
+        index: usize,
+        outcome: Result<usize, DmaError>,
+    ) -> Result<Option<Vec<u8>>, DmaError> {
+        let message = match (outcome, self.receives.get(index)) {
+            // SAFETY: this thread read the slot's completion and has not re-posted it.
+            (Ok(len), Some(slot)) => unsafe { slot.received(len) }.map(Some),
+            (Ok(_), None) => Ok(None),
+            (Err(error), _) => Err(error),
+        };
+        self.repost(index);
+        message
+    }
+
+    /// Read one entry of the receive queue: a `receive_into`'s completion is handed to its
+    /// operation; a receive buffer's is the caller's to deliver (it owns the slot now).
+    fn read_arrival(&self) -> Arrival {
         let mut entry = sys::fi_cq_data_entry::default();
         // SAFETY: the queue is open and `entry` has room for the one entry asked for.
         let read = unsafe { sys::fi_cq_read(self.handles.rx_cq, (&raw mut entry).cast(), 1) };
         if read == -(sys::FI_EAGAIN as isize) {
-            return Ok(None);
+            return Arrival::Nothing;
         }
         if read == -(sys::FI_EAVAIL as isize) {
-            return Err(self.read_error(self.handles.rx_cq));
+            return self.read_error(self.handles.rx_cq);
         }
         if read < 0 {
-            return Err(DmaError::fabric("fi_cq_read", read as i64));
+            return Arrival::Failed(DmaError::fabric("fi_cq_read", read as i64));
         }
         // A peer's write that notified (`fi_writedata`): set aside, not a message.
         if self.operations.notifications.accept(&entry) {
-            return Ok(None);
+            return Arrival::Operation;
         }
-        let Some(index) = self.receives.index_of(entry.op_context) else {
-            return Err(DmaError::InvalidArgument(
+        if self.operations.owns(entry.op_context) {
+            self.operations
+                .complete_receive(entry.op_context, entry.len, Ok(()));
+            return Arrival::Operation;
+        }
+        match self.receives.index_of(entry.op_context) {
+            Some(index) => Arrival::Slot(index, Ok(entry.len)),
+            None => Arrival::Failed(DmaError::InvalidArgument(
                 "a receive completion named a context this endpoint never posted".into(),
-            ));
-        };
-        let Some(slot) = self.receives.get(index) else {
-            return Ok(None);
-        };
-        // SAFETY: this thread read the slot's completion and has not re-posted it.
-        let message = unsafe { slot.received(entry.len) };
-        self.repost(index);
-        message.map(Some)
+            )),
+        }
+    }
+
+    /// While `receive_into`s are posted, read the receive queue (for [`progress`](Self::progress),
+    /// and so for `poll_completions` and `wait_for`): their completions are handed on, and the
+    /// endpoint's own buffers' are set aside for the next `try_receive`, at most one per buffer.
+    fn reap_receives_into(&self) {
+        if 0 == self.operations.receives_into() {
+            return;
+        }
+        for _ in 0..=(MAX_RECEIVES_INTO + self.receives.len()) {
+            match self.read_arrival() {
+                Arrival::Nothing => return,
+                Arrival::Operation => {}
+                Arrival::Slot(index, outcome) => self.receives.set_aside(index, outcome),
+                Arrival::Failed(error) => {
+                    tracing::warn!(%error, "reading the receive queue failed");
+                    return;
+                }
+            }
+        }
     }
 
     /// Wait up to `timeout` for one received message, driving progress meanwhile. Any `Duration`
@@ -478,19 +535,42 @@ impl LibfabricEndpoint {
     /// The provider's error data is copied into a buffer of this call's own (`err_data_size` > 0,
     /// API 1.5 and later): left at zero, libfabric hands back a buffer it shares per queue and
     /// frees at the next `fi_cq_readerr`, which another thread may call at any time.
-    fn read_error(&self, cq: *mut sys::fid_cq) -> DmaError {
+    fn read_error(&self, cq: *mut sys::fid_cq) -> Arrival {
         let entry = match read_error_entry(cq) {
             Ok(Some(entry)) => entry,
-            Ok(None) => return DmaError::fabric("fi_cq_readerr", -i64::from(sys::FI_EAGAIN)),
-            Err(error) => return error,
+            Ok(None) => return Arrival::Nothing,
+            Err(error) => return Arrival::Failed(error),
         };
-        if let Some(index) = self.receives.index_of(entry.op_context) {
-            // This thread read the slot's (error) completion, so it owns the slot.
-            self.repost(index);
+        if self.operations.owns(entry.op_context) {
+            self.operations.complete_receive(
+                entry.op_context,
+                entry.len,
+                Err(entry.error("fi_recv")),
+            );
+            return Arrival::Operation;
         }
-        entry.error("fi_cq_read")
+        match self.receives.index_of(entry.op_context) {
+            // This thread read the slot's (error) completion, so it owns the slot.
+            Some(index) => Arrival::Slot(index, Err(entry.error("fi_cq_read"))),
+            None => Arrival::Failed(entry.error("fi_cq_read")),
+        }
     }
 }
+
+/// What one read of the receive queue found.
+enum Arrival {
+    /// Nothing (or another thread took the entry).
+    Nothing,
+    /// A `receive_into`'s completion, handed to its operation.
+    Operation,
+    /// Receive buffer `index`'s completion: its length, or its error. The reader owns the slot.
+    Slot(usize, Result<usize, DmaError>),
+    /// The read failed, or named a context nobody posted.
+    Failed(DmaError),
+}
+
+/// The most `receive_into`s (operation slots) one read loop passes over before it stops.
+const MAX_RECEIVES_INTO: usize = super::MAX_OPERATIONS;
 
 /// An error completion, read into a buffer of the reader's own.
 pub(super) struct ErrorEntry {
@@ -500,6 +580,8 @@ pub(super) struct ErrorEntry {
     pub(super) err: i32,
     /// `fi_cq_err_entry.prov_errno`: the provider's own code (an errno on tcp).
     pub(super) prov_errno: i32,
+    /// `fi_cq_err_entry.len`: the bytes transferred (received, for a truncated receive).
+    pub(super) len: usize,
     /// `fi_strerror`'s text, and the provider's where it gave one.
     message: String,
 }
@@ -561,6 +643,7 @@ pub(super) fn read_error_entry(cq: *mut sys::fid_cq) -> Result<Option<ErrorEntry
         op_context: entry.op_context,
         err: entry.err,
         prov_errno: entry.prov_errno,
+        len: entry.len,
         message,
     }))
 }

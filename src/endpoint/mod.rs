@@ -82,7 +82,6 @@ mod open;
 mod receive;
 pub mod rma;
 mod sends;
-pub(crate) mod unreachable;
 pub mod vectored;
 pub(crate) mod wait;
 

@@ -32,8 +32,19 @@ pub(super) struct ReceiveSlot {
 /// The slab of receive slots.
 pub(super) struct ReceiveSlots {
     slots: Box<[ReceiveSlot]>,
+    /// Slots whose completion `progress` read while `receive_into`s were posted, with their
+    /// length or error, owned by this list until `try_receive` takes them: at most one entry per
+    /// slot, so bounded by the slab.
+    arrived: Box<Arrived>,
     /// Boxed: touched only when a re-post fails, and an endpoint is moved around by value.
     unposted: Box<Unposted>,
+}
+
+/// Completed slots set aside for `try_receive`.
+struct Arrived {
+    slots: Mutex<std::collections::VecDeque<(usize, Result<usize, DmaError>)>>,
+    /// `slots.len()`, readable without the lock.
+    count: AtomicUsize,
 }
 
 /// Slots whose completion was read but whose re-post failed: not posted, owned by this list.
@@ -66,6 +77,10 @@ impl ReceiveSlots {
         }
         Ok(Self {
             slots: slots.into_boxed_slice(),
+            arrived: Box::new(Arrived {
+                slots: Mutex::new(std::collections::VecDeque::new()),
+                count: AtomicUsize::new(0),
+            }),
             unposted: Box::new(Unposted {
                 slots: Mutex::new(Vec::new()),
                 count: AtomicUsize::new(0),
@@ -97,6 +112,33 @@ impl ReceiveSlots {
             .unwrap_or_else(PoisonError::into_inner);
         self.unposted.count.store(0, Ordering::Release);
         std::mem::take(&mut *unposted)
+    }
+
+    /// Keep slot `index`, whose completion the caller read (`outcome`: its length or error),
+    /// for the next [`take_arrived`](Self::take_arrived). The caller hands the slot over.
+    pub(super) fn set_aside(&self, index: usize, outcome: Result<usize, DmaError>) {
+        let mut arrived = self
+            .arrived
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        arrived.push_back((index, outcome));
+        self.arrived.count.store(arrived.len(), Ordering::Release);
+    }
+
+    /// The oldest slot set aside, if any; the caller owns it.
+    pub(super) fn take_arrived(&self) -> Option<(usize, Result<usize, DmaError>)> {
+        if 0 == self.arrived.count.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut arrived = self
+            .arrived
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let taken = arrived.pop_front();
+        self.arrived.count.store(arrived.len(), Ordering::Release);
+        taken
     }
 
     /// How many slots wait for a re-post now.

@@ -75,13 +75,20 @@ pub const MAX_OPERATIONS: usize = 4096;
 /// How many completions one read of the queue takes.
 pub(super) const BATCH: usize = 16;
 
-/// Which RMA operation a completion is for.
+mod messages;
+
+/// Which operation a completion is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
     /// An `fi_write`: local memory into a peer's.
     Write,
     /// An `fi_read`: a peer's memory into local memory.
     Read,
+    /// An `fi_send` of registered memory ([`LibfabricEndpoint::send_from`]).
+    Send,
+    /// An `fi_recv` into registered memory ([`LibfabricEndpoint::receive_into`]); its
+    /// completion's `len` is the length received.
+    Receive,
 }
 
 impl Operation {
@@ -90,6 +97,8 @@ impl Operation {
         match self {
             Self::Write => "fi_write",
             Self::Read => "fi_read",
+            Self::Send => "fi_send",
+            Self::Receive => "fi_recv",
         }
     }
 }
@@ -174,6 +183,9 @@ pub(super) struct Operations {
     pub(super) notifications: Notifications,
     /// Sends in flight, whose completions share the transmit queue (see `sends`).
     pub(super) sends: super::sends::Sends,
+    /// `receive_into`s posted and not completed: while any is, `progress` reads the receive
+    /// queue too (see `messages`).
+    receives_into: AtomicUsize,
 }
 
 // SAFETY: a slot's cells are touched only by the one thread that owns the slot at the time
@@ -233,6 +245,7 @@ impl Operations {
             enabled,
             notifications: Notifications::new(cq_size),
             sends,
+            receives_into: AtomicUsize::new(0),
         }
     }
 
@@ -689,6 +702,8 @@ impl LibfabricEndpoint {
                         remote.key,
                         context,
                     ),
+                    // `send_from` and `receive_into` post through `messages`, never here.
+                    Operation::Send | Operation::Receive => -(sys::FI_EINVAL as isize),
                 }
             }
         })

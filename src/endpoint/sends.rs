@@ -25,7 +25,7 @@
 //!
 //! A completion with an error is counted ([`failed_sends`](super::LibfabricEndpoint::failed_sends)),
 //! logged at `warn` with the peer's `fi_addr_t`, and when its code says the peer is gone
-//! (refused, reset, aborted, unreachable: see [`unreachable`](super::unreachable)) the peer is
+//! (refused, reset, aborted, unreachable: see `av::unreachable`) the peer is
 //! marked, so the next send to it answers
 //! [`DmaError::PeerUnreachable`](crate::DmaError::PeerUnreachable).
 
@@ -35,8 +35,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::messaging::ErrorEntry;
-use super::unreachable::says_peer_is_gone;
 use crate::av::fabric::HandedOut;
+use crate::av::unreachable::says_peer_is_gone;
 use crate::error::DmaError;
 use crate::sys;
 
@@ -45,7 +45,7 @@ pub const MAX_SENDS: usize = 16_384;
 
 /// The largest message [`send`](super::LibfabricEndpoint::send) copies, whatever
 /// `receive_size` is: larger ones go from registered memory
-/// (`send_from`).
+/// ([`send_from`](super::LibfabricEndpoint::send_from)).
 pub const MAX_SEND_COPY: usize = 64 << 10;
 
 /// Sends discarded by endpoints dropped with sends still in flight, in this process.

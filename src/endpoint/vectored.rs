@@ -426,6 +426,8 @@ impl LibfabricEndpoint {
                 match operation {
                     Operation::Write => sys::fi_writemsg(ep, &raw const message, flags),
                     Operation::Read => sys::fi_readmsg(ep, &raw const message, flags),
+                    // Messages are posted by `rma::messages`, never here.
+                    Operation::Send | Operation::Receive => -(sys::FI_EINVAL as isize),
                 }
             }
         })

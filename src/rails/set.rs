@@ -443,10 +443,15 @@ impl RailSet {
             let endpoint = self.core.rail(rail);
             let len = segment.len();
             let result = match leases.get_mut(rail).and_then(Option::take) {
-                Some(lease) => {
-                    let owner: Owner = Arc::clone(&self.transfers) as Owner;
-                    endpoint.post_owned(operation, lease, segment, target, tag, timeout, owner)
-                }
+                Some(lease) => match operation {
+                    Operation::Write | Operation::Read => {
+                        let owner: Owner = Arc::clone(&self.transfers) as Owner;
+                        endpoint.post_owned(operation, lease, segment, target, tag, timeout, owner)
+                    }
+                    Operation::Send | Operation::Receive => Err(DmaError::InvalidArgument(
+                        "a rail set stripes writes and reads, not messages".into(),
+                    )),
+                },
                 None => Err(DmaError::InvalidArgument(format!(
                     "no lease for rail {rail}"
                 ))),

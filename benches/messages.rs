@@ -1,0 +1,139 @@
+//! One-way message latency on tcp;ofi_rxm over 127.0.0.1, against libfabric's own fabtests
+//! `fi_pingpong -e rdm` on the same provider (Debian's libfabric-bin has `fi_pingpong`, not
+//! `fi_rdm_pingpong`; its `usec/xfer` is the one-way latency: elapsed time over two transfers per
+//! iteration).
+//!
+//! Ours: two endpoints in this process, a pinger thread and a ponger thread, each `send` (a copy
+//! into a send slot, `fi_send` with a completion) then `receive` (the endpoint's own buffers, one
+//! copy out). One-way latency is the round trip over two; the median of `ROUNDS` rounds of
+//! `ITERATIONS` round trips is printed, then fabtests' figure with the same iterations, and the
+//! ratio. `cargo bench --bench messages` (a plain `main`, no criterion: a round trip is a
+//! syscall-bound microsecond affair, and criterion's sampling would add nothing but time).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dma_libfabric::{Configuration, LibfabricEndpoint};
+
+const ITERATIONS: usize = 2_000;
+const ROUNDS: usize = 5;
+const SIZES: [usize; 2] = [64, 4096];
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn endpoint() -> LibfabricEndpoint {
+    LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1")).expect("tcp endpoint")
+}
+
+/// The median one-way latency, in microseconds, of `ITERATIONS` round trips of `size` bytes.
+fn ours(size: usize) -> f64 {
+    let (ping, pong) = (endpoint(), endpoint());
+    let (ping_address, pong_address) = (
+        ping.local_address().expect("address"),
+        pong.local_address().expect("address"),
+    );
+    let message = vec![3_u8; size];
+    let total = ITERATIONS * (ROUNDS + 1);
+    let mut rounds = Vec::new();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let pinned = pong.peers().pin();
+            let peer = pinned.resolve(1, &ping_address).expect("resolve");
+            for _ in 0..total {
+                let received = pong.receive(PATIENCE).expect("receive").expect("a ping");
+                pong.send_within(peer, &received, PATIENCE).expect("pong");
+            }
+            // Let the last pong's completion arrive before the endpoint goes.
+            let deadline = Instant::now() + PATIENCE;
+            while 0 < pong.sends_in_flight() && Instant::now() < deadline {
+                let _ = pong.receive(Duration::from_millis(1));
+            }
+        });
+        let pinned = ping.peers().pin();
+        let peer = pinned.resolve(1, &pong_address).expect("resolve");
+        // The first round warms the connection up and is not counted.
+        for round in 0..=ROUNDS {
+            let started = Instant::now();
+            for _ in 0..ITERATIONS {
+                ping.send_within(peer, &message, PATIENCE).expect("ping");
+                let answer = ping.receive(PATIENCE).expect("receive").expect("a pong");
+                assert_eq!(size, answer.len());
+            }
+            let one_way = started.elapsed().as_secs_f64() * 1e6 / (2 * ITERATIONS) as f64;
+            if 0 < round {
+                rounds.push(one_way);
+            }
+        }
+    });
+    rounds.sort_by(f64::total_cmp);
+    rounds[rounds.len() / 2]
+}
+
+/// fabtests' `fi_pingpong` one-way latency for `size` bytes, if it is installed and runs.
+fn fabtests(size: usize) -> Option<f64> {
+    let args = |extra: &[&str]| {
+        let mut args = vec![
+            "-p".to_string(),
+            "tcp;ofi_rxm".into(),
+            "-e".into(),
+            "rdm".into(),
+            "-I".into(),
+            ITERATIONS.to_string(),
+            "-S".into(),
+            size.to_string(),
+        ];
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        args
+    };
+    let mut server = Command::new("fi_pingpong")
+        .args(args(&[]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    // The server listens on its control port once started; the client retries until it does.
+    let mut output = None;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let run = Command::new("fi_pingpong")
+            .args(args(&["127.0.0.1"]))
+            .output()
+            .ok()?;
+        if run.status.success() {
+            output = Some(run);
+            break;
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let text = String::from_utf8_lossy(&output?.stdout).into_owned();
+    // The last line: bytes, #sent, #ack, total, time, MB/sec, usec/xfer, Mxfers/sec.
+    let line = text.lines().rev().find(|line| !line.trim().is_empty())?;
+    line.split_whitespace().nth(6)?.parse().ok()
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` (and `--list`) do not: a test run
+    // of a bench target measures nothing.
+    if !std::env::args().any(|arg| arg == "--bench") {
+        return;
+    }
+    println!(
+        "one-way latency, tcp;ofi_rxm on 127.0.0.1, median of {ROUNDS} rounds of {ITERATIONS} \
+         round trips; load average {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    println!("| size | ours (µs) | fi_pingpong (µs) | ratio |");
+    println!("|---|---|---|---|");
+    for size in SIZES {
+        let ours = ours(size);
+        let baseline = fabtests(size);
+        let (baseline_text, ratio) = match baseline {
+            Some(base) => (format!("{base:.2}"), format!("{:.2}", ours / base)),
+            None => ("-".into(), "-".into()),
+        };
+        println!("| {size} B | {ours:.2} | {baseline_text} | {ratio} |");
+    }
+}

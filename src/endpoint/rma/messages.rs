@@ -1,0 +1,295 @@
+//! Messages from registered memory: [`LibfabricEndpoint::send_from`] sends a segment of a
+//! registered region of any size (up to the provider's `max_msg_size`), with no copy, and
+//! completes through [`poll_completions`](LibfabricEndpoint::poll_completions) and
+//! [`wait_for`](LibfabricEndpoint::wait_for) like a write: it takes a slot of the operation slab,
+//! which holds the lease and the region's memory until the completion has been read (the
+//! parent module's "Operations in flight" applies unchanged).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{InFlight, Operation, Submission, Target, lock};
+use crate::cache::Lease;
+use crate::endpoint::LibfabricEndpoint;
+use crate::endpoint::completions::Failure;
+use crate::endpoint::deadline::Deadline;
+use crate::endpoint::memory::Segment;
+use crate::error::DmaError;
+use crate::sys;
+
+impl LibfabricEndpoint {
+    /// `fi_send` of `source` to the lease's peer, from the registered memory itself (no copy),
+    /// retrying backpressure for up to a second. The message is received like any other (by
+    /// [`receive`](Self::receive), into a buffer of `receive_size`: a longer one is a truncation
+    /// error there). The completion, with `id` and [`Operation::Send`], comes from
+    /// [`poll_completions`](Self::poll_completions) or [`wait_for`](Self::wait_for); until it has
+    /// been read the endpoint holds the lease and the source's memory. On tcp the completion
+    /// means the peer's provider has the message (`FI_TRANSMIT_COMPLETE`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint, Operation};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let sender = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    /// let receiver = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    /// let region = sender.register(4096)?;
+    /// region.write_bytes(0, &[7; 4096])?;
+    /// let message = std::thread::scope(|scope| {
+    ///     // The receiver progresses inside `receive`: rxm connects on the first send.
+    ///     let receiving = scope.spawn(|| receiver.receive(Duration::from_secs(20)));
+    ///     let lease = sender.peers().lease(1, &receiver.local_address()?)?;
+    ///     sender.send_from_within(lease, region.segment(0, 4096)?, 42, Duration::from_secs(20))?;
+    ///     assert_eq!(1, sender.peers().stats().leases, "held until the completion is read");
+    ///     let completion = sender.wait_for(42, Duration::from_secs(20))?;
+    ///     assert_eq!((Operation::Send, 4096, Ok(())), (completion.operation, completion.len, completion.result));
+    ///     assert_eq!(0, sender.peers().stats().leases);
+    ///     receiving.join().expect("the receiving thread")
+    /// })?;
+    /// assert_eq!(Some(vec![7; 4096]), message);
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`send_from_within`](Self::send_from_within).
+    pub fn send_from(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+        id: u64,
+    ) -> Result<(), DmaError> {
+        self.send_from_within(lease, source, id, Duration::from_secs(1))
+    }
+
+    /// [`send_from`](Self::send_from), retrying backpressure for at most `timeout` (any
+    /// `Duration`: one too long for a deadline, `Duration::MAX`, retries until the post is taken).
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA, a lease of
+    /// another endpoint's cache or a segment of another endpoint's memory;
+    /// [`DmaError::PeerUnreachable`] when the provider has reported the peer gone (an earlier
+    /// send's completion, see [`send`](Self::send)); [`DmaError::WouldBlock`] when the provider or
+    /// the slab still pushed back after `timeout` (nothing posted); [`DmaError::Fabric`] when
+    /// `fi_send` failed (a message past the provider's `max_msg_size` included).
+    pub fn send_from_within(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        self.check_rma()?;
+        if source.region.domain() != self.handles.domain {
+            return Err(DmaError::InvalidArgument(
+                "the source segment is memory of another endpoint".into(),
+            ));
+        }
+        if !self.peers.owns(lease.peer()) {
+            return Err(DmaError::InvalidArgument(
+                "the lease is on another endpoint's cache".into(),
+            ));
+        }
+        let fi_addr = lease.fi_addr();
+        if let Some(code) = self.operations.sends.dead(fi_addr) {
+            return Err(crate::endpoint::sends::unreachable(fi_addr, code));
+        }
+        // Before the slot: a region lending a slice answers Busy, and nothing is taken.
+        let hold = source.region.hold()?;
+        let buffer = source.region.at(source.offset);
+        let desc = source.region.desc();
+        let len = source.len;
+        let submission = Submission {
+            operation: Operation::Send,
+            target: Target::Leased(lease),
+            hold,
+            len,
+            id,
+            join: None,
+            slot: None,
+            owner: None,
+        };
+        let ep = self.handles.ep;
+        self.submit(submission, timeout, &mut |fi_addr, context| {
+            // SAFETY: the endpoint is open; `buffer` is `len` bytes inside a registered region
+            // (checked by `Segment`) whose registration the slot holds until the completion has
+            // been read, and `desc` is its descriptor; the context is the slot's, which lives as
+            // long as the endpoint's handles; `fi_addr` is the lease's, held by the slot.
+            unsafe { sys::fi_send(ep, buffer.cast_const().cast(), len, desc, fi_addr, context) }
+        })
+        .map(drop)
+    }
+}
+
+impl LibfabricEndpoint {
+    /// Post a receive into `destination`, registered memory of this endpoint: the next message
+    /// to arrive that no earlier-posted receive takes lands there, with no copy. Receives match
+    /// in the order they were posted, the endpoint's own buffers (posted at `open` and again after
+    /// each message) included. The completion, with `id`, [`Operation::Receive`] and `len` the
+    /// length received, comes from [`poll_completions`](Self::poll_completions) or
+    /// [`wait_for`](Self::wait_for) (or is set aside by [`try_receive`](Self::try_receive) for
+    /// them); until then the endpoint holds the destination's memory. A message longer than
+    /// `destination` completes with `-FI_ETRUNC`. The sender is not reported: the endpoint does
+    /// not ask for `FI_SOURCE`, so a message that must name its sender carries its id.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint, Operation};
+    ///
+    /// let configuration = Configuration { rma: true, receive_buffers: 1, ..Configuration::default() };
+    /// let receiver = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    /// let sender = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    /// let landing = receiver.register(64 << 10)?;
+    /// receiver.receive_into(landing.segment(0, 64 << 10)?, 9)?;
+    /// let source = sender.register(10_000)?;
+    /// source.write_bytes(0, &[4; 10_000])?;
+    /// std::thread::scope(|scope| {
+    ///     // The endpoint's own buffer takes the first message; `landing` the second.
+    ///     let receiving = scope.spawn(|| {
+    ///         let first = receiver.receive(Duration::from_secs(20));
+    ///         (first, receiver.wait_for(9, Duration::from_secs(20)))
+    ///     });
+    ///     let pinned = sender.peers().pin();
+    ///     let peer = pinned.resolve(1, &receiver.local_address()?)?;
+    ///     sender.send_within(peer, b"first", Duration::from_secs(20))?;
+    ///     drop(pinned);
+    ///     let lease = sender.peers().lease(1, &receiver.local_address()?)?;
+    ///     sender.send_from_within(lease, source.segment(0, 10_000)?, 1, Duration::from_secs(20))?;
+    ///     sender.wait_for(1, Duration::from_secs(20))?;
+    ///     let (first, landed) = receiving.join().expect("the receiving thread");
+    ///     assert_eq!(Some(b"first".to_vec()), first?);
+    ///     let landed = landed?;
+    ///     assert_eq!((Operation::Receive, 10_000, Ok(())), (landed.operation, landed.len, landed.result));
+    ///     let mut bytes = vec![0; 10_000];
+    ///     landing.read_bytes(0, &mut bytes)?;
+    ///     assert_eq!(vec![4; 10_000], bytes);
+    ///     Ok::<(), dma_libfabric::DmaError>(())
+    /// })?;
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA or a segment of
+    /// another endpoint's memory; [`DmaError::WouldBlock`] when every operation slot is in flight
+    /// or the provider asks to retry (nothing posted); [`DmaError::Fabric`] when `fi_recv`
+    /// failed.
+    pub fn receive_into(&self, destination: Segment<'_>, id: u64) -> Result<(), DmaError> {
+        self.check_rma()?;
+        if destination.region.domain() != self.handles.domain {
+            return Err(DmaError::InvalidArgument(
+                "the destination segment is memory of another endpoint".into(),
+            ));
+        }
+        // Before the slot: a region lending a slice answers Busy, and nothing is taken.
+        let hold = destination.region.hold()?;
+        let operations = &self.operations;
+        let Some(index) = lock(&operations.free).pop() else {
+            return Err(DmaError::WouldBlock);
+        };
+        let slot = &operations.slots[index];
+        let buffer = destination.region.at(destination.offset);
+        let desc = destination.region.desc();
+        // SAFETY: the slot came off the free list, so this thread owns it until it is posted.
+        unsafe {
+            *slot.operation.get() = Some(InFlight {
+                id,
+                operation: Operation::Receive,
+                len: destination.len,
+                lease: None,
+                region: hold,
+                fi_addr: sys::FI_ADDR_UNSPEC,
+                owner: None,
+                join: None,
+            });
+        }
+        slot.posted_at.set(operations.born, id);
+        operations.in_flight.fetch_add(1, Ordering::AcqRel);
+        operations.receives_into.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: the endpoint is open; `buffer` is `destination.len` bytes inside a registered
+        // region whose `Arc` the slot holds until the completion has been read, `desc` is its
+        // descriptor, and the context is the slot's, which lives as long as the handles.
+        let code = unsafe {
+            sys::fi_recv(
+                self.handles.ep,
+                buffer.cast(),
+                destination.len,
+                desc,
+                sys::FI_ADDR_UNSPEC,
+                slot.context.get().cast(),
+            )
+        };
+        if 0 == code {
+            return Ok(());
+        }
+        // Not posted: the slot is still this thread's.
+        // SAFETY: as above, the provider did not take the slot.
+        drop(unsafe { (*slot.operation.get()).take() });
+        slot.posted_at.clear();
+        operations.in_flight.fetch_sub(1, Ordering::AcqRel);
+        operations.receives_into.fetch_sub(1, Ordering::AcqRel);
+        lock(&operations.free).push(index);
+        Err(if code == -(sys::FI_EAGAIN as isize) {
+            DmaError::WouldBlock
+        } else {
+            DmaError::fabric("fi_recv", code as i64)
+        })
+    }
+}
+
+impl super::Operations {
+    /// Whether `context` is one of the slab's operations (a `receive_into` when read from the
+    /// receive queue).
+    pub(in crate::endpoint) fn owns(&self, context: *mut std::ffi::c_void) -> bool {
+        self.index_of(context).is_some()
+    }
+
+    /// How many `receive_into`s are posted and not yet completed.
+    pub(in crate::endpoint) fn receives_into(&self) -> usize {
+        self.receives_into.load(Ordering::Acquire)
+    }
+
+    /// The completion of the `receive_into` whose context is `context`, read from the receive
+    /// queue by this thread: `received` bytes, or `result`'s error.
+    pub(in crate::endpoint) fn complete_receive(
+        &self,
+        context: *mut std::ffi::c_void,
+        received: usize,
+        result: Result<(), DmaError>,
+    ) {
+        let Some(index) = self.index_of(context) else {
+            return;
+        };
+        // SAFETY: this thread read the slot's completion, so it owns the slot (parent module).
+        if let Some(operation) = unsafe { &mut *self.slots[index].operation.get() } {
+            if Operation::Receive == operation.operation {
+                operation.len = received;
+                self.receives_into.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.complete(context, result.map_err(Failure::Other));
+    }
+}
+
+impl LibfabricEndpoint {
+    /// At drop, before the operations are drained: ask the provider to cancel every
+    /// `receive_into` still posted (a receive waits for a message that may never come; rxm and
+    /// tcp cancel receives) and read the receive queue until their completions are in, for at
+    /// most [`SEND_DRAIN_PATIENCE`](Self::SEND_DRAIN_PATIENCE). The drain that follows reads
+    /// only the transmit queue.
+    pub(in crate::endpoint) fn cancel_receives_into(&self) {
+        if 0 == self.operations.receives_into() {
+            return;
+        }
+        for slot in self.operations.slots.iter() {
+            // SAFETY: the endpoint is open; fi_cancel only looks the context up among the
+            // operations it holds, and a context it does not hold is -FI_ENOENT.
+            let _ = unsafe {
+                sys::fi_cancel(&raw mut (*self.handles.ep).fid, slot.context.get().cast())
+            };
+        }
+        let deadline = Deadline::after(Self::SEND_DRAIN_PATIENCE);
+        while 0 < self.operations.receives_into() && !deadline.passed() {
+            self.progress();
+            std::thread::yield_now();
+        }
+    }
+}
