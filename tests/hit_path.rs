@@ -241,9 +241,16 @@ fn allocations_per_million_hits_under_unbounded_churn() {
     let finished = std::sync::atomic::AtomicBool::new(false);
     let ((allocated, rounds_run), cycles) = std::thread::scope(|scope| {
         let churner = scope.spawn(|| {
-            let cycles = churn(cache, 0..CYCLES);
-            finished.store(true, std::sync::atomic::Ordering::Relaxed);
-            cycles
+            // Set however the churn ends: a panicking churner must stop the reader too, or the
+            // test hangs instead of failing.
+            struct Finished<'a>(&'a std::sync::atomic::AtomicBool);
+            impl Drop for Finished<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            let _finished = Finished(&finished);
+            churn(cache, 0..CYCLES)
         });
         let counted = rounds(cache, &addresses, 1, &|| {
             finished.load(std::sync::atomic::Ordering::Relaxed)
