@@ -10,6 +10,10 @@ use std::time::Duration;
 use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
 use testkit::PATIENCE;
 
+/// Held by each test for its run: the stopped-peer test measures this process's resident memory,
+/// which the other test's endpoints (tens of MiB each with rxm's default pools) would inflate.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The transmit depth the tests ask for: small, so the bound shows within a few thousand sends.
 const TX_SIZE: usize = 64;
 
@@ -65,6 +69,9 @@ struct PeerProcess(Child);
 
 impl Drop for PeerProcess {
     fn drop(&mut self) {
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return; // reaped: its pid may be another process's now
+        }
         let _ = Command::new("kill")
             .args(["-CONT", &self.0.id().to_string()])
             .status();
@@ -125,6 +132,9 @@ fn a_stopped_peer_meets_backpressure_within_the_transmit_depth() {
     let Some(child) = testkit::spawn_child(NAME) else {
         be_the_peer();
     };
+    let _alone = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut child = PeerProcess(child);
     let (address, stdin) = peer_address(&mut child.0);
     let endpoint = sender();
@@ -188,6 +198,9 @@ fn sends_to_a_killed_peer_are_reported_and_then_refused() {
     let Some(child) = testkit::spawn_child(NAME) else {
         be_the_peer();
     };
+    let _alone = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut child = PeerProcess(child);
     let (address, stdin) = peer_address(&mut child.0);
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
@@ -250,4 +263,22 @@ fn sends_to_a_killed_peer_are_reported_and_then_refused() {
         Err(DmaError::PeerUnreachable { .. })
     ));
     assert_eq!(0, endpoint.sends_in_flight());
+    let dead_index = peer.fi_addr();
+    drop(pinned);
+
+    // Released and removed, its index goes to the next peer resolved (FI_AV_TABLE hands out the
+    // lowest free index): a live peer there is not refused for the dead one's sake.
+    endpoint.peers().release(1);
+    endpoint.peers().quiesce();
+    let live = testkit::tcp();
+    testkit::with_progress(&live, || {
+        let pinned = endpoint.peers().pin();
+        let newcomer = pinned
+            .resolve(2, &live.local_address().expect("address"))
+            .expect("resolve");
+        assert_eq!(dead_index, newcomer.fi_addr(), "the index was reused");
+        endpoint
+            .send_within(newcomer, b"alive", PATIENCE)
+            .expect("a new incarnation of the index is not refused");
+    });
 }
