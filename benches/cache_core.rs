@@ -1,4 +1,4 @@
-//! The cache core's two figures of issue 29, over the model AV (the writer's own work, without
+//! The cache core's two figures, over the model AV (the writer's own work, without
 //! libfabric's):
 //!
 //! 1. **Parked waiters scale linearly.** `n` clients (2,000, then 20,000) re-advertise a new efa
