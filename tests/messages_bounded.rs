@@ -174,7 +174,32 @@ fn a_stopped_peer_meets_backpressure_within_the_transmit_depth() {
     }
     let grown = resident().saturating_sub(before);
     assert!(grown <= 64 << 20, "the sender grew {grown} bytes");
+    assert_eq!(
+        endpoint.describe().max_sends_in_flight_per_peer,
+        endpoint.sends_in_flight(),
+        "the stopped peer holds its share, no more"
+    );
     drop(pinned);
+
+    // The stopped peer holds only its share of the slots: another peer is still served.
+    let healthy = testkit::tcp();
+    testkit::with_progress(&healthy, || {
+        let pinned = endpoint.peers().pin();
+        let other = pinned
+            .resolve(2, &healthy.local_address().expect("address"))
+            .expect("resolve");
+        endpoint
+            .send_within(other, b"still served", PATIENCE)
+            .expect("a healthy peer is not blocked by a stopped one");
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while endpoint.sends_in_flight() > endpoint.describe().max_sends_in_flight_per_peer {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the healthy send never completed"
+            );
+            endpoint.progress();
+        }
+    });
 
     let in_flight = endpoint.sends_in_flight() as u64;
     assert!(0 < in_flight, "a stopped peer completes nothing");

@@ -8,9 +8,11 @@
 //! most [`Description::max_sends_in_flight`](super::Description::max_sends_in_flight) (the
 //! transmit queue's depth, `Configuration::tx_size`) are in flight: past it a send answers
 //! [`DmaError::WouldBlock`] and posts nothing, so a peer that stops reading holds at most that
-//! many, whatever the sender does. On tcp every transmit asks for `FI_TRANSMIT_COMPLETE`, which
-//! tcp completes when the peer's provider acknowledges it: a send sitting in a socket is still in
-//! flight.
+//! many, whatever the sender does. One peer holds at most half of them
+//! ([`Description::max_sends_in_flight_per_peer`](super::Description::max_sends_in_flight_per_peer)),
+//! so a stopped peer does not block the others. On tcp every transmit asks for
+//! `FI_TRANSMIT_COMPLETE`, which tcp completes when the peer's provider acknowledges it: a send
+//! sitting in a socket is still in flight.
 //!
 //! A send whose completion reports an error reaches the caller by the per-peer route: it is
 //! counted ([`failed_sends`](LibfabricEndpoint::failed_sends)) and logged at `warn` with its

@@ -137,8 +137,13 @@ pub struct Description {
     pub max_send_size: usize,
     /// How many sends may be in flight at once (the transmit queue's depth, `tx_attr.size`,
     /// within the completion queue's and [`MAX_SENDS`]): past it, a send answers
-    /// [`DmaError::WouldBlock`] and posts nothing.
+    /// [`DmaError::WouldBlock`] and posts nothing. One peer may have at most half of them in
+    /// flight ([`max_sends_in_flight_per_peer`](Self::max_sends_in_flight_per_peer)).
     pub max_sends_in_flight: usize,
+    /// How many sends one peer may have in flight: half of
+    /// [`max_sends_in_flight`](Self::max_sends_in_flight) (at least 1), so a peer that stops
+    /// reading leaves the other half to the rest.
+    pub max_sends_in_flight_per_peer: usize,
 }
 
 /// How long `open` keeps posting a receive buffer the provider answers `-FI_EAGAIN` for, driving

@@ -236,11 +236,13 @@ impl LibfabricEndpoint {
         let sends = Sends::new(
             tx_size.min(tx_cq_size),
             configuration.receive_size,
+            configuration.av_capacity,
             Arc::clone(&handed_out),
         )?;
         let mut description = description;
         description.max_send_size = sends.size();
         description.max_sends_in_flight = sends.capacity();
+        description.max_sends_in_flight_per_peer = sends.peer_limit();
         // SAFETY: `info` is the list head fi_getinfo returned, alive as long as `handles`.
         let operations = Box::new(unsafe {
             rma::Operations::new(info, configuration.rma, tx_cq_size, source, sends)
@@ -671,6 +673,7 @@ unsafe fn describe(info: *const sys::fi_info) -> Description {
             // Set once the send slab is sized.
             max_send_size: 0,
             max_sends_in_flight: 0,
+            max_sends_in_flight_per_peer: 0,
         }
     }
 }

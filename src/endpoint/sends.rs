@@ -12,7 +12,8 @@
 //! [`DmaError::WouldBlock`](crate::DmaError::WouldBlock) and posts nothing. So the memory the
 //! message path holds for sends, in this crate and in the provider, is bounded by that count
 //! whatever the peer does: a peer that stops reading stops completions, and sends past the count
-//! are refused.
+//! are refused. One peer may hold at most half the slots (counted per AV index, one `AtomicU32`
+//! an entry), so a peer that stops leaves the other half to the others.
 //!
 //! # Ownership of a slot
 //!
@@ -69,6 +70,12 @@ pub(super) struct Sends {
     free: Mutex<Vec<usize>>,
     /// Posted, completion not yet read.
     outstanding: AtomicUsize,
+    /// Sends in flight per AV index (indices past the AV's capacity, which a raw send may name,
+    /// are not counted per peer).
+    per_peer: Box<[AtomicU32]>,
+    /// The most one peer may have in flight: half the slots, so one stopped peer leaves the
+    /// other half to the rest.
+    peer_limit: u32,
     /// Completed with an error.
     failed: AtomicU64,
     /// The AV's record, whose `unreachable` marks dead peers.
@@ -83,11 +90,17 @@ unsafe impl Sync for Sends {}
 unsafe impl Send for Sends {}
 
 impl Sends {
-    /// `count` slots (clamped to 1..=[`MAX_SENDS`]) of `size` bytes each.
+    /// `count` slots (clamped to 1..=[`MAX_SENDS`]) of `size` bytes each, for an AV of
+    /// `av_capacity` entries.
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] naming the sizes when the buffers cannot be allocated.
-    pub(super) fn new(count: usize, size: usize, peers: Arc<HandedOut>) -> Result<Self, DmaError> {
+    pub(super) fn new(
+        count: usize,
+        size: usize,
+        av_capacity: usize,
+        peers: Arc<HandedOut>,
+    ) -> Result<Self, DmaError> {
         let count = count.clamp(1, MAX_SENDS);
         let size = size.clamp(1, MAX_SEND_COPY);
         let buffers = count
@@ -111,6 +124,8 @@ impl Sends {
             size,
             free: Mutex::new((0..count).rev().collect()),
             outstanding: AtomicUsize::new(0),
+            per_peer: (0..av_capacity).map(|_| AtomicU32::new(0)).collect(),
+            peer_limit: u32::try_from((count / 2).max(1)).unwrap_or(u32::MAX),
             failed: AtomicU64::new(0),
             peers,
         })
@@ -147,19 +162,43 @@ impl Sends {
         self.peers.unreachable.mark(fi_addr, incarnation, code);
     }
 
+    /// The most sends one peer may have in flight.
+    pub(super) fn peer_limit(&self) -> usize {
+        self.peer_limit as usize
+    }
+
+    /// `fi_addr`'s count of sends in flight, if it is counted.
+    fn counter(&self, fi_addr: sys::fi_addr_t) -> Option<&AtomicU32> {
+        self.per_peer.get(usize::try_from(fi_addr).ok()?)
+    }
+
     /// A free slot holding a copy of `message` for `fi_addr`, ready to post: its buffer and
-    /// context. `None` when every slot is in flight. `message` is at most [`size`](Self::size).
+    /// context. `None` when every slot is in flight, or the peer has its share in flight.
+    /// `message` is at most [`size`](Self::size).
     pub(super) fn prepare(
         &self,
         fi_addr: sys::fi_addr_t,
         message: &[u8],
     ) -> Option<(usize, *mut c_void, *mut c_void)> {
         debug_assert!(message.len() <= self.size);
-        let index = self
+        let counter = self.counter(fi_addr);
+        if let Some(counter) = counter {
+            if counter.fetch_add(1, Ordering::AcqRel) >= self.peer_limit {
+                counter.fetch_sub(1, Ordering::AcqRel);
+                return None;
+            }
+        }
+        let taken = self
             .free
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .pop()?;
+            .pop();
+        let Some(index) = taken else {
+            if let Some(counter) = counter {
+                counter.fetch_sub(1, Ordering::AcqRel);
+            }
+            return None;
+        };
         let slot = &self.slots[index];
         slot.fi_addr.store(fi_addr, Ordering::Relaxed);
         slot.incarnation.store(
@@ -185,7 +224,11 @@ impl Sends {
         self.release(index);
     }
 
+    /// Slot `index`, owned by the caller, is free again, and its peer has one send fewer.
     fn release(&self, index: usize) {
+        if let Some(counter) = self.counter(self.slots[index].fi_addr.load(Ordering::Relaxed)) {
+            counter.fetch_sub(1, Ordering::AcqRel);
+        }
         self.free
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
