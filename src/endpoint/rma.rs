@@ -112,8 +112,8 @@ pub struct Completion {
     pub operation: Operation,
     /// How many bytes were to be transferred.
     pub len: usize,
-    /// `Ok` when the transfer is complete (on tcp: sent; the bytes land when the target
-    /// progresses); [`DmaError::PeerUnreachable`] naming the peer's `fi_addr_t` when the provider
+    /// `Ok` when the transfer is complete (on tcp the endpoint asks for `FI_TRANSMIT_COMPLETE`,
+    /// so the target's provider has acknowledged it, which it does as it progresses); [`DmaError::PeerUnreachable`] naming the peer's `fi_addr_t` when the provider
     /// says its connection was refused, reset or lost (tcp's provider errors `ECONNREFUSED`,
     /// `ECONNRESET`, `ECONNABORTED`, `ENOTCONN`, `EPIPE`, `EHOSTUNREACH`, `ENETUNREACH`); the
     /// error entry's detail otherwise ([`DmaError::Fabric`] naming the operation's call, whose
