@@ -272,11 +272,11 @@ impl LibfabricEndpoint {
     /// count what is left as discarded.
     pub(super) fn shut_down_sends(&self) {
         self.cancel_receives_into();
-        let deadline = Deadline::after(Self::SEND_DRAIN_PATIENCE);
-        while 0 < self.sends_in_flight() && !deadline.passed() {
+        // Sleeping between reads where the queues have a wait object (see `wait`).
+        let _drained = self.wait_until(Deadline::after(Self::SEND_DRAIN_PATIENCE), || {
             self.progress();
-            std::thread::yield_now();
-        }
+            (0 == self.sends_in_flight()).then_some(())
+        });
         let discarded = self.sends_in_flight();
         if 0 < discarded {
             sends::DISCARDED.fetch_add(discarded as u64, std::sync::atomic::Ordering::AcqRel);

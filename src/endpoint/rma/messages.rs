@@ -286,10 +286,10 @@ impl LibfabricEndpoint {
                 sys::fi_cancel(&raw mut (*self.handles.ep).fid, slot.context.get().cast())
             };
         }
-        let deadline = Deadline::after(Self::SEND_DRAIN_PATIENCE);
-        while 0 < self.operations.receives_into() && !deadline.passed() {
+        // Sleeping between reads where the queues have a wait object (see `wait`).
+        let _drained = self.wait_until(Deadline::after(Self::SEND_DRAIN_PATIENCE), || {
             self.progress();
-            std::thread::yield_now();
-        }
+            (0 == self.operations.receives_into()).then_some(())
+        });
     }
 }
