@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::time::Duration;
+use testkit::{hex, unhex};
 
 use dma_libfabric::{Completion, LibfabricEndpoint, MemoryRegion, OverdueOperation, RemoteRegion};
 use testkit::{PATIENCE, rma_tcp, with_progress};
@@ -122,17 +123,6 @@ fn writes_to_a_peer_that_stops_progressing_grow_old_and_complete_once_it_progres
     let mut overdue = Vec::new();
     assert_eq!(0, server.overdue_operations(Duration::ZERO, &mut overdue));
     assert_eq!(0, server.peers().stats().leases);
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).expect("hex"))
-        .collect()
 }
 
 /// A peer process with writes in flight to it is killed: the kernel resets its connections, the

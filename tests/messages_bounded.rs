@@ -6,6 +6,8 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, Command};
 use std::time::Duration;
+use testkit::resident;
+use testkit::{hex, unhex};
 
 use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
 use testkit::PATIENCE;
@@ -23,28 +25,6 @@ fn sender() -> LibfabricEndpoint {
         ..Configuration::default()
     };
     LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint")
-}
-
-/// The resident set of this process, in bytes (`/proc/self/statm`'s second field, in pages).
-fn resident() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
-    let pages: usize = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|field| field.parse().ok())
-        .expect("resident pages");
-    pages * 4096
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).expect("hex"))
-        .collect()
 }
 
 /// The peer's side, in the child: announce the address, then receive and drive progress until

@@ -18,6 +18,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use testkit::{hex, unhex};
 
 use dma_libfabric::{DmaError, LibfabricEndpoint};
 
@@ -39,17 +40,6 @@ fn resident_of(pid: &str) -> usize {
         .and_then(|number| number.parse().ok())
         .expect("VmRSS");
     kib << 10
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).expect("hex"))
-        .collect()
 }
 
 /// Kills the peer when dropped, so a failing test leaves nothing behind.

@@ -7,6 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+use testkit::resident;
 
 use dma_libfabric::endpoint::memory::{MAX_REGION_LEN, QUARANTINE};
 use dma_libfabric::{DmaError, LibfabricEndpoint, MemoryRegion, RemoteRegion};
@@ -253,18 +254,6 @@ fn a_peers_read_racing_the_drop_never_returns_unrelated_memory() {
         0 < raced,
         "no read was admitted before the drop in {ATTEMPTS} attempts"
     );
-}
-
-/// Resident memory of this process, in bytes (`/proc/self/statm`'s second field, in pages).
-fn resident() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
-    let pages: usize = statm
-        .split_whitespace()
-        .nth(1)
-        .expect("a resident field")
-        .parse()
-        .expect("a number");
-    pages * 4096
 }
 
 /// A server that registers and drops regions of mixed sizes in a loop, a few alive at a time,

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use testkit::resident;
 
 use dma_libfabric::{
     DmaError, Exposure, LibfabricEndpoint, MemoryInterface, Operation, RailSet, StableBuffer,
@@ -152,18 +153,6 @@ fn registering_a_large_buffer_does_not_double_resident_memory() {
         grown < LEN / 4,
         "resident memory grew by {grown} bytes registering {LEN}"
     );
-}
-
-/// Resident memory of this process, in bytes (`/proc/self/statm`'s second field, in pages).
-fn resident() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
-    let pages: usize = statm
-        .split_whitespace()
-        .nth(1)
-        .expect("a resident field")
-        .parse()
-        .expect("a number");
-    pages * 4096
 }
 
 /// Mutating the source of a write in flight: `as_mut_slice` answers `Busy` until the write's

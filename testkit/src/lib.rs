@@ -418,3 +418,28 @@ unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
 pub fn allocations() -> u64 {
     ALLOCATIONS.with(std::cell::Cell::get)
 }
+
+/// The resident memory of this process, in bytes (`/proc/self/statm`'s second field, in pages):
+/// what the zero-copy and bounded-memory tests compare before and after.
+pub fn resident() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|field| field.parse().ok())
+        .expect("a resident page count");
+    pages * 4096
+}
+
+/// `bytes` as lowercase hex: how a test hands a fabric address to a child process.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// The bytes [`hex`] wrote.
+pub fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).expect("hex"))
+        .collect()
+}
