@@ -243,7 +243,14 @@ impl LibfabricEndpoint {
         description.max_sends_in_flight = sends.capacity();
         // SAFETY: `info` is the list head fi_getinfo returned, alive as long as `handles`.
         let operations = Box::new(unsafe {
-            rma::Operations::new(info, configuration.rma, tx_cq_size, source, sends)
+            rma::Operations::new(
+                info,
+                configuration.rma,
+                tx_cq_size,
+                source,
+                sends,
+                Arc::clone(&handed_out),
+            )
         });
         let backend = FabricAv::new(
             handles.av,
