@@ -1,9 +1,12 @@
 //! A peer whose connection the provider reports reset or refused is `DmaError::PeerUnreachable`,
 //! naming the peer, in the operation's completion, as soon as the provider reports it: real
-//! tcp;ofi_rxm endpoints on 127.0.0.1, the peer closed with writes in flight to it.
+//! tcp;ofi_rxm endpoints on 127.0.0.1, the peer closed with writes in flight to it. The peer is
+//! then marked, and later RMA posts to it are refused at once, until its index is inserted anew.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
-use dma_libfabric::DmaError;
+use std::io::{BufRead, Read, Write};
+
+use dma_libfabric::{DmaError, RemoteRegion};
 use testkit::{PATIENCE, rma_tcp, with_progress};
 
 #[test]
@@ -67,4 +70,179 @@ fn writes_to_a_peer_that_closed_complete_with_peer_unreachable() {
     assert!(unreachable > 0, "no write was in flight at the close");
     assert_eq!(0, server.operations_in_flight());
     assert_eq!(0, server.peers().stats().leases);
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// Issue 31, item 4: an RMA write to a peer process that had been SIGKILLed was posted again
+/// and again, each answering `WouldBlock` after its whole timeout. Now the first completion that
+/// says the connection is gone marks the peer, and the next write and read to it answer
+/// `PeerUnreachable` without posting; once the index is released and handed to a live peer (a
+/// new incarnation), writes to it are not refused.
+#[test]
+fn rma_to_a_killed_peer_is_refused_after_its_first_failed_completion() {
+    const NAME: &str = "rma_to_a_killed_peer_is_refused_after_its_first_failed_completion";
+    /// More than loopback's socket buffers hold: some writes are in flight at the kill.
+    const CHUNK: usize = 16 << 20;
+    const WRITES: u64 = 4;
+    let Some(mut child) = testkit::spawn_child(NAME) else {
+        // The peer: announce itself, progress until the parent says "hold", then never again,
+        // until killed (or until the parent goes: its stdin closes).
+        let peer = rma_tcp();
+        let target = peer.register(CHUNK).expect("peer memory");
+        println!(
+            "PEER {} {}",
+            hex(&peer.local_address().expect("address")),
+            hex(&target.remote().to_bytes())
+        );
+        std::io::stdout().flush().expect("flush");
+        let (said, heard) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut byte = [0; 1];
+            while let Ok(1) = std::io::stdin().read(&mut byte) {
+                let _ = said.send(());
+            }
+            std::process::exit(0);
+        });
+        while heard.try_recv().is_err() {
+            peer.progress();
+            std::thread::yield_now();
+        }
+        loop {
+            std::thread::park();
+        }
+    };
+    // libtest prints "test NAME ... " before the child's own output, on the same line.
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    let announced = loop {
+        line.clear();
+        let read = stdout.read_line(&mut line).expect("read");
+        assert!(0 < read, "the peer ended before announcing itself");
+        if let Some(at) = line.find("PEER ") {
+            break line[at..].to_string();
+        }
+    };
+    let mut fields = announced.split_whitespace().skip(1);
+    let address = unhex(fields.next().expect("address"));
+    let region = RemoteRegion::from_bytes(&unhex(fields.next().expect("region"))).expect("region");
+
+    let server = rma_tcp();
+    let source = server.register(CHUNK).expect("server memory");
+    let lease = server.peers().lease(1, &address).expect("a lease");
+    let dead_index = lease.fi_addr();
+    server
+        .write(
+            lease,
+            source.segment(0, 8).expect("segment"),
+            region.slice(0, 8).expect("slice"),
+            100,
+        )
+        .expect("posted");
+    let connected = server.wait_for(100, PATIENCE).expect("completed");
+    assert_eq!(Ok(()), connected.result);
+    let mut stdin = child.stdin.take().expect("piped");
+    stdin.write_all(b"h").expect("tell the peer to hold");
+    for id in 1..=WRITES {
+        let lease = server.peers().lease(1, &address).expect("a lease");
+        server
+            .write_within(
+                lease,
+                source.segment(0, CHUNK).expect("segment"),
+                region.slice(0, CHUNK as u64).expect("slice"),
+                id,
+                PATIENCE,
+            )
+            .expect("posted before the kill");
+    }
+    child.kill().expect("kill the peer");
+    child.wait().expect("reap the peer");
+    drop(stdin);
+
+    let mut unreachable = 0;
+    for id in 1..=WRITES {
+        match server.wait_for(id, PATIENCE).expect("resolved").result {
+            Err(DmaError::PeerUnreachable { peer, .. }) => {
+                assert_eq!(dead_index, peer);
+                unreachable += 1;
+            }
+            // In the socket before the kill, or (2.6.0) cancelled with no provider error.
+            Ok(()) | Err(DmaError::Fabric { code: -125, .. }) => {}
+            Err(other) => panic!("write {id}: {other}"),
+        }
+    }
+    assert!(0 < unreachable, "no write was in flight at the kill");
+
+    // The next write and read are refused at once, with nothing posted and the lease given back.
+    let lease = server
+        .peers()
+        .lease(1, &address)
+        .expect("the entry is still there");
+    let refused = server.write(
+        lease,
+        source.segment(0, 8).expect("segment"),
+        region.slice(0, 8).expect("slice"),
+        200,
+    );
+    let Err(DmaError::PeerUnreachable { peer, reason }) = refused else {
+        panic!("expected PeerUnreachable, got {refused:?}");
+    };
+    assert_eq!(dead_index, peer);
+    eprintln!("refused: {reason}");
+    let lease = server
+        .peers()
+        .lease(1, &address)
+        .expect("the entry is still there");
+    let refused = server.read(
+        lease,
+        source.segment(0, 8).expect("segment"),
+        region.slice(0, 8).expect("slice"),
+        201,
+    );
+    assert!(
+        matches!(refused, Err(DmaError::PeerUnreachable { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(0, server.operations_in_flight(), "nothing was posted");
+    assert_eq!(
+        0,
+        server.peers().stats().leases,
+        "the refused posts' leases came back"
+    );
+
+    // Released and removed, its index goes to the next peer resolved (FI_AV_TABLE hands out the
+    // lowest free index): a live peer there is not refused for the dead one's sake.
+    server.peers().release(1);
+    server.peers().quiesce_with_patience(PATIENCE);
+    let live = rma_tcp();
+    let landing = live.register(8).expect("live memory");
+    source.write_bytes(0, &[5; 8]).expect("source bytes");
+    with_progress(&live, || {
+        let lease = server
+            .peers()
+            .lease(2, &live.local_address().expect("address"))
+            .expect("a lease");
+        assert_eq!(dead_index, lease.fi_addr(), "the index was reused");
+        server
+            .write_within(
+                lease,
+                source.segment(0, 8).expect("segment"),
+                landing.remote(),
+                300,
+                PATIENCE,
+            )
+            .expect("a new incarnation of the index is not refused");
+        let done = server.wait_for(300, PATIENCE).expect("completed");
+        assert_eq!(Ok(()), done.result);
+    });
+    testkit::wait_for_bytes(&landing, 0, &[5; 8]);
 }

@@ -39,12 +39,25 @@
 //! ([`MAX_OPERATIONS`](crate::endpoint::MAX_OPERATIONS)): a post into a full slab is retried, as
 //! backpressure is, for at most [`POST_PATIENCE`].
 //!
-//! # Timeouts
+//! # Timeouts and faults
 //!
-//! The futures have none of their own: wrap them in `tokio::time::timeout`. Dropping a timed-out
-//! write is safe (above); the endpoint's
-//! [`overdue_operations`](crate::LibfabricEndpoint::overdue_operations) tells which peers stopped
-//! answering.
+//! The futures have no deadline of their own: wrap them in `tokio::time::timeout` of the
+//! server's write deadline. What each fault does to a pending write or read:
+//! - a peer process that dies (SIGKILL, a crash): the kernel resets its connections, and the
+//!   future resolves by itself, within milliseconds on tcp, with its completion (the bytes were
+//!   in the socket) or [`DmaError::PeerUnreachable`] in [`Completion::result`]; the peer is then
+//!   marked, and a new `write` or `read` to it answers `PeerUnreachable` at once;
+//! - a peer that is alive but stopped (SIGSTOP, a hung process), or unreachable with nothing to
+//!   say so (a partition): the future stays pending until the peer moves again, so only the
+//!   `timeout` resolves it. Dropping the timed-out future is safe (above); its operation stays
+//!   in flight, holding its lease and buffer, and the endpoint's
+//!   [`overdue_operations`](crate::LibfabricEndpoint::overdue_operations) lists it, which tells
+//!   the server which peer stopped answering (release it: its entry goes once the provider
+//!   completes what is in flight).
+//!
+//! `tests/tokio_faults.rs` checks both on real endpoints, one peer process killed and one stopped
+//! mid-transfer: every future resolves under its deadline, none panics, and the stopped peer's
+//! writes complete once its fate is known.
 
 use std::future::{Future, poll_fn};
 use std::os::fd::{AsRawFd, RawFd};
@@ -272,9 +285,17 @@ impl AsyncEndpoint {
     /// registration held by the endpoint until the driver reads the completion. The source's
     /// bytes are read by the provider until then: do not rewrite them in the meantime.
     ///
+    /// # Deadlines
+    /// None of its own: to a stopped or partitioned peer it stays pending until the peer moves,
+    /// so bound it with `tokio::time::timeout` (dropping it then is safe, above), and find the
+    /// peer with [`LibfabricEndpoint::overdue_operations`]. To a peer whose process died it
+    /// resolves by itself, with the completion or [`DmaError::PeerUnreachable`] (module docs,
+    /// "Timeouts and faults").
+    ///
     /// # Errors
-    /// As [`LibfabricEndpoint::write_within`], at the post (nothing posted); the completion's
-    /// own error in [`Completion::result`].
+    /// As [`LibfabricEndpoint::write_within`], at the post (nothing posted:
+    /// [`DmaError::PeerUnreachable`] at once for a peer an earlier completion reported gone); the
+    /// completion's own error in [`Completion::result`].
     pub async fn write(
         &self,
         lease: Lease<'_>,
@@ -291,6 +312,9 @@ impl AsyncEndpoint {
     /// Cancel safe, as [`write`](Self::write): a dropped read goes on writing into
     /// `destination`'s memory until its completion is read, which the endpoint keeps registered
     /// and allocated until then; what the destination holds meanwhile is unspecified.
+    ///
+    /// # Deadlines
+    /// As [`write`](Self::write): none of its own; bound it with `tokio::time::timeout`.
     ///
     /// # Errors
     /// As [`write`](Self::write).

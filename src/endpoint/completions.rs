@@ -42,8 +42,9 @@ pub(crate) trait CompletionOwner: Send + Sync {
 
 /// Why an operation failed, as read from its error entry.
 pub(in crate::endpoint) enum Failure {
-    /// The provider reported the peer's connection refused, reset or gone.
-    PeerLost(DmaError),
+    /// The provider reported the peer's connection refused, reset or gone, with this provider
+    /// error (an errno on tcp).
+    PeerLost(DmaError, u32),
     /// Anything else.
     Other(DmaError),
 }
@@ -113,7 +114,7 @@ impl Operations {
         if self.index_of(entry.op_context).is_some() {
             let error = entry.error("fi_cq_readerr");
             let error = if connection_lost(entry.prov_errno) {
-                Failure::PeerLost(error)
+                Failure::PeerLost(error, entry.prov_errno.unsigned_abs())
             } else {
                 Failure::Other(error)
             };
@@ -138,7 +139,7 @@ impl Operations {
                         self.waiter.ring();
                     }
                 }
-                Err(Failure::Other(error) | Failure::PeerLost(error)) => {
+                Err(Failure::Other(error) | Failure::PeerLost(error, _)) => {
                     tracing::warn!(%error, "transmit failed");
                 }
             }
@@ -157,11 +158,24 @@ impl Operations {
         // Name the operation that failed rather than the queue read that reported it.
         let call = operation.operation.call();
         let result = result.map_err(|failure| match failure {
-            // The provider says the peer's connection is gone: the distinct error, naming it.
-            Failure::PeerLost(error) => DmaError::PeerUnreachable {
-                peer: operation.fi_addr,
-                reason: format!("{call}: {}", fabric_text(&error)),
-            },
+            // The provider says the peer's connection is gone: the distinct error, naming it, and
+            // the peer is marked so the next post to it is refused at once (if its index still
+            // holds the incarnation this operation was posted to: see `av::unreachable`).
+            Failure::PeerLost(error, code) => {
+                let marked =
+                    self.peers
+                        .unreachable
+                        .mark(operation.fi_addr, operation.incarnation, code);
+                tracing::debug!(
+                    peer = operation.fi_addr,
+                    marked_unreachable = marked,
+                    "an operation's completion says its peer is gone"
+                );
+                DmaError::PeerUnreachable {
+                    peer: operation.fi_addr,
+                    reason: format!("{call}: {}", fabric_text(&error)),
+                }
+            }
             Failure::Other(DmaError::Fabric { code, message, .. }) => DmaError::Fabric {
                 call,
                 code,

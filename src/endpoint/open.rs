@@ -245,7 +245,14 @@ impl LibfabricEndpoint {
         description.max_sends_in_flight_per_peer = sends.peer_limit();
         // SAFETY: `info` is the list head fi_getinfo returned, alive as long as `handles`.
         let operations = Box::new(unsafe {
-            rma::Operations::new(info, configuration.rma, tx_cq_size, source, sends)
+            rma::Operations::new(
+                info,
+                configuration.rma,
+                tx_cq_size,
+                source,
+                sends,
+                Arc::clone(&handed_out),
+            )
         });
         let backend = FabricAv::new(
             handles.av,

@@ -29,6 +29,14 @@
 //! ([`LibfabricEndpoint::write_within`]; one second for [`LibfabricEndpoint::write`]), after which
 //! the call answers [`DmaError::WouldBlock`] and nothing is in flight.
 //!
+//! # Dead peers
+//!
+//! A completion whose provider error says the peer's connection is gone (see `completions`)
+//! marks the peer's AV index, for the incarnation the operation was posted to, in the record the
+//! sends share (`av::unreachable`); `submit`, which every post goes through, refuses a marked
+//! index at once with [`DmaError::PeerUnreachable`], before taking a slot, until the index is
+//! inserted anew.
+//!
 //! # Drop
 //!
 //! Dropping the endpoint first drains its operations: it asks the provider to cancel each
@@ -65,6 +73,7 @@ use super::in_flight::PostedAt;
 use super::memory::{MemoryRegion, OperationHold, Pool, Registration, RemoteRegion, Segment};
 use super::vectored::{Join, JoinPart, Notifications};
 use super::wait::{Source, Waiter};
+use crate::av::fabric::HandedOut;
 use crate::cache::{Lease, Peer};
 use crate::error::DmaError;
 use crate::sys;
@@ -134,6 +143,9 @@ pub(super) struct InFlight {
     pub(super) region: OperationHold,
     /// The peer it was posted to, for [`DmaError::PeerUnreachable`].
     pub(super) fi_addr: sys::fi_addr_t,
+    /// `fi_addr`'s incarnation when it was posted: a connection-lost completion marks the peer
+    /// dead only if the index still holds it (see `av::unreachable`).
+    pub(super) incarnation: u32,
     /// Who receives the completion: the application's ready queue when `None`, else the crate's
     /// own party that posted it (see `completions`, "Routing").
     pub(super) owner: Option<Owner>,
@@ -186,6 +198,9 @@ pub(super) struct Operations {
     /// `receive_into`s posted and not completed: while any is, `progress` reads the receive
     /// queue too (see `messages`).
     receives_into: AtomicUsize,
+    /// The AV's record, whose `unreachable` marks the peers an operation's completion reported
+    /// gone (see `completions`), and whose marks [`LibfabricEndpoint::submit`] refuses.
+    pub(super) peers: Arc<HandedOut>,
 }
 
 // SAFETY: a slot's cells are touched only by the one thread that owns the slot at the time
@@ -205,14 +220,15 @@ impl Operations {
     ///
     /// # Safety
     /// `info` is the non-null `fi_info` the endpoint was opened with, `source` the wait
-    /// descriptors of its queues, if they have any, and `sends` the send slab sharing its
-    /// transmit queue.
+    /// descriptors of its queues, if they have any, `sends` the send slab sharing its
+    /// transmit queue, and `peers` the record of its AV.
     pub(super) unsafe fn new(
         info: *const sys::fi_info,
         enabled: bool,
         cq_size: usize,
         source: Option<Source>,
         sends: super::sends::Sends,
+        peers: Arc<HandedOut>,
     ) -> Self {
         // SAFETY: fi_getinfo fills every attribute pointer of the entries it returns.
         let (mr_mode, tx_size) =
@@ -246,6 +262,7 @@ impl Operations {
             notifications: Notifications::new(cq_size),
             sends,
             receives_into: AtomicUsize::new(0),
+            peers,
         }
     }
 
@@ -494,8 +511,10 @@ impl LibfabricEndpoint {
     /// # Errors
     /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA, a lease of
     /// another endpoint's cache, a segment of another endpoint's memory, or a target shorter than
-    /// the source; [`DmaError::WouldBlock`] when the provider or the slab still pushed back after
-    /// `timeout` (nothing posted); [`DmaError::Fabric`] when `fi_write` failed.
+    /// the source; [`DmaError::PeerUnreachable`] (nothing posted, at once) when an earlier
+    /// operation's or send's completion reported the peer's connection gone, until its index is
+    /// inserted anew; [`DmaError::WouldBlock`] when the provider or the slab still pushed back
+    /// after `timeout` (nothing posted); [`DmaError::Fabric`] when `fi_write` failed.
     pub fn write_within(
         &self,
         lease: Lease<'_>,
@@ -789,6 +808,20 @@ impl LibfabricEndpoint {
             }
             Target::Unleased(fi_addr) => (fi_addr, None),
         };
+        // A peer an earlier completion reported gone (this incarnation of its index): refused
+        // at once, nothing posted, rather than retried into `WouldBlock` for the whole timeout.
+        // A later part of a joined transfer is not checked: its first part was, for the same
+        // peer, and a mark made since is met by the part's own completion.
+        let later_part = join.as_ref().is_some_and(|part| !part.first);
+        if let Some(code) = self.operations.peers.unreachable.dead(fi_addr) {
+            if !later_part {
+                if let Some(index) = reserved {
+                    self.release_slots([index]);
+                }
+                return Err(super::sends::unreachable(fi_addr, code));
+            }
+        }
+        let incarnation = self.operations.peers.unreachable.incarnation(fi_addr);
         let deadline = Deadline::after(timeout);
         let index = match reserved {
             Some(index) => index,
@@ -817,6 +850,7 @@ impl LibfabricEndpoint {
                 lease,
                 region: hold,
                 fi_addr,
+                incarnation,
                 owner,
                 join: part,
             });

@@ -197,6 +197,7 @@ impl LibfabricEndpoint {
                 lease: None,
                 region: hold,
                 fi_addr: sys::FI_ADDR_UNSPEC,
+                incarnation: 0,
                 owner: None,
                 join: None,
             });
