@@ -1,7 +1,7 @@
 //! Which peers the provider has reported dead, per address-vector index and incarnation.
 //!
-//! A send whose completion says the peer refused, reset or dropped its connection marks the
-//! peer's index here; every later send to that index answers
+//! A send or an RMA operation whose completion says the peer refused, reset or dropped its
+//! connection marks the peer's index here; every later send or RMA post to that index answers
 //! [`DmaError::PeerUnreachable`](crate::DmaError::PeerUnreachable) at once, without posting,
 //! until the index is inserted anew (`fi_av_insert` handed it out again: a new peer, or the same
 //! peer resolved anew after its release). Each index carries an incarnation, bumped by every
