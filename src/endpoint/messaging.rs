@@ -272,6 +272,12 @@ impl LibfabricEndpoint {
     /// count what is left as discarded.
     pub(super) fn shut_down_sends(&self) {
         self.cancel_receives_into();
+        // Nothing in flight: no progress at all. A progress pass here would accept a peer's
+        // pending connection that the close then leaks inside libfabric (rxm's connection request,
+        // 64 B on 2.6.0 and 376 B on 1.17, seen by AddressSanitizer).
+        if 0 == self.sends_in_flight() {
+            return;
+        }
         // Sleeping between reads where the queues have a wait object (see `wait`).
         let _drained = self.wait_until(Deadline::after(Self::SEND_DRAIN_PATIENCE), || {
             self.progress();
