@@ -121,8 +121,9 @@ pub struct Completion {
     pub operation: Operation,
     /// How many bytes were to be transferred.
     pub len: usize,
-    /// `Ok` when the transfer is complete (on tcp the endpoint asks for `FI_TRANSMIT_COMPLETE`,
-    /// so the target's provider has acknowledged it, which it does as it progresses); [`DmaError::PeerUnreachable`] naming the peer's `fi_addr_t` when the provider
+    /// `Ok` when the transfer is complete: for a read, its bytes are here; for a write, the
+    /// provider has sent them (on tcp they land when the target progresses: a write asks for
+    /// `FI_COMPLETION` alone, no acknowledgement, see `docs/benchmarks.md`); [`DmaError::PeerUnreachable`] naming the peer's `fi_addr_t` when the provider
     /// says its connection was refused, reset or lost (tcp's provider errors `ECONNREFUSED`,
     /// `ECONNRESET`, `ECONNABORTED`, `ENOTCONN`, `EPIPE`, `EHOSTUNREACH`, `ENETUNREACH`); the
     /// error entry's detail otherwise ([`DmaError::Fabric`] naming the operation's call, whose
