@@ -5,7 +5,7 @@
 //!
 //! - [`AvBackend`]: the trait the writer drives (`fi_av_insert`, `fi_av_remove`, the layout).
 //! - [`FabricAv`]: a real libfabric `FI_AV_TABLE`, as an endpoint opens it.
-//! - [`ModelAv`](crate::ModelAv) (feature `model`): libfabric's table semantics and efa's address
+//! - `ModelAv` (feature `model`): libfabric's table semantics and efa's address
 //!   rules without a device, for tests, loom and fuzzing.
 
 pub(crate) mod fabric;
@@ -23,7 +23,7 @@ use crate::sys::fi_addr_t;
 /// `remove`, so an implementation needs no synchronisation of its own.
 ///
 /// Two implementations ship: [`FabricAv`], the endpoint's real libfabric AV,
-/// and, with the `model` feature, [`ModelAv`](crate::ModelAv), which has efa's address rules
+/// and, with the `model` feature, `ModelAv`, which has efa's address rules
 /// without an efa device.
 ///
 /// # Calling back into the cache

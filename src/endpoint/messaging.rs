@@ -26,8 +26,9 @@
 //!
 //! A send's slot names its peer by index only: it holds no lease (a copying send borrows a pin,
 //! not an entry), so the entry may be removed while the send is in flight. tcp;ofi_rxm finishes
-//! such a send (each connection holds its own reference to the peer); efa frees it without a
-//! completion (see DESIGN.md), which would keep its slot counted for good. Send from registered
+//! such a send (each connection holds its own reference to the peer); efa RDM frees every
+//! pending operation of a removed peer without a completion (read in the 2.6.0 source; libfabric
+//! PR #11587 fixed crashes there), which would keep its slot counted for good. Send from registered
 //! memory against a lease ([`send_from`](LibfabricEndpoint::send_from)) where that matters.
 //!
 //! Every wait here is bounded, and sleeps on the completion queues between attempts where the

@@ -44,8 +44,8 @@
 //! - **Providers whose demands the endpoint cannot meet are refused at `open`**, with the reason
 //!   in [`DmaError::NoProvider`]: threading other than `FI_THREAD_SAFE` (the endpoint is `Sync`,
 //!   and the cache's writer thread inserts into the AV while other threads post; efa-direct is
-//!   `FI_THREAD_DOMAIN`), `FI_MR_LOCAL` (the crate registers no memory yet, so receive buffers
-//!   have no descriptors; efa-direct requires it), and `FI_ADDR_STR` addresses (shm: strings that
+//!   `FI_THREAD_DOMAIN`), `FI_MR_LOCAL` (the copying `send`/`receive` path posts from slots
+//!   the crate does not register, so they have no descriptors; efa-direct requires it), and `FI_ADDR_STR` addresses (shm: strings that
 //!   `fi_av_insert` reads up to their NUL, whatever length the cache checked).
 //!
 //! # Guarantees

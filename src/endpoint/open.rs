@@ -443,7 +443,8 @@ fn refusal(provider: Provider, demands: &Demands) -> Option<String> {
     if 0 != demands.mr_mode & sys::FI_MR_LOCAL as i32 {
         reasons.push(
             "it requires FI_MR_LOCAL (every posted buffer registered, with its descriptor), and \
-             this crate registers no memory yet: its receive buffers have no descriptors"
+             this crate's copying send and receive slots are not registered, so they have no \
+             descriptors"
                 .to_string(),
         );
     }

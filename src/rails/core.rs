@@ -297,7 +297,7 @@ pub(crate) fn check_addresses(rails: &Shape, addresses: &[&[u8]]) -> Result<(), 
 }
 
 /// The rail logic over caches of any backend: what [`RailSet`](super::RailSet) runs over its
-/// endpoints' caches, here over caches you build, such as [`ModelAv`](crate::ModelAv) ones with
+/// endpoints' caches, here over caches you build, such as `ModelAv` ones with
 /// efa's address rules. Pinning, resolving, leasing, releasing and quiescing behave exactly as on
 /// a [`RailSet`](super::RailSet) (the same code runs); it has no endpoints, so no memory and no
 /// RMA.
