@@ -103,9 +103,64 @@ impl std::fmt::Display for Provider {
 /// its environment variables and setting them no longer changes anything.
 static LIBFABRIC_INITIALISED: AtomicBool = AtomicBool::new(false);
 
-/// Record that libfabric has been initialised (called before every `fi_getinfo`).
-pub(crate) fn note_libfabric_initialised() {
-    LIBFABRIC_INITIALISED.store(true, Ordering::Release);
+/// Called before every `fi_getinfo` of this crate, with the configuration it serves. The first
+/// call of the process applies `configuration`'s rxm sizing itself when that is safe, and says
+/// what it costs when it is not:
+/// - when this process has one thread, the caller's, no other thread can read or write the
+///   environment meanwhile (a thread is only made by a running thread), so setting the
+///   `FI_OFI_RXM_*` variables the environment does not hold is sound, and rxm reads them in the
+///   `fi_getinfo` that follows: an endpoint costs about 5 MiB instead of about 68 MiB;
+/// - otherwise nothing is set, and a warning says what rxm's own defaults cost and how to apply
+///   the sizing ([`Configuration::apply_rxm_environment`] at the start of `main`).
+///
+/// Later calls only record that libfabric has read its variables. Returns whether this call
+/// applied the sizing.
+pub(crate) fn before_getinfo(configuration: &Configuration) -> bool {
+    if LIBFABRIC_INITIALISED.swap(true, Ordering::AcqRel) {
+        return false;
+    }
+    let missing: Vec<(&'static str, String)> = configuration
+        .rxm_environment()
+        .into_iter()
+        .filter(|(name, _)| std::env::var_os(name).is_none())
+        .collect();
+    if missing.is_empty() {
+        return false;
+    }
+    match threads_in_this_process() {
+        Some(1) => {
+            for (name, value) in &missing {
+                // SAFETY: this process has one thread, this one (counted just above; only a
+                // running thread can start another, and this one is here), so nothing else
+                // reads or writes the environment during the call.
+                unsafe { std::env::set_var(name, value) };
+            }
+            tracing::debug!(
+                variables = ?missing,
+                "applied rxm's sizing before libfabric's initialisation (one thread in the process)"
+            );
+            true
+        }
+        threads => {
+            tracing::warn!(
+                threads = ?threads,
+                unset = ?missing,
+                "rxm's sizing was not applied: the process has other threads, so the crate \
+                 cannot set FI_OFI_RXM_* safely, and rxm's own defaults cost about 68 MiB per \
+                 endpoint on libfabric 1.17 (132 MiB on 2.6.0) against about 5 MiB; call \
+                 `unsafe {{ configuration.apply_rxm_environment() }}` at the start of main, \
+                 or set the variables in the environment"
+            );
+            false
+        }
+    }
+}
+
+/// How many threads this process has, from `/proc/self/task`; `None` where that cannot be read.
+pub(crate) fn threads_in_this_process() -> Option<usize> {
+    std::fs::read_dir("/proc/self/task")
+        .ok()
+        .map(|tasks| tasks.filter(Result::is_ok).count())
 }
 
 /// How to open a [`LibfabricEndpoint`](crate::LibfabricEndpoint).
@@ -378,6 +433,10 @@ impl Configuration {
     /// not already hold (what the operator set wins), so that rxm reads them when libfabric
     /// initialises.
     ///
+    /// A process whose first open runs while it has one thread needs no call: that open applies
+    /// its configuration's sizing itself. Call this where other threads may already run by then
+    /// (a tokio runtime started in `main`, say), before any of them starts.
+    ///
     /// ```no_run
     /// use dma_libfabric::Configuration;
     ///
@@ -475,7 +534,7 @@ pub fn runtime_version() -> (u32, u32) {
 /// # Errors
 /// [`DmaError::Fabric`] when `fi_getinfo` fails.
 pub fn compiled_providers() -> Result<Vec<String>, DmaError> {
-    note_libfabric_initialised();
+    before_getinfo(&Configuration::default());
     let mut info: *mut sys::fi_info = ptr::null_mut();
     // SAFETY: no node, service or hints; fi_getinfo writes one list head into `info`, freed
     // below. FI_PROV_ATTR_ONLY asks for one entry per provider with its fabric attributes.

@@ -42,6 +42,15 @@ impl LibfabricEndpoint {
     /// buffers that cannot be allocated; each names the value and the bound, and each is found
     /// before any libfabric object opens.
     ///
+    /// # Memory, and rxm's sizing
+    /// rxm (the default `Provider::Tcp`) reads its buffer sizes only from `FI_OFI_RXM_*`
+    /// environment variables, once, at the process's first `fi_getinfo`; its own defaults cost
+    /// about 68 MiB an endpoint (libfabric 1.17; 132 MiB on 2.6.0), the configuration's
+    /// [`rxm`](Configuration::rxm) sizing about 5 MiB. The first open of a process that has one
+    /// thread applies the sizing itself (setting the environment is sound then). Where other
+    /// threads already run, it cannot, and logs a warning: call
+    /// [`apply_rxm_environment`](Configuration::apply_rxm_environment) at the start of `main`.
+    ///
     /// ```
     /// use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
     ///
@@ -628,7 +637,7 @@ fn getinfo_sized(
             }
         }
         if 0 == code {
-            crate::configuration::note_libfabric_initialised();
+            crate::configuration::before_getinfo(configuration);
             let flags = if node.is_some() { sys::FI_SOURCE } else { 0 };
             code = sys::fi_getinfo(
                 sys::dmafab_version(),
