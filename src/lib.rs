@@ -75,3 +75,8 @@ pub use rails::{
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The guide's server (`docs/guide.md`), run as a doc test so the guide cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+pub struct GuideDoctests;
