@@ -20,7 +20,7 @@
 //!   is started with (a launcher, a systemd unit).
 //!
 //! A variable already present in the environment wins over the configuration. When the sizing
-//! was not applied, [`LibfabricEndpoint::open`](crate::LibfabricEndpoint::open) still works, with
+//! was not applied, [`LibfabricEndpoint::open`](crate::endpoint::LibfabricEndpoint::open) still works, with
 //! rxm's defaults (and their cost).
 //!
 //! What the sizing buys (`examples/open_cost`, tcp;ofi_rxm on 127.0.0.1, 16 endpoints held
@@ -33,7 +33,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 mod rxm;
 pub use self::rxm::RxmSizing;
@@ -163,7 +163,7 @@ pub(crate) fn threads_in_this_process() -> Option<usize> {
         .map(|tasks| tasks.filter(Result::is_ok).count())
 }
 
-/// How to open a [`LibfabricEndpoint`](crate::LibfabricEndpoint).
+/// How to open a [`LibfabricEndpoint`](crate::endpoint::LibfabricEndpoint).
 ///
 /// The default is the embedded one that works on any Linux host: tcp on 127.0.0.1, with queues
 /// and buffers sized for a server with many peers and small messages (see the
@@ -200,7 +200,7 @@ pub struct Configuration {
     /// [`Description::max_sends_in_flight`](crate::endpoint::Description::max_sends_in_flight)). `None` takes the provider's
     /// default (rxm: 2,048 or `FI_OFI_RXM_TX_SIZE`; native tcp: 65,536), and so does `Some(0)`.
     /// More than the provider accepts (rxm: 16,384) is refused by
-    /// [`open`](crate::LibfabricEndpoint::open) with [`DmaError::InvalidArgument`] naming the
+    /// [`open`](crate::endpoint::LibfabricEndpoint::open) with [`DmaError::InvalidArgument`] naming the
     /// provider's bound.
     pub tx_size: Option<usize>,
     /// The receive queue depth asked of the provider (the `rx_attr.size` hint); at least
@@ -212,28 +212,28 @@ pub struct Configuration {
     /// [`MAX_CQ_SIZE`](Self::MAX_CQ_SIZE).
     pub cq_size: usize,
     /// Whether the endpoint does RMA: registers memory and posts `fi_write` and `fi_read`
-    /// ([`LibfabricEndpoint::register`](crate::LibfabricEndpoint::register),
-    /// [`write`](crate::LibfabricEndpoint::write), [`read`](crate::LibfabricEndpoint::read)).
+    /// ([`LibfabricEndpoint::register`](crate::endpoint::LibfabricEndpoint::register),
+    /// [`write`](crate::endpoint::LibfabricEndpoint::write), [`read`](crate::endpoint::LibfabricEndpoint::read)).
     /// Only then are `FI_RMA` capabilities asked of `fi_getinfo`, so an endpoint that only sends
     /// and receives costs what it did before. Default `false`.
     pub rma: bool,
     /// Whether `FI_HMEM` (device memory: CUDA, ROCr, Level Zero, Neuron) is asked of
-    /// `fi_getinfo`, so that [`register_buffer`](crate::LibfabricEndpoint::register_buffer) takes
-    /// a buffer whose [`interface`](crate::StableBuffer::interface) is a device. A provider that
+    /// `fi_getinfo`, so that [`register_buffer`](crate::endpoint::LibfabricEndpoint::register_buffer) takes
+    /// a buffer whose [`interface`](crate::endpoint::StableBuffer::interface) is a device. A provider that
     /// does not offer it is passed over (tcp on libfabric 1.17 does not). Default `false`.
     pub hmem: bool,
     /// rxm's buffer sizes. They take effect only once applied to the environment before
     /// libfabric initialises; see [`apply_rxm_environment`](Self::apply_rxm_environment).
     pub rxm: RxmSizing,
     /// The longest any call of the endpoint's address cache waits
-    /// ([`AddressCache::with_patience`](crate::AddressCache::with_patience)): a blocking lease
+    /// ([`AddressCache::with_patience`](crate::cache::AddressCache::with_patience)): a blocking lease
     /// whose new incarnation waits for an old one's removal answers
     /// [`DmaError::OutOfPatience`] after it, whatever timeout it was given. Default
-    /// [`AddressCache::DEFAULT_PATIENCE`](crate::AddressCache::DEFAULT_PATIENCE), 5 s; at most
+    /// [`AddressCache::DEFAULT_PATIENCE`](crate::cache::AddressCache::DEFAULT_PATIENCE), 5 s; at most
     /// [`MAX_CACHE_PATIENCE`](Self::MAX_CACHE_PATIENCE).
     pub cache_patience: std::time::Duration,
-    /// Whether the endpoint's blocking waits ([`wait_for`](crate::LibfabricEndpoint::wait_for),
-    /// [`receive`](crate::LibfabricEndpoint::receive), a blocking send, the drain) spin on the
+    /// Whether the endpoint's blocking waits ([`wait_for`](crate::endpoint::LibfabricEndpoint::wait_for),
+    /// [`receive`](crate::endpoint::LibfabricEndpoint::receive), a blocking send, the drain) spin on the
     /// completion queues instead of sleeping on their file descriptor. Default `false`: where
     /// the provider offers a wait object (tcp, tcp;ofi_rxm) the queues are opened with
     /// `FI_WAIT_FD` and a wait sleeps between reads, using next to no CPU; `true` opens them
@@ -297,7 +297,7 @@ impl Configuration {
     ///
     /// tcp;ofi_rxm reports a `max_msg_size` of `SIZE_MAX`, so this ceiling is the crate's own.
     /// Every one of the [`receive_buffers`](Self::receive_buffers) is allocated at `open` and
-    /// stays posted for the endpoint's life, and [`receive`](crate::LibfabricEndpoint::receive)
+    /// stays posted for the endpoint's life, and [`receive`](crate::endpoint::LibfabricEndpoint::receive)
     /// copies each message into a fresh `Vec`: a message of more than a gibibyte is bulk data,
     /// which belongs to RMA ([`rma`](Self::rma)), not to a two-sided receive. The buffers are
     /// allocated fallibly: memory that cannot be had is an error from `open`, not an abort.
@@ -314,7 +314,7 @@ impl Configuration {
     pub const MAX_RECEIVE_SIZE: usize = 1 << 30;
 
     /// Check every size this configuration gives against its bounds, before anything reaches
-    /// libfabric or the allocator; [`LibfabricEndpoint::open`](crate::LibfabricEndpoint::open)
+    /// libfabric or the allocator; [`LibfabricEndpoint::open`](crate::endpoint::LibfabricEndpoint::open)
     /// calls it first. What only the provider knows (its `tx_attr.size`, `rx_attr.size` and
     /// `ep_attr.max_msg_size`) is checked by `open` once `fi_getinfo` has answered.
     ///
@@ -393,7 +393,7 @@ impl Configuration {
     }
 
     /// The default [`cache_patience`](Self::cache_patience): 5 s, the cache's own
-    /// [`AddressCache::DEFAULT_PATIENCE`](crate::AddressCache::DEFAULT_PATIENCE).
+    /// [`AddressCache::DEFAULT_PATIENCE`](crate::cache::AddressCache::DEFAULT_PATIENCE).
     pub const DEFAULT_CACHE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
     /// The longest [`cache_patience`](Self::cache_patience) may be: an hour. A wait longer than

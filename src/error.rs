@@ -64,14 +64,14 @@ pub enum DmaError {
     Closed,
     /// The call would have had to wait longer than it was allowed to. What was left behind
     /// depends on the call, and its docs say which:
-    /// - a resolve ([`Pinned::try_resolve`](crate::Pinned::try_resolve), a bounded lease) has
+    /// - a resolve ([`Pinned::try_resolve`](crate::cache::Pinned::try_resolve), a bounded lease) has
     ///   been handed to the writer; resolving again under a later pin finds its result (when
     ///   nothing could be queued, `try_resolve` answers [`DmaError::Busy`] instead);
-    /// - a send or an RMA post ([`LibfabricEndpoint::write`](crate::LibfabricEndpoint::write) and
+    /// - a send or an RMA post ([`LibfabricEndpoint::write`](crate::endpoint::LibfabricEndpoint::write) and
     ///   friends) was **not** posted: the provider still pushed back (a full queue, or a peer that
     ///   has not accepted the connection yet, which on tcp;ofi_rxm 1.17 is also how a peer whose
     ///   process has gone looks) when its timeout ran out;
-    /// - a wait ([`LibfabricEndpoint::wait_for`](crate::LibfabricEndpoint::wait_for)) timed out
+    /// - a wait ([`LibfabricEndpoint::wait_for`](crate::endpoint::LibfabricEndpoint::wait_for)) timed out
     ///   and the operation is still in flight.
     #[error(
         "the operation would block: not done within its timeout (a resolve stays queued for the \
@@ -82,11 +82,11 @@ pub enum DmaError {
     /// and nothing changed. Try again.
     ///
     /// - The address cache's writer's inbox is full
-    ///   ([`AddressCache::INBOX_BOUND`](crate::AddressCache::INBOX_BOUND) requests), so
-    ///   [`Pinned::try_resolve`](crate::Pinned::try_resolve) queued nothing (a later
+    ///   ([`AddressCache::INBOX_BOUND`](crate::cache::AddressCache::INBOX_BOUND) requests), so
+    ///   [`Pinned::try_resolve`](crate::cache::Pinned::try_resolve) queued nothing (a later
     ///   `try_resolve` queues the miss once the writer has made room, or
-    ///   [`Pinned::resolve`](crate::Pinned::resolve) waits for room).
-    /// - A [`MemoryRegion`](crate::MemoryRegion) of the application's memory is in use: an
+    ///   [`Pinned::resolve`](crate::cache::Pinned::resolve) waits for room).
+    /// - A [`MemoryRegion`](crate::endpoint::MemoryRegion) of the application's memory is in use: an
     ///   operation holds it (so it lends no slice and gives no buffer back), or a slice of it is
     ///   lent (so no operation is posted on it). See [`crate::endpoint::buffer`].
     #[error(
@@ -104,9 +104,9 @@ pub enum DmaError {
         /// What the provider said (its error text and code).
         reason: String,
     },
-    /// A blocking call of the address cache ([`AddressCache::lease`](crate::AddressCache::lease),
+    /// A blocking call of the address cache ([`AddressCache::lease`](crate::cache::AddressCache::lease),
     /// `lease_all`, `lease_within`, a rail set's lease) waited as long as the cache's patience
-    /// allows ([`Configuration::cache_patience`](crate::Configuration::cache_patience)) for a new
+    /// allows ([`Configuration::cache_patience`](crate::configuration::Configuration::cache_patience)) for a new
     /// incarnation whose old one has not left the address vector yet. The request stays queued:
     /// once the old incarnation's leases are dropped and its readers unpinned, the same call
     /// finds the entry. A thread that holds one of those leases itself (wherever it was taken)
@@ -144,7 +144,7 @@ pub(crate) fn strerror(code: i64) -> String {
     };
     // SAFETY: fi_strerror takes any integer and returns a pointer to a static, NUL-terminated
     // string (or NULL, checked below); it keeps no state.
-    let text = unsafe { crate::sys::fi_strerror(errno) };
+    let text = unsafe { dma_libfabric_sys::fi_strerror(errno) };
     if text.is_null() {
         return format!("unknown error {code}");
     }

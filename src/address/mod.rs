@@ -13,7 +13,7 @@
 //! apart. Every other provider's identity is the whole address.
 
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 /// `sizeof(struct efa_ep_addr)`: `raw[16]`, `qpn: u16`, `pad: u16`, `qkey: u32`, `next: ptr`.
 pub const EFA_ADDRESS_LEN: usize = 32;

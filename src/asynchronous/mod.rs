@@ -18,7 +18,7 @@
 //! Only providers whose queues have a wait object (tcp, tcp;ofi_rxm) can be driven this way;
 //! [`AsyncEndpoint::new`] refuses the others (efa would need a thread blocked in
 //! `fi_cq_sread`) and an endpoint opened with
-//! [`Configuration::busy_poll`](crate::Configuration::busy_poll), with [`DmaError::Unsupported`].
+//! [`Configuration::busy_poll`](crate::configuration::Configuration::busy_poll), with [`DmaError::Unsupported`].
 //!
 //! # Cancel safety
 //!
@@ -51,7 +51,7 @@
 //!   say so (a partition): the future stays pending until the peer moves again, so only the
 //!   `timeout` resolves it. Dropping the timed-out future is safe (above); its operation stays
 //!   in flight, holding its lease and buffer, and the endpoint's
-//!   [`overdue_operations`](crate::LibfabricEndpoint::overdue_operations) lists it, which tells
+//!   [`overdue_operations`](crate::endpoint::LibfabricEndpoint::overdue_operations) lists it, which tells
 //!   the server which peer stopped answering (release it: its entry goes once the provider
 //!   completes what is in flight).
 //!
@@ -245,7 +245,7 @@ impl AsyncEndpoint {
         &self.shared.endpoint
     }
 
-    /// A lease on `client` at `address` (see [`AddressCache::lease`](crate::AddressCache::lease))
+    /// A lease on `client` at `address` (see [`AddressCache::lease`](crate::cache::AddressCache::lease))
     /// without blocking the runtime: a hit is taken at once; a miss is resolved on tokio's
     /// blocking pool (`spawn_blocking`), where waiting for the cache's writer to insert the
     /// entry costs no runtime thread, and then taken as the hit it has become.
@@ -255,7 +255,7 @@ impl AsyncEndpoint {
     /// `resolve` would, and no lease.
     ///
     /// # Errors
-    /// As [`AddressCache::lease`](crate::AddressCache::lease).
+    /// As [`AddressCache::lease`](crate::cache::AddressCache::lease).
     pub async fn lease(&self, client: u64, address: &[u8]) -> Result<Lease<'_>, DmaError> {
         let peers = self.shared.endpoint.peers();
         match peers.lease_within(client, address, Duration::ZERO) {

@@ -6,7 +6,7 @@
 //! [`FabricAv`] on an endpoint's AV notes the indices `fi_av_insert` hands it in a [`HandedOut`]
 //! record shared with the endpoint, and [`LibfabricEndpoint::lookup`] reads only below it.
 //!
-//! [`LibfabricEndpoint::lookup`]: crate::LibfabricEndpoint::lookup
+//! [`LibfabricEndpoint::lookup`]: crate::endpoint::LibfabricEndpoint::lookup
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -15,7 +15,7 @@ use super::AvBackend;
 use super::unreachable::Unreachable;
 use crate::address::AddressFormat;
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 /// Which indices of one address vector are safe to look up: below one past the highest index
 /// `fi_av_insert` has handed a [`FabricAv`] on it, and below the AV's capacity.
@@ -92,7 +92,7 @@ fn record_for(av: *mut sys::fid_av) -> Arc<HandedOut> {
         .unwrap_or_default()
 }
 
-/// The real libfabric address vector of a [`LibfabricEndpoint`](crate::LibfabricEndpoint), as the
+/// The real libfabric address vector of a [`LibfabricEndpoint`](crate::endpoint::LibfabricEndpoint), as the
 /// cache's writer thread drives it: the only caller of `fi_av_insert` and `fi_av_remove` on it.
 #[derive(Debug)]
 pub struct FabricAv {
@@ -115,10 +115,10 @@ impl FabricAv {
     /// A backend over an address vector opened elsewhere, for a second cache on an endpoint's AV
     /// (tests and benches that compare against the endpoint's own cache).
     ///
-    /// When `av` is a [`LibfabricEndpoint`](crate::LibfabricEndpoint)'s
-    /// [`address_vector`](crate::LibfabricEndpoint::address_vector), the indices this backend
+    /// When `av` is a [`LibfabricEndpoint`](crate::endpoint::LibfabricEndpoint)'s
+    /// [`address_vector`](crate::endpoint::LibfabricEndpoint::address_vector), the indices this backend
     /// inserts count in that endpoint's record, so its
-    /// [`lookup`](crate::LibfabricEndpoint::lookup) reads them. Indices inserted by calling
+    /// [`lookup`](crate::endpoint::LibfabricEndpoint::lookup) reads them. Indices inserted by calling
     /// `fi_av_insert` directly do not count.
     ///
     /// # Safety

@@ -17,7 +17,7 @@ pub use self::fabric::FabricAv;
 
 use crate::address::AddressFormat;
 use crate::error::DmaError;
-use crate::sys::fi_addr_t;
+use dma_libfabric_sys::fi_addr_t;
 
 /// An address vector the cache's writer thread drives. It is the only caller of `insert` and
 /// `remove`, so an implementation needs no synchronisation of its own.

@@ -15,7 +15,7 @@
 //! `ModelAv` is a cheap handle: clones share one table, so a test keeps a clone to inspect what
 //! the writer thread did with the one it handed to [`AddressCache::with_backend`].
 //!
-//! [`AddressCache::with_backend`]: crate::AddressCache::with_backend
+//! [`AddressCache::with_backend`]: crate::cache::AddressCache::with_backend
 
 use super::AvBackend;
 use crate::address::AddressFormat;
@@ -23,7 +23,7 @@ use crate::error::DmaError;
 use std::sync::{Arc, Mutex};
 
 use crate::sync::lock;
-use crate::sys::{self, fi_addr_t};
+use dma_libfabric_sys::{self as sys, fi_addr_t};
 
 /// One call the model AV saw, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //!
 //! A send or an RMA operation whose completion says the peer refused, reset or dropped its
 //! connection marks the peer's index here; every later send or RMA post to that index answers
-//! [`DmaError::PeerUnreachable`](crate::DmaError::PeerUnreachable) at once, without posting,
+//! [`DmaError::PeerUnreachable`](crate::error::DmaError::PeerUnreachable) at once, without posting,
 //! until the index is inserted anew (`fi_av_insert` handed it out again: a new peer, or the same
 //! peer resolved anew after its release). Each index carries an incarnation, bumped by every
 //! insert, and a mark names the incarnation it was made for: a late error completion of a send
@@ -77,7 +77,7 @@ impl Unreachable {
 /// Whether a send's error code (positive `FI_E*`, which are errno values) says the peer is gone:
 /// its connection was refused, reset, aborted or shut down, or its host cannot be reached.
 pub(crate) fn says_peer_is_gone(code: u32) -> bool {
-    use crate::sys;
+    use dma_libfabric_sys as sys;
     /// Linux's `EPIPE`: libfabric's `FI_EPIPE` is commented out of `fi_errno.h`, but tcp reports
     /// a write to a closed socket with it.
     const EPIPE: u32 = 32;

@@ -5,7 +5,7 @@
 //!
 //! No call of the cache waits for ever, whoever holds what, on whichever thread or task. Every
 //! wait is bounded by the cache's *patience* ([`AddressCache::with_patience`], set by an endpoint
-//! from [`Configuration::cache_patience`](crate::Configuration::cache_patience); by default
+//! from [`Configuration::cache_patience`](crate::configuration::Configuration::cache_patience); by default
 //! [`AddressCache::DEFAULT_PATIENCE`], 5 s), and no timeout a caller passes makes a wait longer
 //! (`Duration::MAX`, 2⁴⁰ s and 100 years all mean "the patience").
 //!

@@ -14,7 +14,7 @@
 use std::hash::{Hash, Hasher};
 
 use super::stored::StoredAddress;
-use crate::sys::fi_addr_t;
+use dma_libfabric_sys::fi_addr_t;
 
 /// The hasher: foldhash, seeded per map. Lookups hash a `u64` and 16 to 18 bytes, where
 /// SipHash would cost more than the probe.

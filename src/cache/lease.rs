@@ -81,7 +81,7 @@ use super::doorbell::Doorbell;
 use super::writer::Shared;
 use crate::error::DmaError;
 use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
-use crate::sys::fi_addr_t;
+use dma_libfabric_sys::fi_addr_t;
 
 /// The low bits of a counter: how many leases are out.
 const COUNT: u32 = AWAITED - 1;
@@ -265,7 +265,7 @@ impl LeaseCounts {
 
     /// How many leases are out on `fi_addr` now: what an [`OutOfPatience`] error reports.
     ///
-    /// [`OutOfPatience`]: crate::DmaError::OutOfPatience
+    /// [`OutOfPatience`]: crate::error::DmaError::OutOfPatience
     pub(crate) fn count(&self, fi_addr: fi_addr_t) -> u64 {
         self.slot(fi_addr)
             .map_or(0, |count| u64::from(count.load(Ordering::Relaxed) & COUNT))

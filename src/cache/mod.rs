@@ -115,7 +115,7 @@ pub use crate::av::AvBackend;
 use crate::av::FabricAv;
 use crate::error::DmaError;
 use crate::sync::{Arc, Bounded, TrySendError, bounded, mpsc, thread};
-use crate::sys::fi_addr_t;
+use dma_libfabric_sys::fi_addr_t;
 
 /// What a reader needs, whatever the backend.
 struct Core {
@@ -324,7 +324,7 @@ impl<B: AvBackend> AddressCache<B> {
     /// A cache over `backend`, with its writer thread started.
     ///
     /// It holds at most [`AvBackend::capacity`] entries, and at most
-    /// [`Configuration::MAX_AV_CAPACITY`](crate::Configuration::MAX_AV_CAPACITY) whatever the
+    /// [`Configuration::MAX_AV_CAPACITY`](crate::configuration::Configuration::MAX_AV_CAPACITY) whatever the
     /// backend says: the index and the lease counters are allocated up front for every index.
     ///
     /// ```

@@ -33,7 +33,7 @@ use std::time::Instant;
 use super::doorbell::{Doorbell, WriterState};
 use crate::error::DmaError;
 use crate::sync::{mpsc, recv_until};
-use crate::sys::fi_addr_t;
+use dma_libfabric_sys::fi_addr_t;
 
 /// How long a waiter polls for its answer: until the writer's spin budget, read when the poll
 /// starts, is spent (under loom, which has no time: [`Spin::LOOM_POLLS`] yielding polls).

@@ -86,7 +86,7 @@ use std::sync::Arc;
 use super::LibfabricEndpoint;
 use super::memory::{MemoryRegion, Registration};
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 /// A buffer whose bytes stay at one address, with one length, for as long as it is owned: what
 /// [`LibfabricEndpoint::register_buffer`] registers in place.
@@ -295,7 +295,7 @@ impl LibfabricEndpoint {
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] when the endpoint was opened without
-    /// [`Configuration::rma`](crate::Configuration::rma), for an empty buffer or one longer than
+    /// [`Configuration::rma`](crate::configuration::Configuration::rma), for an empty buffer or one longer than
     /// [`MAX_REGION_LEN`](super::memory::MAX_REGION_LEN), or for a provider that asks for `FI_MR_RAW`;
     /// [`DmaError::Unsupported`] for device memory on a provider that does not offer `FI_HMEM`
     /// (naming the capabilities `fi_getinfo` answered); [`DmaError::Fabric`] when `fi_mr_reg`,

@@ -30,7 +30,7 @@ use super::LibfabricEndpoint;
 use super::deadline::Deadline;
 use super::rma::{BATCH, Completion, Operations, lock};
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 /// Who receives the completions of the operations the crate posts for itself.
 pub(crate) trait CompletionOwner: Send + Sync {
@@ -344,7 +344,7 @@ impl LibfabricEndpoint {
     /// some thread must wait on every endpoint that is an RMA target. A wake-up may bring no
     /// completion (a rendezvous, a peer's RMA landing): it is answered by the progress itself.
     /// Where the provider has no wait object, or with
-    /// [`Configuration::busy_poll`](crate::Configuration::busy_poll), this drives progress once
+    /// [`Configuration::busy_poll`](crate::configuration::Configuration::busy_poll), this drives progress once
     /// and returns at once. Any `Duration` is accepted (`Duration::MAX`: until a wake-up).
     ///
     /// ```

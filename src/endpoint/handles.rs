@@ -3,7 +3,7 @@
 use std::ptr;
 
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 /// Raw objects, each null until opened. Dropping closes whichever are open: the endpoint first,
 /// then what it was bound to (completion queues, address vector), then the domain and the

@@ -1,7 +1,7 @@
 //! How long the RMA operations in flight have been in flight: the oldest one's age, and the
 //! operations older than a deadline.
 //!
-//! A [`Lease`](crate::Lease) is held until its operation's completion has been read, and the
+//! A [`Lease`](crate::cache::Lease) is held until its operation's completion has been read, and the
 //! provider decides when that is. On tcp a peer that was killed answers with a reset within
 //! milliseconds, but a peer that is unreachable (a partition, a host that died) answers nothing,
 //! and an operation to it stays in flight until the kernel gives the connection up (tcp's
@@ -21,7 +21,7 @@
 //! - Nothing here cancels or frees anything. An overdue operation still holds its lease, and so
 //!   its peer's AV entry, and its buffer: the provider may still touch them. What a server does
 //!   with an overdue operation is its own choice: stop posting to that peer and
-//!   [`release`](crate::AddressCache::release) it, so that its entry goes as soon as the provider
+//!   [`release`](crate::cache::AddressCache::release) it, so that its entry goes as soon as the provider
 //!   completes what is in flight (`docs/faults.md` has how long that takes, per provider and
 //!   fault, and the knobs that bound it).
 

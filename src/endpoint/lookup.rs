@@ -9,7 +9,7 @@ use super::FabricAv;
 use super::{Description, LibfabricEndpoint, check};
 use crate::cache::AddressCache;
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 impl LibfabricEndpoint {
     /// The cache of address-vector entries that posting threads resolve peers through.

@@ -1,7 +1,7 @@
 //! Registered memory: buffers a peer may write into or read from, and the descriptor it needs
 //! to do so.
 //!
-//! [`LibfabricEndpoint::register`](crate::LibfabricEndpoint::register) allocates a buffer,
+//! [`LibfabricEndpoint::register`](crate::endpoint::LibfabricEndpoint::register) allocates a buffer,
 //! registers it with `fi_mr_reg` for local and remote reads and writes, and returns a
 //! [`MemoryRegion`]. Its [`RemoteRegion`] (address, key, length) is what a peer needs to post
 //! `fi_write` or `fi_read` against it; it converts to and from a fixed 24-byte little-endian
@@ -29,7 +29,7 @@
 //! # Lifetime
 //!
 //! A [`MemoryRegion`] borrows its endpoint, or (made by
-//! [`register_shared`](crate::LibfabricEndpoint::register_shared)) holds an `Arc` of it, so it
+//! [`register_shared`](crate::endpoint::LibfabricEndpoint::register_shared)) holds an `Arc` of it, so it
 //! cannot outlive the domain it is registered in.
 //! Its memory and registration are shared (an `Arc`) with every operation in flight on it:
 //! dropping the `MemoryRegion` while this endpoint's own write or read is in flight leaves both
@@ -103,7 +103,7 @@
 //! window; it does not close it. An application that needs the guarantee keeps a region
 //! registered until its peers have confirmed (on their own messages) that they are done with it.
 //!
-//! What parking costs: [`parked_memory`](crate::LibfabricEndpoint::parked_memory) bytes, until
+//! What parking costs: [`parked_memory`](crate::endpoint::LibfabricEndpoint::parked_memory) bytes, until
 //! reused or until the endpoint drops. A buffer is allocated only while its class has at most
 //! [`QUARANTINE`] parked, so a class never holds more buffers (alive and parked together) than
 //! the most regions of that class ever alive at once, plus [`QUARANTINE`]: parked memory is
@@ -147,9 +147,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::access::AccessWord;
 pub use super::buffer::{Exposure, MemoryInterface, PooledBuffer, RegionSlice, StableBuffer};
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
-/// The longest region [`register`](crate::LibfabricEndpoint::register) accepts: 1 TiB.
+/// The longest region [`register`](crate::endpoint::LibfabricEndpoint::register) accepts: 1 TiB.
 ///
 /// libfabric's `fi_info` gives no limit on a registration's length: `domain_attr.mr_iov_limit`
 /// counts the pieces of one registration (1 on tcp), and `ep_attr.max_msg_size` bounds one
@@ -773,13 +773,13 @@ impl Drop for OperationHold {
 /// A registered buffer of this process: the local side of this endpoint's RMA operations and,
 /// unless registered [`Exposure::Local`], memory peers may write into and read from.
 ///
-/// Made by [`LibfabricEndpoint::register`](crate::LibfabricEndpoint::register) (the endpoint's
+/// Made by [`LibfabricEndpoint::register`](crate::endpoint::LibfabricEndpoint::register) (the endpoint's
 /// own memory, `B` = [`PooledBuffer`]) or
-/// [`register_buffer`](crate::LibfabricEndpoint::register_buffer) (the application's buffer `B`,
+/// [`register_buffer`](crate::endpoint::LibfabricEndpoint::register_buffer) (the application's buffer `B`,
 /// registered in place); it borrows that endpoint. Dropping it while an operation on it is in
 /// flight is safe: the memory and the registration live until the operation's completion has
 /// been read. Memory a peer may reach is then parked by the endpoint, not freed, since a peer's
-/// transfer may still reach it ([`parked_memory`](crate::LibfabricEndpoint::parked_memory)). See
+/// transfer may still reach it ([`parked_memory`](crate::endpoint::LibfabricEndpoint::parked_memory)). See
 /// the [module docs](self) and [`buffer`](super::buffer) for the application's memory.
 ///
 /// ```
@@ -800,10 +800,10 @@ impl Drop for OperationHold {
 pub struct MemoryRegion<'ep, B = PooledBuffer> {
     pub(crate) inner: Arc<Registration>,
     /// The endpoint, for a region made by
-    /// [`register_shared`](crate::LibfabricEndpoint::register_shared): declared after `inner`, so
+    /// [`register_shared`](crate::endpoint::LibfabricEndpoint::register_shared): declared after `inner`, so
     /// the registration goes before the endpoint can. Held for its `Drop`.
     #[allow(dead_code)]
-    owner: Option<Arc<crate::LibfabricEndpoint>>,
+    owner: Option<Arc<crate::endpoint::LibfabricEndpoint>>,
     endpoint: PhantomData<&'ep ()>,
     /// The type of the memory, for [`into_buffer`](Self::into_buffer); `fn() -> B` so that the
     /// region is `Sync` whatever `B` is (no `&B` is ever lent).
@@ -824,7 +824,10 @@ impl<B> std::fmt::Debug for MemoryRegion<'_, B> {
 
 impl MemoryRegion<'_> {
     /// The same region, keeping `owner` (its endpoint) alive instead of borrowing it.
-    pub(crate) fn owned_by(self, owner: Arc<crate::LibfabricEndpoint>) -> MemoryRegion<'static> {
+    pub(crate) fn owned_by(
+        self,
+        owner: Arc<crate::endpoint::LibfabricEndpoint>,
+    ) -> MemoryRegion<'static> {
         MemoryRegion {
             inner: self.inner,
             owner: Some(owner),
@@ -866,14 +869,19 @@ impl<'ep, B> MemoryRegion<'ep, B> {
     }
 
     /// Its parts, for [`into_buffer`](Self::into_buffer) and friends.
-    pub(crate) fn into_parts(self) -> (Arc<Registration>, Option<Arc<crate::LibfabricEndpoint>>) {
+    pub(crate) fn into_parts(
+        self,
+    ) -> (
+        Arc<Registration>,
+        Option<Arc<crate::endpoint::LibfabricEndpoint>>,
+    ) {
         (self.inner, self.owner)
     }
 
     /// A region from [`into_parts`](Self::into_parts)' parts.
     pub(crate) fn from_parts(
         inner: Arc<Registration>,
-        owner: Option<Arc<crate::LibfabricEndpoint>>,
+        owner: Option<Arc<crate::endpoint::LibfabricEndpoint>>,
     ) -> Self {
         Self {
             inner,
@@ -908,7 +916,7 @@ impl<'ep, B> MemoryRegion<'ep, B> {
     }
 
     /// Whether peers may reach it ([`Exposure::Remote`]; every region of
-    /// [`register`](crate::LibfabricEndpoint::register)) or only this endpoint's own operations.
+    /// [`register`](crate::endpoint::LibfabricEndpoint::register)) or only this endpoint's own operations.
     pub fn exposure(&self) -> Exposure {
         self.inner.exposure
     }
@@ -929,8 +937,8 @@ impl<'ep, B> MemoryRegion<'ep, B> {
         }
     }
 
-    /// `len` bytes at `offset`, as the local side of a [`write`](crate::LibfabricEndpoint::write)
-    /// (the source) or a [`read`](crate::LibfabricEndpoint::read) (the destination).
+    /// `len` bytes at `offset`, as the local side of a [`write`](crate::endpoint::LibfabricEndpoint::write)
+    /// (the source) or a [`read`](crate::endpoint::LibfabricEndpoint::read) (the destination).
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] for an empty segment or one that does not fit the region.

@@ -47,7 +47,7 @@ use super::deadline::Deadline;
 use super::{LibfabricEndpoint, POST_PATIENCE, sends};
 use crate::cache::Peer;
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 /// The bytes of provider-specific error data [`LibfabricEndpoint`] asks `fi_cq_readerr` to copy
 /// into a buffer of its own for each error completion.
@@ -62,7 +62,7 @@ impl LibfabricEndpoint {
     /// Send a copy of `message` to `peer`, retrying while every send slot is in flight or the
     /// provider asks for progress, for at most a second. See [`send_within`](Self::send_within) to choose the bound.
     ///
-    /// `peer` borrows the [`Pinned`](crate::Pinned) it was resolved under, so it cannot be used
+    /// `peer` borrows the [`Pinned`](crate::cache::Pinned) it was resolved under, so it cannot be used
     /// once that pin is dropped, when its index may have been removed and handed to another
     /// peer:
     ///
@@ -157,7 +157,7 @@ impl LibfabricEndpoint {
     /// missing entry (a crash on tcp;ofi_rxm and efa). It must also still name the peer meant:
     /// `FI_AV_TABLE` hands a removed index to the next insert at once, and a send to it goes to
     /// that newcomer. An index from this endpoint's own cache meets this only while the
-    /// [`Pinned`](crate::Pinned) it was resolved under lives; use [`send`](Self::send) for those.
+    /// [`Pinned`](crate::cache::Pinned) it was resolved under lives; use [`send`](Self::send) for those.
     ///
     /// # Errors
     /// As [`send_within`](Self::send_within), except that no peer is checked.

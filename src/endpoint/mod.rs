@@ -11,7 +11,7 @@
 //!
 //! - **Posting takes a [`Peer`], never a raw index.** [`send`](LibfabricEndpoint::send),
 //!   [`send_within`](LibfabricEndpoint::send_within) and [`try_send`](LibfabricEndpoint::try_send)
-//!   take a `Peer<'_>`, which only a [`Pinned`](crate::Pinned) resolve makes and which borrows
+//!   take a `Peer<'_>`, which only a [`Pinned`](crate::cache::Pinned) resolve makes and which borrows
 //!   that pin: the borrow checker refuses a post after the pin is dropped, so safe code cannot
 //!   post to an index the cache has since removed or handed to another peer (the `compile_fail`
 //!   example on `send` shows it). A peer resolved by another endpoint's cache is refused with

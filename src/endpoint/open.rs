@@ -22,7 +22,7 @@ use crate::av::fabric as av;
 use crate::cache::AddressCache;
 use crate::configuration::{Configuration, Provider};
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 impl LibfabricEndpoint {
     /// Open an endpoint with the first of `configuration.providers` that gives a

@@ -53,7 +53,7 @@
 //!
 //! A `Lease<'cache>` borrows the endpoint's own cache; stored in a slot it is a `Lease<'static>`.
 //! That is sound because (1) only leases of this endpoint's cache are accepted (checked with
-//! [`AddressCache::owns`](crate::AddressCache::owns)), and (2) every slot is emptied, its lease
+//! [`AddressCache::owns`](crate::cache::AddressCache::owns)), and (2) every slot is emptied, its lease
 //! dropped, before the endpoint drops its cache (`LibfabricEndpoint::drop` drains and abandons
 //! first), so no stored lease outlives the counters it points into.
 
@@ -76,7 +76,7 @@ use super::wait::{Source, Waiter};
 use crate::av::fabric::HandedOut;
 use crate::cache::{Lease, Peer};
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 /// The most RMA operations one endpoint keeps in flight, whatever the transmit queue allows.
 pub const MAX_OPERATIONS: usize = 4096;
@@ -373,7 +373,7 @@ impl LibfabricEndpoint {
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] when the endpoint was opened without
-    /// [`Configuration::rma`](crate::Configuration::rma), for `len` 0 or above
+    /// [`Configuration::rma`](crate::configuration::Configuration::rma), for `len` 0 or above
     /// [`MAX_REGION_LEN`](crate::endpoint::memory::MAX_REGION_LEN) (naming both), when the
     /// system cannot allocate `len` bytes, or for a provider that asks for `FI_MR_RAW`;
     /// [`DmaError::Fabric`] when `fi_mr_reg` (after

@@ -9,7 +9,7 @@
 //! slot has a buffer of [`max_send_size`](super::Description::max_send_size) bytes
 //! (`receive_size`, at most [`MAX_SEND_COPY`]), all in one zeroed allocation made at `open`, which
 //! the kernel backs only as slots are used. A send finding no free slot answers
-//! [`DmaError::WouldBlock`](crate::DmaError::WouldBlock) and posts nothing. So the memory the
+//! [`DmaError::WouldBlock`](crate::error::DmaError::WouldBlock) and posts nothing. So the memory the
 //! message path holds for sends, in this crate and in the provider, is bounded by that count
 //! whatever the peer does: a peer that stops reading stops completions, and sends past the count
 //! are refused. One peer may hold at most half the slots (counted per AV index, one `AtomicU32`
@@ -28,7 +28,7 @@
 //! logged at `warn` with the peer's `fi_addr_t`, and when its code says the peer is gone
 //! (refused, reset, aborted, unreachable: see `av::unreachable`) the peer is
 //! marked, so the next send to it answers
-//! [`DmaError::PeerUnreachable`](crate::DmaError::PeerUnreachable).
+//! [`DmaError::PeerUnreachable`](crate::error::DmaError::PeerUnreachable).
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
@@ -39,7 +39,7 @@ use super::messaging::ErrorEntry;
 use crate::av::fabric::HandedOut;
 use crate::av::unreachable::says_peer_is_gone;
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 /// The most sends one endpoint keeps in flight, whatever its transmit queue allows.
 pub const MAX_SENDS: usize = 16_384;

@@ -26,7 +26,7 @@
 //! [`try_receive`](LibfabricEndpoint::try_receive) and [`receive`](LibfabricEndpoint::receive)
 //! (which a server's loop runs anyway), which set such completions aside as [`Notification`]s
 //! for [`poll_notifications`](LibfabricEndpoint::poll_notifications). At most
-//! [`Configuration::cq_size`](crate::Configuration::cq_size) notifications wait (the bound of
+//! [`Configuration::cq_size`](crate::configuration::Configuration::cq_size) notifications wait (the bound of
 //! the receive queue they came from); past it the oldest is dropped and counted
 //! ([`dropped_notifications`](LibfabricEndpoint::dropped_notifications)).
 
@@ -41,7 +41,7 @@ use super::memory::{RemoteRegion, Segment};
 use super::rma::{Completion, Operation, Posted, Submission, Target};
 use crate::cache::Lease;
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 /// The most pieces one `fi_writemsg`/`fi_readmsg` carries, whatever the provider allows: the
 /// size of the arrays a message is built in, on the stack.
@@ -514,7 +514,7 @@ impl LibfabricEndpoint {
     }
 
     /// How many notifications were dropped, oldest first, because
-    /// [`Configuration::cq_size`](crate::Configuration::cq_size) were already waiting.
+    /// [`Configuration::cq_size`](crate::configuration::Configuration::cq_size) were already waiting.
     pub fn dropped_notifications(&self) -> u64 {
         self.operations
             .notifications

@@ -52,13 +52,13 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::deadline::Deadline;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 /// The longest one `poll` sleeps before the queues are read again, whatever the deadline.
 pub(crate) const MOST_SLEEP: Duration = Duration::from_secs(1);
 
 /// The most sources one wait sleeps on (a rail set's rails: at least
-/// [`MAX_RAILS`](crate::MAX_RAILS), checked where the rail set waits).
+/// [`MAX_RAILS`](crate::rails::MAX_RAILS), checked where the rail set waits).
 pub(crate) const MOST_SOURCES: usize = 8;
 
 /// The most descriptors one wait polls: two queues per source, and the waiter's own bell.
@@ -228,7 +228,7 @@ impl Waiter {
 
     /// Call `attempt` until it answers `Some` or `deadline` passes, sleeping on `sources`'
     /// descriptors between calls (see the module docs); with no sources (a provider without a
-    /// wait object, [`Configuration::busy_poll`](crate::Configuration::busy_poll)), yielding
+    /// wait object, [`Configuration::busy_poll`](crate::configuration::Configuration::busy_poll)), yielding
     /// between calls instead. `attempt` must read the queues (drive progress) itself.
     pub(crate) fn wait<T>(
         &self,

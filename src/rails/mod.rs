@@ -13,7 +13,7 @@
 //! - [`RailSet::write`] and [`RailSet::read`] cut a transfer into stripes across the rails (see
 //!   [`MIN_STRIPE`]) and [`RailSet::poll_completions`] hands out one [`Completion`] for it once
 //!   every stripe has completed.
-//! - [`RailCaches`] is the same rail logic over caches of any [`AvBackend`](crate::AvBackend)
+//! - [`RailCaches`] is the same rail logic over caches of any [`AvBackend`](crate::av::AvBackend)
 //!   (the model AV in tests): the code a `RailSet` runs, without endpoints.
 //!
 //! # Mapping
@@ -41,7 +41,7 @@
 //! 3. **One incarnation per client.** An efa eviction of a client on one rail (a new incarnation
 //!    took its slot: its process is gone) releases it on every rail, and a later resolve
 //!    registers it anew on all of them.
-//! 4. Everything each rail's [`AddressCache`](crate::AddressCache) guarantees, per rail: no ABA,
+//! 4. Everything each rail's [`AddressCache`](crate::cache::AddressCache) guarantees, per rail: no ABA,
 //!    one remove per insert, no removal under a pin or a lease, the AV empty once every client is
 //!    released and the set quiesced.
 //!

@@ -147,12 +147,12 @@ impl RailSet {
 
     /// A [`RailLease`] on `client` on every rail, without a pin: registers it on every rail (on
     /// a miss, through each rail's writer) and leases it there. Blocks as
-    /// [`AddressCache::lease`](crate::AddressCache::lease) does, rail by rail, holding no lease
+    /// [`AddressCache::lease`](crate::cache::AddressCache::lease) does, rail by rail, holding no lease
     /// of its own while a rail waits; all or nothing.
     ///
     /// # Errors
     /// As [`RailsPinned::resolve`], except `WouldBlock`; and as
-    /// [`AddressCache::lease`](crate::AddressCache::lease) for each rail (refused at once under
+    /// [`AddressCache::lease`](crate::cache::AddressCache::lease) for each rail (refused at once under
     /// the calling thread's own pin; [`DmaError::OutOfPatience`] once rail 0's cache's patience
     /// has passed, in all). On an error `client` is released on every rail (bad input aside,
     /// which changes nothing).
@@ -180,12 +180,12 @@ impl RailSet {
     }
 
     /// Let go of `client` on every rail. Returns at once (see
-    /// [`AddressCache::release`](crate::AddressCache::release)).
+    /// [`AddressCache::release`](crate::cache::AddressCache::release)).
     pub fn release(&self, client: u64) {
         self.core.release(client);
     }
 
-    /// [`AddressCache::quiesce`](crate::AddressCache::quiesce) on every rail, after releasing
+    /// [`AddressCache::quiesce`](crate::cache::AddressCache::quiesce) on every rail, after releasing
     /// everywhere the clients an eviction dropped on one rail.
     pub fn quiesce(&self) {
         self.core.quiesce();
@@ -276,7 +276,7 @@ impl RailSet {
     ///
     /// # Errors
     /// As `LibfabricEndpoint::register_buffer`, for any rail; the buffer is dropped (or, if
-    /// [`Exposure::Remote`](crate::Exposure::Remote), parked) on an error, and nothing is left
+    /// [`Exposure::Remote`](crate::endpoint::Exposure::Remote), parked) on an error, and nothing is left
     /// registered.
     ///
     /// ```
@@ -293,10 +293,10 @@ impl RailSet {
     /// assert_eq!(address, pages.as_ptr() as usize);
     /// # Ok::<(), dma_libfabric::DmaError>(())
     /// ```
-    pub fn register_buffer<B: crate::StableBuffer>(
+    pub fn register_buffer<B: crate::endpoint::StableBuffer>(
         &self,
         buffer: B,
-        exposure: crate::Exposure,
+        exposure: crate::endpoint::Exposure,
     ) -> Result<RailRegion<'_, B>, DmaError> {
         let primary = self.core.rail(0).register_buffer(buffer, exposure)?.erase();
         let mut regions = Vec::with_capacity(self.len());

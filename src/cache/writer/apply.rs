@@ -15,7 +15,7 @@ use crate::cache::index::{Registration, RegistrationIndex};
 use crate::cache::reply::Answer;
 use crate::cache::stored::StoredAddress;
 use crate::error::DmaError;
-use crate::sys::fi_addr_t;
+use dma_libfabric_sys::fi_addr_t;
 
 impl<B: AvBackend> Writer<B> {
     pub(super) fn apply(&mut self, request: Request) {

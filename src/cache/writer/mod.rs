@@ -143,7 +143,7 @@ use crate::sync::atomic::AtomicBool;
 #[cfg(not(dma_loom))]
 use crate::sync::atomic::Ordering;
 use crate::sync::{Arc, mpsc};
-use crate::sys::fi_addr_t;
+use dma_libfabric_sys::fi_addr_t;
 use run::Quiescer;
 use state::{Deadlines, Entry, Holding, Parked, Pending};
 
@@ -353,7 +353,7 @@ pub(crate) struct Writer<B> {
 }
 
 /// How many entries the cache keeps in `backend`: its capacity, up to
-/// [`Configuration::MAX_AV_CAPACITY`](crate::Configuration::MAX_AV_CAPACITY), since the index and
+/// [`Configuration::MAX_AV_CAPACITY`](crate::configuration::Configuration::MAX_AV_CAPACITY), since the index and
 /// the lease counters are allocated up front for every index. A backend that reports more (a
 /// model AV built by hand) is used up to that bound; an index past it is refused as outside the
 /// table.

@@ -17,7 +17,7 @@ use crate::sync::atomic::Ordering;
 use crate::sync::{Arc, mpsc};
 #[cfg(dma_loom)]
 use crate::sync::{recv_polling, recv_spinning};
-use crate::sys::fi_addr_t;
+use dma_libfabric_sys::fi_addr_t;
 
 /// How long the writer polls for the next request before it parks: long enough to stay awake
 /// through a burst of misses, short enough not to hold a core when idle.
@@ -41,7 +41,7 @@ pub(super) const LAST_RETRY: Duration = Duration::from_secs(1);
 /// as it exits, or one running a deferred closure) and then preempted stops the epoch for a whole
 /// time slice, which four back-to-back rounds do not outlast on a loaded machine. So after these
 /// rounds the writer keeps advancing, sleeping between rounds, until the caller's patience
-/// ([`crate::AddressCache::quiesce_with_patience`]) has passed without progress.
+/// ([`crate::cache::AddressCache::quiesce_with_patience`]) has passed without progress.
 pub(super) const STALLED_ROUNDS: u32 = 4;
 
 /// A caller blocked in `quiesce`.

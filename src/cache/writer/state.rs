@@ -8,7 +8,7 @@ use super::Hasher;
 use crate::cache::reply::Answer;
 use crate::cache::stored::StoredAddress;
 use crate::error::DmaError;
-use crate::sys::fi_addr_t;
+use dma_libfabric_sys::fi_addr_t;
 
 /// The clients that hold a live entry. Nearly every entry has one, so one is stored inline.
 #[derive(Default)]

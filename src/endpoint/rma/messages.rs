@@ -15,7 +15,7 @@ use crate::endpoint::completions::Failure;
 use crate::endpoint::deadline::Deadline;
 use crate::endpoint::memory::Segment;
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 impl LibfabricEndpoint {
     /// `fi_send` of `source` to the lease's peer, from the registered memory itself (no copy),
