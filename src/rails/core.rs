@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::MAX_RAILS;
 use super::resolve::{RailLease, RailsPinned};
+use super::shape::{Rails, Shape, address_for, check_addresses};
 use crate::av::{AvBackend, FabricAv};
 use crate::cache::{AddressCache, Pinned, ReleaseQueue};
 use crate::endpoint::LibfabricEndpoint;
@@ -36,19 +37,6 @@ impl RailCache for LibfabricEndpoint {
     fn cache(&self) -> &AddressCache<FabricAv> {
         self.peers()
     }
-}
-
-/// The calls a [`RailsPinned`] makes on every rail, whatever the backend: object safe, so the
-/// pin carries no backend type.
-pub(crate) trait Rails: Sync {
-    /// How many rails.
-    fn count(&self) -> usize;
-    /// A pin of rail `rail`'s cache.
-    fn pin_rail(&self, rail: usize) -> Option<Pinned<'_>>;
-    /// How many rails, and how long an address each rail's AV takes.
-    fn shape(&self) -> &Shape;
-    /// Release `client` on every rail, after releasing the clients evicted meanwhile.
-    fn release_everywhere(&self, client: u64);
 }
 
 /// How many clients an efa eviction on one rail has released on every other rail.
@@ -251,49 +239,6 @@ impl<T: RailCache> Drop for RailCore<T> {
             drop(rail);
         }
     }
-}
-
-/// The address local rail `rail` uses: the peer's rail `rail mod m` of its `m`.
-pub(crate) fn address_for<'a>(addresses: &[&'a [u8]], rail: usize) -> &'a [u8] {
-    match addresses.len() {
-        0 => &[],
-        m => addresses[rail % m],
-    }
-}
-
-/// Refuse a wrong number of addresses, or an address of the wrong length or all zero bytes for
-/// the rail that would use it, before any rail's writer is asked anything.
-/// How many rails, and each rail's address length: what checking addresses needs, read without
-/// a call through `dyn Rails`.
-pub(crate) struct Shape {
-    pub(crate) count: usize,
-    address_lens: [usize; MAX_RAILS],
-}
-
-pub(crate) fn check_addresses(rails: &Shape, addresses: &[&[u8]]) -> Result<(), DmaError> {
-    if addresses.is_empty() || addresses.len() > MAX_RAILS {
-        return Err(DmaError::InvalidArgument(format!(
-            "a peer advertises 1 to {MAX_RAILS} rail addresses, not {}",
-            addresses.len()
-        )));
-    }
-    for (rail, &expected) in rails.address_lens[..rails.count].iter().enumerate() {
-        let address = address_for(addresses, rail);
-        if address.len() != expected {
-            return Err(DmaError::InvalidAddress(format!(
-                "rail {rail} takes {expected}-byte addresses; the peer's rail {} gave {}",
-                rail % addresses.len(),
-                address.len()
-            )));
-        }
-        if address.iter().all(|&byte| 0 == byte) {
-            return Err(DmaError::InvalidAddress(format!(
-                "the peer's rail {} address is all zero bytes (advertised before it had one)",
-                rail % addresses.len()
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// The rail logic over caches of any backend: what [`RailSet`](super::RailSet) runs over its

@@ -142,6 +142,7 @@ mod core;
 mod region;
 mod resolve;
 mod set;
+mod shape;
 mod stripe;
 
 pub use self::core::RailCaches;

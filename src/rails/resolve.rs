@@ -2,7 +2,7 @@
 //! [`Peer`] per rail, all from one address set) and [`RailLease`] (a [`Lease`] per rail).
 
 use super::MAX_RAILS;
-use super::core::{Rails, address_for, check_addresses};
+use super::shape::{Rails, address_for, check_addresses};
 use crate::cache::{Lease, Peer, Pinned};
 use crate::error::DmaError;
 
