@@ -9,7 +9,7 @@
 //! [`LibfabricEndpoint::lookup`]: crate::endpoint::LibfabricEndpoint::lookup
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use super::AvBackend;
 use super::unreachable::Unreachable;
@@ -70,7 +70,7 @@ pub(crate) fn register(av: *mut sys::fid_av, capacity: usize) -> Arc<HandedOut> 
         capacity: u64::try_from(capacity).unwrap_or(u64::MAX),
         unreachable: Unreachable::with_capacity(capacity),
     });
-    let mut records = RECORDS.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut records = crate::sync::lock(&RECORDS);
     records.retain(|(key, live)| *key != av as usize && live.strong_count() > 0);
     records.push((av as usize, Arc::downgrade(&record)));
     record
@@ -78,13 +78,13 @@ pub(crate) fn register(av: *mut sys::fid_av, capacity: usize) -> Arc<HandedOut> 
 
 /// Forget `av`'s record: its endpoint is about to close it (and the pointer may be reused).
 pub(crate) fn unregister(av: *mut sys::fid_av) {
-    let mut records = RECORDS.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut records = crate::sync::lock(&RECORDS);
     records.retain(|(key, live)| *key != av as usize && live.strong_count() > 0);
 }
 
 /// The endpoint's record for `av`, or a record of its own for an AV no endpoint registered.
 fn record_for(av: *mut sys::fid_av) -> Arc<HandedOut> {
-    let records = RECORDS.lock().unwrap_or_else(PoisonError::into_inner);
+    let records = crate::sync::lock(&RECORDS);
     records
         .iter()
         .find(|(key, _)| *key == av as usize)

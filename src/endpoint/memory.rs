@@ -142,7 +142,7 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use super::access::AccessWord;
 pub use super::buffer::{Exposure, MemoryInterface, PooledBuffer, RegionSlice, StableBuffer};
@@ -247,7 +247,7 @@ impl Pool {
             DmaError::InvalidArgument(format!("a region of {len} bytes overflows its size class"))
         })?;
         let reused = {
-            let mut classes = self.classes.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut classes = crate::sync::lock(&self.classes);
             let reused = match classes.get_mut(&capacity) {
                 Some(parked) if parked.len() > QUARANTINE => parked.pop_front(),
                 _ => None,
@@ -269,7 +269,7 @@ impl Pool {
 
     /// Keep the application's `buffer` of `len` bytes until the endpoint closes.
     fn park_owned(&self, buffer: Box<dyn Any + Send>, len: usize) {
-        let mut owned = self.owned.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut owned = crate::sync::lock(&self.owned);
         owned.push(buffer);
         self.parked.fetch_add(len, Ordering::AcqRel);
     }
@@ -277,7 +277,7 @@ impl Pool {
     /// Keep `buffer` until the endpoint closes, or until a later registration reuses it.
     fn park(&self, buffer: Buffer) {
         let capacity = buffer.capacity();
-        let mut classes = self.classes.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut classes = crate::sync::lock(&self.classes);
         classes.entry(capacity).or_default().push_back(buffer);
         self.parked.fetch_add(capacity, Ordering::AcqRel);
     }

@@ -63,7 +63,7 @@ use std::collections::hash_map::RandomState;
 use std::ffi::c_void;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::LibfabricEndpoint;
@@ -211,9 +211,7 @@ unsafe impl Sync for Operations {}
 // SAFETY: the slab owns plain memory and `Send` leases and `Arc`s.
 unsafe impl Send for Operations {}
 
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+pub(super) use crate::sync::lock;
 
 impl Operations {
     /// The slab for an endpoint opened with `info`: none unless `enabled` (the configuration

@@ -33,7 +33,7 @@
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::LibfabricEndpoint;
@@ -69,7 +69,7 @@ impl Join {
     /// Keep the first error.
     pub(super) fn record(&self, result: Result<(), DmaError>) {
         if let Err(error) = result {
-            let mut first = self.error.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut first = crate::sync::lock(&self.error);
             first.get_or_insert(error);
         }
     }
@@ -82,11 +82,7 @@ impl Join {
 
     /// The joined completion: for the caller `finish` answered `true`.
     pub(super) fn completion(&self, id: u64, operation: Operation) -> Completion {
-        let error = self
-            .error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let error = crate::sync::lock(&self.error).take();
         Completion {
             id,
             operation,
@@ -138,7 +134,7 @@ impl Notifications {
         if 0 == entry.flags & data || 0 != entry.flags & received {
             return false;
         }
-        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut waiting = crate::sync::lock(&self.waiting);
         if waiting.len() == self.bound {
             waiting.pop_front();
             self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -502,12 +498,7 @@ impl LibfabricEndpoint {
     /// [`receive`](Self::receive), which read the receive queue) into `out`, oldest first.
     /// Returns how many it added.
     pub fn poll_notifications(&self, out: &mut Vec<Notification>) -> usize {
-        let mut waiting = self
-            .operations
-            .notifications
-            .waiting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut waiting = crate::sync::lock(&self.operations.notifications.waiting);
         let count = waiting.len();
         out.extend(waiting.drain(..));
         count

@@ -16,7 +16,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::endpoint::completions::CompletionOwner;
@@ -181,13 +180,11 @@ impl Transfers {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Transfer>> {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.in_flight)
     }
 
     fn ready_lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Completion>> {
-        self.ready.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.ready)
     }
 }
 
