@@ -81,6 +81,7 @@ mod messaging;
 mod open;
 mod receive;
 pub mod rma;
+mod senders;
 mod sends;
 pub mod vectored;
 pub(crate) mod wait;
@@ -99,6 +100,7 @@ pub use self::memory::{MemoryRegion, RemoteRegion, Segment};
 use self::messaging::read_error_entry;
 use self::receive::ReceiveSlots;
 pub use self::rma::{Completion, MAX_OPERATIONS, Operation};
+pub use self::senders::Received;
 pub use self::sends::{MAX_SEND_COPY, MAX_SENDS};
 pub use self::vectored::{MAX_PIECES, Notification};
 /// The endpoint's AV backend lives in [`crate::av`]; re-exported here, where it always was.
