@@ -18,8 +18,14 @@ fn endpoint(rma: bool) -> LibfabricEndpoint {
 }
 
 /// `sender` sends each of `messages` to `receiver`'s address and progresses until every send
-/// has completed (tcp moves bytes only when the sender progresses).
+/// has completed (tcp moves bytes only when the sender progresses), each without an error.
 fn send_all(sender: &LibfabricEndpoint, receiver: &[u8], messages: &[&[u8]]) {
+    send_all_anyhow(sender, receiver, messages);
+    assert_eq!(0, sender.failed_sends());
+}
+
+/// [`send_all`], whatever the sends' completions say.
+fn send_all_anyhow(sender: &LibfabricEndpoint, receiver: &[u8], messages: &[&[u8]]) {
     let pinned = sender.peers().pin();
     let peer = pinned.resolve(1, receiver).expect("resolve");
     for message in messages {
@@ -34,7 +40,6 @@ fn send_all(sender: &LibfabricEndpoint, receiver: &[u8], messages: &[&[u8]]) {
         sender.progress();
         std::thread::yield_now();
     }
-    assert_eq!(0, sender.failed_sends());
 }
 
 /// `count` messages received by `receiver` within the patience.
@@ -237,5 +242,45 @@ fn a_late_message_from_a_removed_sender_names_whoever_holds_its_index_now() {
         vec![2],
         receiver.peers().clients_at(index),
         "the newcomer's"
+    );
+}
+
+/// The edges: nothing arrived is `None` at once (also with a zero timeout), indices that name
+/// nobody have no clients, and a truncated message is the same error through `receive_from` as
+/// through `receive`, never a message cut short with a sender.
+#[test]
+fn nothing_nobody_and_truncation_through_receive_from() {
+    let configuration = Configuration {
+        receive_size: 16,
+        ..Configuration::default()
+    };
+    let receiver =
+        LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint");
+    assert_eq!(None, receiver.try_receive_from().expect("an idle endpoint"));
+    assert_eq!(
+        None,
+        receiver
+            .receive_from(std::time::Duration::ZERO)
+            .expect("an idle endpoint")
+    );
+    for nobody in [
+        dma_libfabric::sys::FI_ADDR_NOTAVAIL,
+        dma_libfabric::sys::FI_ADDR_UNSPEC,
+        u64::MAX - 1,
+        0,
+    ] {
+        assert!(receiver.peers().clients_at(nobody).is_empty(), "{nobody}");
+    }
+    let sender = endpoint(false);
+    let address = receiver.local_address().expect("address");
+    let answer = std::thread::scope(|scope| {
+        // rxm may fail the send too (1.17 closes the connection after a truncation).
+        scope.spawn(|| send_all_anyhow(&sender, &address, &[&[4; 32]]));
+        receiver.receive_from(PATIENCE)
+    });
+    assert!(
+        matches!(&answer, Err(dma_libfabric::DmaError::Fabric { code, .. })
+            if *code == -i64::from(dma_libfabric::sys::FI_ETRUNC)),
+        "{answer:?}"
     );
 }
