@@ -60,6 +60,10 @@ fn receive(receiver: &LibfabricEndpoint, count: usize) -> Vec<Received> {
 #[test]
 fn each_message_names_its_sender_and_the_cache_its_clients() {
     let receiver = endpoint(false);
+    assert!(
+        receiver.describe().reports_senders,
+        "tcp;ofi_rxm takes FI_SOURCE"
+    );
     let first = endpoint(false);
     let second = endpoint(false);
     let pinned = receiver.peers().pin();

@@ -134,6 +134,11 @@ pub struct Description {
     /// asks for no completion, so its failure is never reported); see
     /// [`max_send_size`](Self::max_send_size).
     pub inject_size: usize,
+    /// Whether received messages name their sender: the provider took `FI_SOURCE` (tcp;ofi_rxm
+    /// is asked for it). When `false`, every [`Received::sender`](Received::sender) and
+    /// receive's [`Completion::sender`](Completion::sender) is `None`; when `true`, `None`
+    /// means a sender that is not in this endpoint's address vector.
+    pub reports_senders: bool,
     /// The largest message [`LibfabricEndpoint::send`] copies and sends: the configuration's
     /// `receive_size`, at most [`MAX_SEND_COPY`].
     pub max_send_size: usize,

@@ -689,6 +689,7 @@ unsafe fn describe(info: *const sys::fi_info) -> Description {
             threading: domain.threading,
             av_type: domain.av_type,
             inject_size: (*(*info).tx_attr).inject_size,
+            reports_senders: 0 != (*info).caps & sys::FI_SOURCE,
             // Set once the send slab is sized.
             max_send_size: 0,
             max_sends_in_flight: 0,

@@ -28,8 +28,10 @@
 //!   client holds it); after every client of that peer was released, a late message of its may
 //!   name whoever holds the index now. Where that matters, the message's own content must say
 //!   who sent it.
-//! - Providers without `FI_SOURCE` (every other one, as this crate opens them) answer `None`
-//!   for every message.
+//! - Providers without `FI_SOURCE` (every other one, as this crate opens them, unless the
+//!   provider offers it unasked) answer `None` for every message.
+//!   [`Description::reports_senders`](super::Description::reports_senders) says which case an
+//!   endpoint is in.
 //!
 //! Reading the sender costs nothing on the hot path: no allocation, no lock; the lookup through
 //! the cache is the caller's choice, off the receive path.
@@ -47,10 +49,19 @@ use crate::sys;
 pub struct Received {
     /// The message's bytes.
     pub message: Vec<u8>,
-    /// The sender's index in this endpoint's address vector, where the provider names it (see
-    /// the [module docs](self): tcp;ofi_rxm for a sender whose address is in the AV); `None`
-    /// otherwise. [`AddressCache::clients_at`](crate::AddressCache::clients_at) says which
+    /// The sender's index in this endpoint's address vector, where the provider names it;
+    /// `None` otherwise. [`AddressCache::clients_at`](crate::AddressCache::clients_at) says which
     /// clients are registered on it.
+    ///
+    /// tcp;ofi_rxm ([`Description::reports_senders`](super::Description::reports_senders))
+    /// names a sender whose address is in this AV (resolved through this endpoint's cache), and
+    /// `None` for one that is not, until it is resolved. The index is exact while the sender's
+    /// entry is in the AV: after every client of that peer was released and its entry removed,
+    /// rxm keeps reporting the removed index for the peer's still-open connection, and the next
+    /// insert may already have taken that index, so a late message can name the newcomer (held
+    /// by `tests/messages_senders.rs`; libfabric 1.17 and 2.6.0). A message that must never be
+    /// misattributed then says in its content who sent it. Other providers, as opened here,
+    /// give `None`.
     pub sender: Option<sys::fi_addr_t>,
 }
 
