@@ -288,3 +288,45 @@ fn nothing_nobody_and_truncation_through_receive_from() {
         "{answer:?}"
     );
 }
+
+/// libfabric 2.x's native tcp reliable-datagram endpoint names senders too (`FI_SOURCE` on its
+/// shared receive context); 1.x has no such endpoint (`tests/providers.rs` holds its refusal).
+#[test]
+fn native_tcp_on_2x_names_its_senders_too() {
+    let configuration = Configuration {
+        providers: vec![dma_libfabric::Provider::TcpNative],
+        ..Configuration::default()
+    };
+    let (major, _) = dma_libfabric::configuration::runtime_version();
+    if major < 2 {
+        assert!(LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).is_err());
+        return;
+    }
+    let open = || LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("native tcp");
+    let (receiver, known, stranger) = (open(), open(), open());
+    assert!(receiver.describe().reports_senders);
+    let pinned = receiver.peers().pin();
+    let index = pinned
+        .resolve(4, &known.local_address().expect("address"))
+        .expect("resolve")
+        .fi_addr();
+    let address = receiver.local_address().expect("address");
+    let received = std::thread::scope(|scope| {
+        let receiving = scope.spawn(|| receive(&receiver, 2));
+        send_all(&known, &address, &[b"known"]);
+        send_all(&stranger, &address, &[b"stranger"]);
+        receiving.join().expect("the receiving thread")
+    });
+    let mut received: Vec<(Vec<u8>, Option<u64>)> = received
+        .into_iter()
+        .map(|Received { message, sender }| (message, sender))
+        .collect();
+    received.sort();
+    assert_eq!(
+        vec![
+            (b"known".to_vec(), Some(index)),
+            (b"stranger".to_vec(), None)
+        ],
+        received
+    );
+}

@@ -135,7 +135,7 @@ pub struct Description {
     /// [`max_send_size`](Self::max_send_size).
     pub inject_size: usize,
     /// Whether received messages name their sender: the provider took `FI_SOURCE` (tcp;ofi_rxm
-    /// is asked for it). When `false`, every [`Received::sender`](Received::sender) and
+    /// and native tcp are asked for it). When `false`, every [`Received::sender`](Received::sender) and
     /// receive's [`Completion::sender`](Completion::sender) is `None`; when `true`, `None`
     /// means a sender that is not in this endpoint's address vector.
     pub reports_senders: bool,

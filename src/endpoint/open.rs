@@ -316,8 +316,10 @@ impl Hints {
     /// the count of sends in flight (see `sends`) bounds what a stopped peer holds, and a send
     /// to a dead peer completes with an error. Measured on libfabric 1.17 and 2.6.0.
     ///
-    /// tcp;ofi_rxm is asked for `FI_SOURCE`, so a receive's completion names its sender (see
-    /// `endpoint::senders`); rxm offers it only when asked (`rxm_alter_info`, `rxm_init.c`).
+    /// tcp (under rxm, and native on 2.x) is asked for `FI_SOURCE`, so a receive's completion
+    /// names its sender (see `endpoint::senders`); rxm offers it only when asked
+    /// (`rxm_alter_info`, `rxm_init.c`), and native tcp offers it on its shared receive context
+    /// (`XNET_SRX_CAPS`, `prov/tcp/src/xnet_attr.c`, 2.6.0).
     fn for_provider(provider: Provider) -> Self {
         let mr_mode = (sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY) as i32;
         match provider {
@@ -333,11 +335,7 @@ impl Hints {
                 threading: sys::FI_THREAD_SAFE,
                 mr_mode,
                 tx_op_flags: u64::from(sys::FI_TRANSMIT_COMPLETE),
-                caps: if Provider::Tcp == provider {
-                    sys::FI_SOURCE
-                } else {
-                    0
-                },
+                caps: sys::FI_SOURCE,
             },
             _ => Self {
                 mode: sys::FI_CONTEXT,
