@@ -202,9 +202,29 @@ fn a_receive_into_completion_names_its_sender() {
 /// libfabric release stops doing this, this test fails and the docs must say so.
 #[test]
 fn a_late_message_from_a_removed_sender_names_whoever_holds_its_index_now() {
-    let receiver = endpoint(false);
-    let leaving = endpoint(false);
-    let newcomer = endpoint(false);
+    late_message_names_the_index_holder(&|| endpoint(false));
+}
+
+/// The same on libfabric 2.x's native tcp (1.x has none).
+#[test]
+fn on_native_tcp_too_a_late_message_names_whoever_holds_the_index_now() {
+    let configuration = Configuration {
+        providers: vec![dma_libfabric::Provider::TcpNative],
+        ..Configuration::default()
+    };
+    if dma_libfabric::configuration::runtime_version().0 < 2 {
+        assert!(LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).is_err());
+        return;
+    }
+    late_message_names_the_index_holder(&|| {
+        LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("native tcp")
+    });
+}
+
+fn late_message_names_the_index_holder(open: &dyn Fn() -> LibfabricEndpoint) {
+    let receiver = open();
+    let leaving = open();
+    let newcomer = open();
     let address = receiver.local_address().expect("address");
     let pinned = receiver.peers().pin();
     let index = pinned

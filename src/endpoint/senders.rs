@@ -31,8 +31,8 @@
 //! - **tcp native** (libfabric 2.x's reliable-datagram tcp) is asked for `FI_SOURCE` too, which
 //!   its shared receive context offers (`XNET_SRX_CAPS`, `prov/tcp/src/xnet_attr.c`); a receive
 //!   reports the connection's `src_addr` (`prov/tcp/src/xnet_cq.c`): checked on 2.6.0, a sender
-//!   in the AV named and one outside it `None`. Whether it too reports a removed index on a
-//!   connection that outlived it was not measured; treat it as rxm.
+//!   in the AV named and one outside it `None`; and it too reports a removed index for a
+//!   connection that outlived its entry (the same test holds it on 2.6.0).
 //! - Providers without `FI_SOURCE` (every other one, as this crate opens them, unless the
 //!   provider offers it unasked) answer `None` for every message.
 //!   [`Description::reports_senders`](super::Description::reports_senders) says which case an
@@ -66,8 +66,8 @@ pub struct Received {
     /// insert may already have taken that index, so a late message can name the newcomer (held
     /// by `tests/messages_senders.rs`; libfabric 1.17 and 2.6.0). A message that must never be
     /// misattributed then says in its content who sent it. libfabric 2.x's native tcp names
-    /// senders as well (in the AV: named; outside it: `None`). Other providers, as opened here,
-    /// give `None`.
+    /// senders the same way, late messages included. Other providers, as opened here, give
+    /// `None`.
     pub sender: Option<sys::fi_addr_t>,
 }
 
