@@ -576,8 +576,8 @@ impl LibfabricEndpoint {
         }
         match self.receives.index_of(entry.op_context) {
             // This thread read the slot's (error) completion, so it owns the slot.
-            Some(index) => Arrival::Slot((index, Err(entry.error("fi_cq_read")), None)),
-            None => Arrival::Failed(entry.error("fi_cq_read")),
+            Some(index) => Arrival::Slot((index, Err(entry.error("fi_cq_readfrom")), None)),
+            None => Arrival::Failed(entry.error("fi_cq_readfrom")),
         }
     }
 }

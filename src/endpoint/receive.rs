@@ -197,7 +197,7 @@ impl ReceiveSlot {
         match buffer.get(..len) {
             Some(bytes) => Ok(bytes.to_vec()),
             None => Err(DmaError::Fabric {
-                call: "fi_cq_read",
+                call: "fi_cq_readfrom",
                 code: -i64::from(sys::FI_ETRUNC),
                 message: format!(
                     "{}: the provider reported a {len}-byte message, and the receive buffer \
