@@ -52,6 +52,8 @@ const char *dmafab_av_straddr(struct fid_av *av, const void *addr, char *buf, si
 { return fi_av_straddr(av, addr, buf, len); }
 
 ssize_t dmafab_cq_read(struct fid_cq *cq, void *buf, size_t count) { return fi_cq_read(cq, buf, count); }
+ssize_t dmafab_cq_readfrom(struct fid_cq *cq, void *buf, size_t count, fi_addr_t *src_addr)
+{ return fi_cq_readfrom(cq, buf, count, src_addr); }
 ssize_t dmafab_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf, uint64_t flags)
 { return fi_cq_readerr(cq, buf, flags); }
 const char *dmafab_cq_strerror(struct fid_cq *cq, int prov_errno, const void *err_data, char *buf, size_t len)

@@ -32,6 +32,7 @@ int dmafab_av_lookup(struct fid_av *av, fi_addr_t fi_addr, void *addr, size_t *a
 const char *dmafab_av_straddr(struct fid_av *av, const void *addr, char *buf, size_t *len);
 
 ssize_t dmafab_cq_read(struct fid_cq *cq, void *buf, size_t count);
+ssize_t dmafab_cq_readfrom(struct fid_cq *cq, void *buf, size_t count, fi_addr_t *src_addr);
 ssize_t dmafab_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf, uint64_t flags);
 const char *dmafab_cq_strerror(struct fid_cq *cq, int prov_errno, const void *err_data, char *buf, size_t len);
 

@@ -62,8 +62,8 @@ pub use cache::{AddressCache, CacheStats, Lease, Peer, Pinned};
 pub use configuration::{Configuration, Provider, RxmSizing};
 pub use endpoint::{
     Completion, Description, Exposure, LibfabricEndpoint, MemoryInterface, MemoryRegion,
-    Notification, Operation, OverdueOperation, PooledBuffer, RegionSlice, RemoteRegion, Segment,
-    StableBuffer,
+    Notification, Operation, OverdueOperation, PooledBuffer, Received, RegionSlice, RemoteRegion,
+    Segment, StableBuffer,
 };
 pub use error::DmaError;
 pub use rails::{

@@ -11,10 +11,31 @@ use testkit::{hex, unhex};
 
 use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
 use testkit::PATIENCE;
+use tracing_subscriber::layer::SubscriberExt;
 
 /// Held by each test for its run: the stopped-peer test measures this process's resident memory,
 /// which the other test's endpoints (tens of MiB each with rxm's default pools) would inflate.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Every `warn` event's fields, as `name=value` text, from the subscriber it is part of.
+#[derive(Clone, Default)]
+struct WarningCapture(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WarningCapture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{}={value:?} ", field.name()));
+            }
+        }
+        if tracing::Level::WARN == *event.metadata().level() {
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            self.0.lock().expect("capture").push(fields.0);
+        }
+    }
+}
 
 /// The transmit depth the tests ask for: small, so the bound shows within a few thousand sends.
 const TX_SIZE: usize = 64;
@@ -184,10 +205,21 @@ fn a_stopped_peer_meets_backpressure_within_the_transmit_depth() {
     let in_flight = endpoint.sends_in_flight() as u64;
     assert!(0 < in_flight, "a stopped peer completes nothing");
     let discarded = LibfabricEndpoint::discarded_sends();
-    drop(endpoint);
+    // The drop runs on this thread: a subscriber of this thread's sees its warning.
+    let warnings = WarningCapture::default();
+    tracing::subscriber::with_default(
+        tracing_subscriber::registry().with(warnings.clone()),
+        || drop(endpoint),
+    );
     assert!(
         LibfabricEndpoint::discarded_sends() >= discarded + in_flight,
         "the drop counted its {in_flight} sends in flight as discarded"
+    );
+    let said = warnings.0.lock().expect("captured").clone();
+    let counted = format!("discarded={in_flight} ");
+    assert!(
+        said.iter().any(|warning| warning.contains(&counted)),
+        "the drop logged its {in_flight} discarded sends at warn: {said:?}"
     );
     drop(stdin);
     drop(child);

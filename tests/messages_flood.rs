@@ -4,14 +4,21 @@
 //! peer runs under an address-space cap (`ulimit -v`), so a regression fails the test instead of
 //! taking the machine (issue 33 saw a receiver killed at 20.6 GB).
 //!
-//! What bounds it today: each sender keeps at most `tx_size` sends in flight, and tcp completes a
-//! send only once the peer's provider acknowledges it (`FI_TRANSMIT_COMPLETE`), so the senders'
-//! memory is bounded by construction. The peer's is not: rxm takes every message into a bounce
-//! buffer of a pool without a maximum (`rxm_ep_create_pools`, libfabric 1.17 and 2.6.0), and a
-//! message nobody receives keeps its buffer, so the acknowledgements pace the flood but do not
-//! stop it. Measured with `DMA_LIBFABRIC_FLOOD_SECONDS=5`: 23,811 sends, and the peer grew
-//! 314 MiB (rxm's default 16 KiB buffers; the peer here runs with the crate's rxm sizing, 4 KiB). A receiver-granted credit window is what would bound
-//! it; this test holds the one-second figure of the issue.
+//! What bounds it: each sender keeps at most `tx_size` sends in flight, and tcp completes a send
+//! only once the peer's provider acknowledges it (`FI_TRANSMIT_COMPLETE`), so the senders' memory
+//! is bounded by construction. The peer's is bounded per message, not in time: rxm takes every
+//! message no posted receive matches into a bounce buffer of `FI_OFI_RXM_BUFFER_SIZE` bytes, from
+//! a pool without a maximum (`rxm_ep_create_pools` sets no `max_cnt`, and `rxm_replace_rx_buf`
+//! posts a fresh buffer for each one kept; libfabric 1.17 and 2.6.0), whatever the message's own
+//! size. No rxm or tcp setting caps that pool or the unexpected-message queue. So the rule this
+//! test holds: the peer grows by at most one bounce buffer (plus 1 KiB) per message it has not
+//! read, beyond a fixed 16 MiB, and the senders' acknowledged rate paces it. Measured
+//! (`DMA_LIBFABRIC_FLOOD_SECONDS=N cargo test --test messages_flood -- --nocapture`, 2 shared
+//! cores under load): 4 KiB buffers (the crate's rxm sizing), 1 s: 3,008 sends and 9.4 MiB
+//! (3.2 KiB a message) on 1.17 and 2.6.0; 3 s: 9,856 sends and 44 MiB (4.7 KiB) on 1.17, 9,032
+//! and 37 MiB (4.3 KiB) on 2.6.0; rxm's default 16 KiB buffers, 3 s on 1.17: 7,197 sends and
+//! 99 MiB (14.1 KiB). A receiver that must stay bounded in time reads, or its application
+//! bounds what its peers send (a request/response window).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -29,6 +36,10 @@ const CHILD: &str = "DMA_LIBFABRIC_FLOOD_CHILD";
 const CAP_KIB: u64 = 3 << 20;
 /// How much either side may grow.
 const BOUND: usize = 128 << 20;
+/// What the peer may grow by besides its unread messages' bounce buffers.
+const PEER_FIXED: usize = 16 << 20;
+/// What one unread message may cost the peer beyond its bounce buffer.
+const PER_MESSAGE_EXTRA: usize = 1 << 10;
 const SENDERS: usize = 4;
 
 fn resident_of(pid: &str) -> usize {
@@ -191,11 +202,24 @@ fn a_flood_of_four_senders_is_bounded_on_both_sides() {
         panic!("the flooder said {flooded}");
     };
     eprintln!(
-        "{accepted} sends Ok, {refused} WouldBlock; the senders grew {} KiB, the peer {} KiB",
+        "{accepted} sends Ok, {refused} WouldBlock; the senders grew {} KiB, the peer {} KiB ({} B per message)",
         grown >> 10,
-        peer_grown >> 10
+        peer_grown >> 10,
+        peer_grown / accepted.max(1)
     );
     assert!(grown <= BOUND, "the senders grew {grown} bytes");
+    // The rule: one bounce buffer per unread message (every accepted send, and the four
+    // connecting ones), beyond a fixed amount.
+    let buffer = dma_libfabric::Configuration::default()
+        .rxm
+        .buffer_size
+        .expect("the crate sizes rxm's buffers");
+    let per_message_bound = PEER_FIXED + (accepted + SENDERS) * (buffer + PER_MESSAGE_EXTRA);
+    assert!(
+        peer_grown <= per_message_bound,
+        "the flooded peer grew {peer_grown} bytes for {accepted} unread messages: more than \
+         {per_message_bound}, one {buffer}-byte bounce buffer each"
+    );
     assert!(
         peer_grown <= BOUND,
         "the flooded peer grew {peer_grown} bytes"

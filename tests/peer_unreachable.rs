@@ -243,6 +243,7 @@ fn rma_to_a_killed_peer_is_refused_after_its_first_failed_completion() {
             .expect("a new incarnation of the index is not refused");
         let done = server.wait_for(300, PATIENCE).expect("completed");
         assert_eq!(Ok(()), done.result);
+        // A write's completion means sent, not landed: the bytes land as `live` progresses.
+        testkit::wait_for_bytes(&landing, 0, &[5; 8]);
     });
-    testkit::wait_for_bytes(&landing, 0, &[5; 8]);
 }

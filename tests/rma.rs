@@ -113,6 +113,7 @@ fn a_write_lands_in_the_peers_memory_and_completes_once_with_its_id() {
             id: 42,
             operation: Operation::Write,
             len: 16,
+            sender: None,
             result: Ok(())
         },
         completion

@@ -2572,6 +2572,14 @@ unsafe extern "C" {
     -> isize;
 }
 unsafe extern "C" {
+    pub fn dmafab_cq_readfrom(
+        cq: *mut fid_cq,
+        buf: *mut ::std::os::raw::c_void,
+        count: usize,
+        src_addr: *mut fi_addr_t,
+    ) -> isize;
+}
+unsafe extern "C" {
     pub fn dmafab_cq_readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, flags: u64) -> isize;
 }
 unsafe extern "C" {

@@ -74,8 +74,13 @@ impl Unreachable {
     }
 }
 
-/// Whether a send's error code (positive `FI_E*`, which are errno values) says the peer is gone:
-/// its connection was refused, reset, aborted or shut down, or its host cannot be reached.
+/// Whether an error code says the peer is gone: its connection was refused, reset, aborted or
+/// shut down, timed out, or its host or network cannot be reached. The one list for every path:
+/// a send's completion (its `err` and its `prov_errno`), an RMA operation's (its `prov_errno`)
+/// and a refused post. `code` is a positive `FI_E*` or a provider's errno (tcp's are errnos, and
+/// libfabric's `FI_E*` values are the errno values on Linux): `ECONNREFUSED`, `ECONNRESET`,
+/// `ECONNABORTED`, `ENOTCONN`, `EPIPE`, `EHOSTDOWN`, `EHOSTUNREACH`, `ENETUNREACH`,
+/// `ESHUTDOWN`, `ETIMEDOUT`.
 pub(crate) fn says_peer_is_gone(code: u32) -> bool {
     use dma_libfabric_sys as sys;
     /// Linux's `EPIPE`: libfabric's `FI_EPIPE` is commented out of `fi_errno.h`, but tcp reports
@@ -117,5 +122,28 @@ mod tests {
         assert_eq!(None, peers.dead(2));
         assert!(!peers.mark(9, 0, 104), "past the capacity: nothing");
         assert_eq!(None, peers.dead(u64::MAX));
+    }
+
+    /// The list names the connection errors by their Linux errno values, as tcp reports them in
+    /// `prov_errno`, and nothing that says a peer is alive.
+    #[test]
+    fn the_dead_peer_list_is_the_connection_errnos() {
+        for errno in [
+            libc::ECONNREFUSED,
+            libc::ECONNRESET,
+            libc::ECONNABORTED,
+            libc::ENOTCONN,
+            libc::EPIPE,
+            libc::EHOSTDOWN,
+            libc::EHOSTUNREACH,
+            libc::ENETUNREACH,
+            libc::ESHUTDOWN,
+            libc::ETIMEDOUT,
+        ] {
+            assert!(says_peer_is_gone(errno.unsigned_abs()), "{errno}");
+        }
+        for other in [0, libc::EAGAIN, libc::EINTR, libc::ENOMEM, libc::ECANCELED] {
+            assert!(!says_peer_is_gone(other.unsigned_abs()), "{other}");
+        }
     }
 }

@@ -164,6 +164,9 @@ pub(crate) trait RegistrationIndex: Send + Sync {
     fn unlink(&self, client: u64, identity: &[u8]);
     /// How many registrations are published.
     fn len(&self) -> usize;
+    /// The clients registered on index `fi_addr`, in no order: a scan of every registration
+    /// (bounded by the AV's capacity times its clients), for the cold path only.
+    fn clients_at(&self, fi_addr: fi_addr_t) -> Vec<u64>;
 }
 
 /// The index the cache uses in this build.
@@ -229,6 +232,15 @@ impl RegistrationIndex for PapayaIndex {
     fn len(&self) -> usize {
         self.map.len()
     }
+
+    fn clients_at(&self, fi_addr: fi_addr_t) -> Vec<u64> {
+        let guard = self.map.guard();
+        self.map
+            .iter(&guard)
+            .filter(|(_, index)| fi_addr == **index)
+            .map(|(registration, _)| registration.client)
+            .collect()
+    }
 }
 
 /// The index under loom: a loom mutex over a std map, so loom sees every probe and change.
@@ -288,6 +300,14 @@ impl RegistrationIndex for LockedIndex {
 
     fn len(&self) -> usize {
         self.locked().len()
+    }
+
+    fn clients_at(&self, fi_addr: fi_addr_t) -> Vec<u64> {
+        self.locked()
+            .iter()
+            .filter(|(_, (_, index))| fi_addr == *index)
+            .map(|((client, _), _)| *client)
+            .collect()
     }
 }
 

@@ -95,6 +95,7 @@ mod failures;
 pub(crate) mod index;
 pub mod lease;
 mod reply;
+mod senders;
 mod stats;
 mod stored;
 pub(crate) mod writer;

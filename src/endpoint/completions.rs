@@ -49,21 +49,6 @@ pub(in crate::endpoint) enum Failure {
     Other(DmaError),
 }
 
-/// Whether a provider error code (tcp's are `errno`s) says the peer's connection is gone: refused,
-/// reset, aborted, not connected, a broken pipe, or an unreachable host or network.
-fn connection_lost(prov_errno: i32) -> bool {
-    matches!(
-        prov_errno,
-        libc::ECONNREFUSED
-            | libc::ECONNRESET
-            | libc::ECONNABORTED
-            | libc::ENOTCONN
-            | libc::EPIPE
-            | libc::EHOSTUNREACH
-            | libc::ENETUNREACH
-    )
-}
-
 /// An error's text without its call: what the provider said, for `PeerUnreachable`'s reason.
 fn fabric_text(error: &DmaError) -> String {
     match error {
@@ -113,7 +98,9 @@ impl Operations {
         };
         if self.index_of(entry.op_context).is_some() {
             let error = entry.error("fi_cq_readerr");
-            let error = if connection_lost(entry.prov_errno) {
+            let error = if u32::try_from(entry.prov_errno)
+                .is_ok_and(crate::av::unreachable::says_peer_is_gone)
+            {
                 Failure::PeerLost(error, entry.prov_errno.unsigned_abs())
             } else {
                 Failure::Other(error)
@@ -188,6 +175,7 @@ impl Operations {
                 id: operation.id,
                 operation: operation.operation,
                 len: operation.len,
+                sender: operation.sender(),
                 result,
             },
             Some(join) => {

@@ -44,6 +44,8 @@ use std::time::Duration;
 #[cfg(doc)] // for the docs' links
 use super::FabricAv;
 use super::deadline::Deadline;
+use super::receive::SlotArrival;
+use super::senders::{self, Received};
 use super::{LibfabricEndpoint, POST_PATIENCE, sends};
 use crate::cache::Peer;
 use crate::error::DmaError;
@@ -325,15 +327,21 @@ impl LibfabricEndpoint {
     /// Take one received message, if one has arrived. Its buffer is posted again before this
     /// returns; if that post fails, the message is returned all the same and the buffer is kept
     /// for the next `try_receive` or [`progress`](Self::progress) to post (see
-    /// [`unposted_receives`](Self::unposted_receives)).
+    /// [`unposted_receives`](Self::unposted_receives)). [`try_receive_from`](Self::try_receive_from)
+    /// says who sent it too.
     ///
     /// # Errors
     /// [`DmaError::Fabric`] for an error completion (its buffer is posted again too) or a failed
     /// read.
     pub fn try_receive(&self) -> Result<Option<Vec<u8>>, DmaError> {
+        Ok(self.try_receive_from()?.map(|received| received.message))
+    }
+
+    /// [`try_receive_from`](Self::try_receive_from)'s work: one received message and its sender.
+    pub(super) fn take_received(&self) -> Result<Option<Received>, DmaError> {
         self.repost_unposted();
-        if let Some((index, outcome)) = self.receives.take_arrived() {
-            return self.deliver(index, outcome);
+        if let Some(arrival) = self.receives.take_arrived() {
+            return self.deliver(arrival);
         }
         // Each pass reads one entry; `receive_into` completions are handed on and the read goes
         // on, at most once per operation slot and receive buffer.
@@ -341,23 +349,21 @@ impl LibfabricEndpoint {
             match self.read_arrival() {
                 Arrival::Nothing => return Ok(None),
                 Arrival::Operation => {}
-                Arrival::Slot(index, outcome) => return self.deliver(index, outcome),
+                Arrival::Slot(arrival) => return self.deliver(arrival),
                 Arrival::Failed(error) => return Err(error),
             }
         }
         Ok(None)
     }
 
-    /// The message of slot `index`, whose completion this thread read (`outcome`: its length,
-    /// or its error), and the slot posted again.
-    fn deliver(
-        &self,
-        index: usize,
-        outcome: Result<usize, DmaError>,
-    ) -> Result<Option<Vec<u8>>, DmaError> {
+    /// The message of the slot of `arrival`, whose completion this thread read (its length, or
+    /// its error), and the slot posted again.
+    fn deliver(&self, (index, outcome, sender): SlotArrival) -> Result<Option<Received>, DmaError> {
         let message = match (outcome, self.receives.get(index)) {
-            // SAFETY: this thread read the slot's completion and has not re-posted it.
-            (Ok(len), Some(slot)) => unsafe { slot.received(len) }.map(Some),
+            (Ok(len), Some(slot)) => {
+                // SAFETY: this thread read the slot's completion and has not re-posted it.
+                unsafe { slot.received(len) }.map(|message| Some(Received { message, sender }))
+            }
             (Ok(_), None) => Ok(None),
             (Err(error), _) => Err(error),
         };
@@ -369,8 +375,18 @@ impl LibfabricEndpoint {
     /// operation; a receive buffer's is the caller's to deliver (it owns the slot now).
     fn read_arrival(&self) -> Arrival {
         let mut entry = sys::fi_cq_data_entry::default();
-        // SAFETY: the queue is open and `entry` has room for the one entry asked for.
-        let read = unsafe { sys::fi_cq_read(self.handles.rx_cq, (&raw mut entry).cast(), 1) };
+        let mut source = sys::FI_ADDR_NOTAVAIL;
+        // SAFETY: the queue is open, `entry` has room for the one entry asked for and `source`
+        // for its one source address (`FI_ADDR_NOTAVAIL` where the provider has none: fi_cq(3)).
+        let read = unsafe {
+            sys::fi_cq_readfrom(
+                self.handles.rx_cq,
+                (&raw mut entry).cast(),
+                1,
+                &raw mut source,
+            )
+        };
+        let sender = senders::named(source);
         if read == -(sys::FI_EAGAIN as isize) {
             return Arrival::Nothing;
         }
@@ -378,7 +394,7 @@ impl LibfabricEndpoint {
             return self.read_error(self.handles.rx_cq);
         }
         if read < 0 {
-            return Arrival::Failed(DmaError::fabric("fi_cq_read", read as i64));
+            return Arrival::Failed(DmaError::fabric("fi_cq_readfrom", read as i64));
         }
         // A peer's write that notified (`fi_writedata`): set aside, not a message.
         if self.operations.notifications.accept(&entry) {
@@ -386,11 +402,11 @@ impl LibfabricEndpoint {
         }
         if self.operations.owns(entry.op_context) {
             self.operations
-                .complete_receive(entry.op_context, entry.len, Ok(()));
+                .complete_receive(entry.op_context, entry.len, sender, Ok(()));
             return Arrival::Operation;
         }
         match self.receives.index_of(entry.op_context) {
-            Some(index) => Arrival::Slot(index, Ok(entry.len)),
+            Some(index) => Arrival::Slot((index, Ok(entry.len), sender)),
             None => Arrival::Failed(DmaError::InvalidArgument(
                 "a receive completion named a context this endpoint never posted".into(),
             )),
@@ -408,7 +424,7 @@ impl LibfabricEndpoint {
             match self.read_arrival() {
                 Arrival::Nothing => return,
                 Arrival::Operation => {}
-                Arrival::Slot(index, outcome) => self.receives.set_aside(index, outcome),
+                Arrival::Slot(arrival) => self.receives.set_aside(arrival),
                 Arrival::Failed(error) => {
                     tracing::warn!(%error, "reading the receive queue failed");
                     return;
@@ -554,14 +570,15 @@ impl LibfabricEndpoint {
             self.operations.complete_receive(
                 entry.op_context,
                 entry.len,
+                None,
                 Err(entry.error("fi_recv")),
             );
             return Arrival::Operation;
         }
         match self.receives.index_of(entry.op_context) {
             // This thread read the slot's (error) completion, so it owns the slot.
-            Some(index) => Arrival::Slot(index, Err(entry.error("fi_cq_read"))),
-            None => Arrival::Failed(entry.error("fi_cq_read")),
+            Some(index) => Arrival::Slot((index, Err(entry.error("fi_cq_readfrom")), None)),
+            None => Arrival::Failed(entry.error("fi_cq_readfrom")),
         }
     }
 }
@@ -572,8 +589,9 @@ enum Arrival {
     Nothing,
     /// A `receive_into`'s completion, handed to its operation.
     Operation,
-    /// Receive buffer `index`'s completion: its length, or its error. The reader owns the slot.
-    Slot(usize, Result<usize, DmaError>),
+    /// A receive buffer's completion: its index, length or error, and sender. The reader owns
+    /// the slot.
+    Slot(SlotArrival),
     /// The read failed, or named a context nobody posted.
     Failed(DmaError),
 }

@@ -81,6 +81,7 @@ mod messaging;
 mod open;
 mod receive;
 pub mod rma;
+mod senders;
 mod sends;
 pub mod vectored;
 pub(crate) mod wait;
@@ -99,6 +100,7 @@ pub use self::memory::{MemoryRegion, RemoteRegion, Segment};
 use self::messaging::read_error_entry;
 use self::receive::ReceiveSlots;
 pub use self::rma::{Completion, MAX_OPERATIONS, Operation};
+pub use self::senders::Received;
 pub use self::sends::{MAX_SEND_COPY, MAX_SENDS};
 pub use self::vectored::{MAX_PIECES, Notification};
 /// The endpoint's AV backend lives in [`crate::av`]; re-exported here, where it always was.
@@ -132,6 +134,11 @@ pub struct Description {
     /// asks for no completion, so its failure is never reported); see
     /// [`max_send_size`](Self::max_send_size).
     pub inject_size: usize,
+    /// Whether received messages name their sender: the provider took `FI_SOURCE` (tcp;ofi_rxm
+    /// and native tcp are asked for it). When `false`, every [`Received::sender`](Received::sender) and
+    /// receive's [`Completion::sender`](Completion::sender) is `None`; when `true`, `None`
+    /// means a sender that is not in this endpoint's address vector.
+    pub reports_senders: bool,
     /// The largest message [`LibfabricEndpoint::send`] copies and sends: the configuration's
     /// `receive_size`, at most [`MAX_SEND_COPY`].
     pub max_send_size: usize,

@@ -304,6 +304,8 @@ struct Hints {
     mr_mode: i32,
     /// `tx_attr.op_flags`: the completion semantics of every transmit.
     tx_op_flags: u64,
+    /// Secondary capabilities asked for besides `FI_MSG` (and `FI_RMA`, `FI_HMEM` as configured).
+    caps: u64,
 }
 
 impl Hints {
@@ -322,6 +324,11 @@ impl Hints {
     /// completions stopped, and a send written just before a peer died completed `Ok`. With it,
     /// the count of sends in flight (see `sends`) bounds what a stopped peer holds, and a send
     /// to a dead peer completes with an error. Measured on libfabric 1.17 and 2.6.0.
+    ///
+    /// tcp (under rxm, and native on 2.x) is asked for `FI_SOURCE`, so a receive's completion
+    /// names its sender (see `endpoint::senders`); rxm offers it only when asked
+    /// (`rxm_alter_info`, `rxm_init.c`), and native tcp offers it on its shared receive context
+    /// (`XNET_SRX_CAPS`, `prov/tcp/src/xnet_attr.c`, 2.6.0).
     fn for_provider(provider: Provider) -> Self {
         let mr_mode = (sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY) as i32;
         match provider {
@@ -330,18 +337,21 @@ impl Hints {
                 threading: sys::FI_THREAD_DOMAIN,
                 mr_mode: mr_mode | sys::FI_MR_LOCAL as i32,
                 tx_op_flags: 0,
+                caps: 0,
             },
             Provider::Tcp | Provider::TcpNative => Self {
                 mode: sys::FI_CONTEXT,
                 threading: sys::FI_THREAD_SAFE,
                 mr_mode,
                 tx_op_flags: u64::from(sys::FI_TRANSMIT_COMPLETE),
+                caps: sys::FI_SOURCE,
             },
             _ => Self {
                 mode: sys::FI_CONTEXT,
                 threading: sys::FI_THREAD_SAFE,
                 mr_mode,
                 tx_op_flags: 0,
+                caps: 0,
             },
         }
     }
@@ -611,7 +621,7 @@ fn getinfo_sized(
     // are copied onto the C heap by the shim (fi_freeinfo frees them); fi_getinfo writes one list
     // head into `info`; `hints` is freed once, after the call.
     let code = unsafe {
-        (*hints).caps = u64::from(sys::FI_MSG);
+        (*hints).caps = u64::from(sys::FI_MSG) | wanted.caps;
         (*hints).mode = wanted.mode;
         (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
         (*(*hints).domain_attr).threading = wanted.threading;
@@ -687,6 +697,7 @@ unsafe fn describe(info: *const sys::fi_info) -> Description {
             threading: domain.threading,
             av_type: domain.av_type,
             inject_size: (*(*info).tx_attr).inject_size,
+            reports_senders: 0 != (*info).caps & sys::FI_SOURCE,
             // Set once the send slab is sized.
             max_send_size: 0,
             max_sends_in_flight: 0,

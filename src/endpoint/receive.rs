@@ -33,16 +33,20 @@ pub(super) struct ReceiveSlot {
 pub(super) struct ReceiveSlots {
     slots: Box<[ReceiveSlot]>,
     /// Slots whose completion `progress` read while `receive_into`s were posted, with their
-    /// length or error, owned by this list until `try_receive` takes them: at most one entry per
-    /// slot, so bounded by the slab.
+    /// length or error and their sender, owned by this list until `try_receive` takes them: at
+    /// most one entry per slot, so bounded by the slab.
     arrived: Box<Arrived>,
     /// Boxed: touched only when a re-post fails, and an endpoint is moved around by value.
     unposted: Box<Unposted>,
 }
 
+/// A receive buffer's completion as it was read: the slot's index, its length or error, and the
+/// sender the provider named (`None`: `FI_ADDR_NOTAVAIL`, see `senders`).
+pub(super) type SlotArrival = (usize, Result<usize, DmaError>, Option<sys::fi_addr_t>);
+
 /// Completed slots set aside for `try_receive`.
 struct Arrived {
-    slots: Mutex<std::collections::VecDeque<(usize, Result<usize, DmaError>)>>,
+    slots: Mutex<std::collections::VecDeque<SlotArrival>>,
     /// `slots.len()`, readable without the lock.
     count: AtomicUsize,
 }
@@ -114,20 +118,20 @@ impl ReceiveSlots {
         std::mem::take(&mut *unposted)
     }
 
-    /// Keep slot `index`, whose completion the caller read (`outcome`: its length or error),
-    /// for the next [`take_arrived`](Self::take_arrived). The caller hands the slot over.
-    pub(super) fn set_aside(&self, index: usize, outcome: Result<usize, DmaError>) {
+    /// Keep the slot of `arrival`, whose completion the caller read, for the next
+    /// [`take_arrived`](Self::take_arrived). The caller hands the slot over.
+    pub(super) fn set_aside(&self, arrival: SlotArrival) {
         let mut arrived = self
             .arrived
             .slots
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        arrived.push_back((index, outcome));
+        arrived.push_back(arrival);
         self.arrived.count.store(arrived.len(), Ordering::Release);
     }
 
     /// The oldest slot set aside, if any; the caller owns it.
-    pub(super) fn take_arrived(&self) -> Option<(usize, Result<usize, DmaError>)> {
+    pub(super) fn take_arrived(&self) -> Option<SlotArrival> {
         if 0 == self.arrived.count.load(Ordering::Acquire) {
             return None;
         }
@@ -193,7 +197,7 @@ impl ReceiveSlot {
         match buffer.get(..len) {
             Some(bytes) => Ok(bytes.to_vec()),
             None => Err(DmaError::Fabric {
-                call: "fi_cq_read",
+                call: "fi_cq_readfrom",
                 code: -i64::from(sys::FI_ETRUNC),
                 message: format!(
                     "{}: the provider reported a {len}-byte message, and the receive buffer \

@@ -119,13 +119,20 @@ pub struct Completion {
     pub id: u64,
     /// What was posted.
     pub operation: Operation,
-    /// How many bytes were to be transferred.
+    /// How many bytes were to be transferred; for a [`receive_into`](LibfabricEndpoint::receive_into),
+    /// how many were received.
     pub len: usize,
+    /// Who sent a [`receive_into`](LibfabricEndpoint::receive_into)'s message: the sender's index
+    /// in this endpoint's address vector where the provider names it (`FI_SOURCE`, see
+    /// [`receive_from`](LibfabricEndpoint::receive_from) for what it means and when it is `None`);
+    /// `None` for every other operation.
+    pub sender: Option<sys::fi_addr_t>,
     /// `Ok` when the transfer is complete: for a read, its bytes are here; for a write, the
     /// provider has sent them (on tcp they land when the target progresses: a write asks for
     /// `FI_COMPLETION` alone, no acknowledgement, see `docs/benchmarks.md`); [`DmaError::PeerUnreachable`] naming the peer's `fi_addr_t` when the provider
     /// says its connection was refused, reset or lost (tcp's provider errors `ECONNREFUSED`,
-    /// `ECONNRESET`, `ECONNABORTED`, `ENOTCONN`, `EPIPE`, `EHOSTUNREACH`, `ENETUNREACH`); the
+    /// `ECONNRESET`, `ECONNABORTED`, `ENOTCONN`, `EPIPE`, `EHOSTDOWN`, `EHOSTUNREACH`,
+    /// `ENETUNREACH`, `ESHUTDOWN`, `ETIMEDOUT`: the one list of `av::unreachable`); the
     /// error entry's detail otherwise ([`DmaError::Fabric`] naming the operation's call, whose
     /// `code` is the negative `FI_E*` error, `-FI_ECANCELED` for a cancelled one, and whose
     /// message has the provider's own text from `fi_cq_strerror`).

@@ -87,6 +87,7 @@ impl Join {
             id,
             operation,
             len: self.len,
+            sender: None,
             result: error.map_or(Ok(()), Err),
         }
     }

@@ -220,6 +220,7 @@ fn finish(transfer: Transfer) -> Completion {
         id: transfer.id,
         operation: transfer.operation,
         len: transfer.len,
+        sender: None,
         result: transfer.error.map_or(Ok(()), Err),
     }
 }
@@ -253,6 +254,7 @@ mod tests {
             id: tag,
             operation: Operation::Write,
             len: MIN_STRIPE,
+            sender: None,
             result,
         }
     }
@@ -278,6 +280,7 @@ mod tests {
                 id: 42,
                 operation: Operation::Write,
                 len: 3 * MIN_STRIPE,
+                sender: None,
                 result: Err(failed),
             }],
             out
@@ -314,6 +317,7 @@ mod tests {
             id: 2,
             operation: Operation::Read,
             len: 0,
+            sender: None,
             result: Err(DmaError::WouldBlock),
         });
         assert_eq!(

@@ -89,10 +89,7 @@ impl LibfabricEndpoint {
                 "the lease is on another endpoint's cache".into(),
             ));
         }
-        let fi_addr = lease.fi_addr();
-        if let Some(code) = self.operations.sends.dead(fi_addr) {
-            return Err(crate::endpoint::sends::unreachable(fi_addr, code));
-        }
+        // A peer reported gone is refused by `submit`, before anything is posted.
         // Before the slot: a region lending a slice answers Busy, and nothing is taken.
         let hold = source.region.hold()?;
         let buffer = source.region.at(source.offset);
@@ -128,8 +125,10 @@ impl LibfabricEndpoint {
     /// length received, comes from [`poll_completions`](Self::poll_completions) or
     /// [`wait_for`](Self::wait_for) (or is set aside by [`try_receive`](Self::try_receive) for
     /// them); until then the endpoint holds the destination's memory. A message longer than
-    /// `destination` completes with `-FI_ETRUNC`. The sender is not reported: the endpoint does
-    /// not ask for `FI_SOURCE`, so a message that must name its sender carries its id.
+    /// `destination` completes with `-FI_ETRUNC`. The completion's
+    /// [`sender`](super::Completion::sender) names who sent the message where the provider says
+    /// (tcp;ofi_rxm, for a sender in this endpoint's AV: see
+    /// [`receive_from`](Self::receive_from)).
     ///
     /// ```
     /// use std::time::Duration;
@@ -254,6 +253,7 @@ impl super::Operations {
         &self,
         context: *mut std::ffi::c_void,
         received: usize,
+        sender: Option<sys::fi_addr_t>,
         result: Result<(), DmaError>,
     ) {
         let Some(index) = self.index_of(context) else {
@@ -263,10 +263,24 @@ impl super::Operations {
         if let Some(operation) = unsafe { &mut *self.slots[index].operation.get() } {
             if Operation::Receive == operation.operation {
                 operation.len = received;
+                // A receive is posted to no peer: its `fi_addr` now names the sender, for
+                // `InFlight::sender` (a receive's failure marks no peer, see `complete`).
+                operation.fi_addr = sender.unwrap_or(sys::FI_ADDR_NOTAVAIL);
                 self.receives_into.fetch_sub(1, Ordering::AcqRel);
             }
         }
         self.complete(context, result.map_err(Failure::Other));
+    }
+}
+
+impl InFlight {
+    /// The sender a completed `receive_into` names, for [`Completion::sender`](super::Completion::sender):
+    /// `None` for every other operation, and for a receive whose provider named no sender.
+    pub(in crate::endpoint) fn sender(&self) -> Option<sys::fi_addr_t> {
+        match self.operation {
+            Operation::Receive => crate::endpoint::senders::named(self.fi_addr),
+            _ => None,
+        }
     }
 }
 
