@@ -1,5 +1,5 @@
 //! From an AV index back to the clients registered on it: how a receiver turns a message's sender
-//! ([`Received::sender`](crate::Received::sender), [`Completion::sender`](crate::Completion::sender))
+//! ([`Received::sender`](crate::endpoint::Received::sender), [`Completion::sender`](crate::endpoint::Completion::sender))
 //! into the clients it knows that peer as.
 //!
 //! Read-only and off the hot path: one scan of the published index (bounded by the AV's capacity
@@ -8,7 +8,7 @@
 use super::AddressCache;
 use super::index::RegistrationIndex;
 use crate::av::AvBackend;
-use crate::sys::fi_addr_t;
+use dma_libfabric_sys::fi_addr_t;
 
 impl<B: AvBackend> AddressCache<B> {
     /// The clients registered on AV index `fi_addr` now, sorted: none when no client resolved to
@@ -18,7 +18,7 @@ impl<B: AvBackend> AddressCache<B> {
     ///
     /// A sender's index is exact only while the sender's entry is in the AV: rxm reports a
     /// removed index for a connection that outlived it, and `FI_AV_TABLE` hands that index to
-    /// the next peer (see [`Received::sender`](crate::Received::sender)).
+    /// the next peer (see [`Received::sender`](crate::endpoint::Received::sender)).
     ///
     /// ```
     /// use dma_libfabric::{AddressCache, AddressFormat, ModelAv};

@@ -138,6 +138,41 @@ fn sized_name(
     ))
 }
 
+/// Copy what the first entry of `info` says into owned strings.
+///
+/// # Safety
+/// `info` is a non-null `fi_info` returned by `fi_getinfo`.
+pub(super) unsafe fn describe(info: *const sys::fi_info) -> Description {
+    // SAFETY: fi_getinfo fills every attribute pointer of each entry it returns, and its name
+    // strings are NUL-terminated or null.
+    unsafe {
+        let text = |raw: *const std::ffi::c_char| {
+            if raw.is_null() {
+                String::new()
+            } else {
+                std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned()
+            }
+        };
+        let fabric = &*(*info).fabric_attr;
+        let domain = &*(*info).domain_attr;
+        Description {
+            provider: text(fabric.prov_name),
+            fabric: text(fabric.name),
+            domain: text(domain.name),
+            addr_format: (*info).addr_format,
+            address_len: (*info).src_addrlen,
+            threading: domain.threading,
+            av_type: domain.av_type,
+            inject_size: (*(*info).tx_attr).inject_size,
+            reports_senders: 0 != (*info).caps & sys::FI_SOURCE,
+            // Set once the send slab is sized.
+            max_send_size: 0,
+            max_sends_in_flight: 0,
+            max_sends_in_flight_per_peer: 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking

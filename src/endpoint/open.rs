@@ -13,10 +13,11 @@ use std::sync::Arc;
 #[cfg(doc)] // for the docs' links
 use super::POST_PATIENCE;
 use super::handles::Handles;
+use super::lookup::describe;
 use super::receive::ReceiveSlots;
 use super::sends::Sends;
 use super::wait::Source;
-use super::{Description, LibfabricEndpoint, check, rma};
+use super::{LibfabricEndpoint, check, rma};
 use crate::av::FabricAv;
 use crate::av::fabric as av;
 use crate::cache::AddressCache;
@@ -42,14 +43,9 @@ impl LibfabricEndpoint {
     /// buffers that cannot be allocated; each names the value and the bound, and each is found
     /// before any libfabric object opens.
     ///
-    /// # Memory, and rxm's sizing
-    /// rxm (the default `Provider::Tcp`) reads its buffer sizes only from `FI_OFI_RXM_*`
-    /// environment variables, once, at the process's first `fi_getinfo`; its own defaults cost
-    /// about 68 MiB an endpoint (libfabric 1.17; 132 MiB on 2.6.0), the configuration's
-    /// [`rxm`](Configuration::rxm) sizing about 5 MiB. The first open of a process that has one
-    /// thread applies the sizing itself (setting the environment is sound then). Where other
-    /// threads already run, it cannot, and logs a warning: call
-    /// [`apply_rxm_environment`](Configuration::apply_rxm_environment) at the start of `main`.
+    /// Memory: rxm's own buffer sizes cost about 68 MiB an endpoint, the configuration's about
+    /// 5 MiB; a process's first open applies them only if it has one thread, and warns otherwise
+    /// (see [`apply_rxm_environment`](Configuration::apply_rxm_environment)).
     ///
     /// ```
     /// use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
@@ -669,41 +665,6 @@ fn getinfo_sized(
         return Err(DmaError::fabric("fi_getinfo", -(sys::FI_ENODATA as i64)));
     }
     Ok(Some(info))
-}
-
-/// Copy what the first entry of `info` says into owned strings.
-///
-/// # Safety
-/// `info` is a non-null `fi_info` returned by `fi_getinfo`.
-unsafe fn describe(info: *const sys::fi_info) -> Description {
-    // SAFETY: fi_getinfo fills every attribute pointer of each entry it returns, and its name
-    // strings are NUL-terminated or null.
-    unsafe {
-        let text = |raw: *const std::ffi::c_char| {
-            if raw.is_null() {
-                String::new()
-            } else {
-                CStr::from_ptr(raw).to_string_lossy().into_owned()
-            }
-        };
-        let fabric = &*(*info).fabric_attr;
-        let domain = &*(*info).domain_attr;
-        Description {
-            provider: text(fabric.prov_name),
-            fabric: text(fabric.name),
-            domain: text(domain.name),
-            addr_format: (*info).addr_format,
-            address_len: (*info).src_addrlen,
-            threading: domain.threading,
-            av_type: domain.av_type,
-            inject_size: (*(*info).tx_attr).inject_size,
-            reports_senders: 0 != (*info).caps & sys::FI_SOURCE,
-            // Set once the send slab is sized.
-            max_send_size: 0,
-            max_sends_in_flight: 0,
-            max_sends_in_flight_per_peer: 0,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! ([`Completion::sender`](super::Completion::sender)) carry it as an `Option<fi_addr_t>`:
 //! `Some(index)` where the provider named the sender, `None` where it did not. The cache turns an
 //! index back into the clients registered on it
-//! ([`AddressCache::clients_at`](crate::AddressCache::clients_at)).
+//! ([`AddressCache::clients_at`](crate::cache::AddressCache::clients_at)).
 //!
 //! # What the providers give (read in the libfabric 2.6.0 source, checked on 1.17 and 2.6.0)
 //!
@@ -46,7 +46,7 @@ use std::time::Duration;
 use super::LibfabricEndpoint;
 use super::deadline::Deadline;
 use crate::error::DmaError;
-use crate::sys;
+use dma_libfabric_sys as sys;
 
 /// A received message and who sent it, as [`LibfabricEndpoint::try_receive_from`] and
 /// [`LibfabricEndpoint::receive_from`] return it.
@@ -55,7 +55,7 @@ pub struct Received {
     /// The message's bytes.
     pub message: Vec<u8>,
     /// The sender's index in this endpoint's address vector, where the provider names it;
-    /// `None` otherwise. [`AddressCache::clients_at`](crate::AddressCache::clients_at) says which
+    /// `None` otherwise. [`AddressCache::clients_at`](crate::cache::AddressCache::clients_at) says which
     /// clients are registered on it.
     ///
     /// tcp;ofi_rxm ([`Description::reports_senders`](super::Description::reports_senders))
