@@ -38,19 +38,22 @@
 //! queue's lock) *before* it reads the waiter count, and the waiter counts itself *before* its
 //! attempt takes that lock. Either the attempt sees the completion, or the ringer sees the waiter
 //! and moves the generation under the state lock, which the sleeper then sees or is woken by.
-//! The poller's own `poll` is bounded by [`MOST_SLEEP`] all the same, so a wake-up the provider
-//! fails to signal costs at most that, never a hang.
+//! That hand-off is [`Handoff`] (`wait/handoff.rs`), apart from the descriptors, so that the
+//! loom model `loom_tests/tests/waiter.rs` checks it as it ships. The poller's own `poll` is
+//! bounded by [`MOST_SLEEP`] all the same, so a wake-up the provider fails to signal costs at
+//! most that, never a hang.
 //!
 //! # Bounds
 //!
 //! A `Waiter` holds one `eventfd`; `poll` is given at most 2 × [`MOST_SOURCES`] + 1
 //! descriptors (two per source, at most [`MOST_SOURCES`] sources), on the stack.
 
+mod handoff;
+
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+pub use self::handoff::Handoff;
 use super::deadline::Deadline;
 use crate::sys;
 
@@ -164,20 +167,11 @@ impl Source {
     }
 }
 
-#[derive(Debug, Default)]
-struct State {
-    /// Whether a waiter is the poller now.
-    poller: bool,
-    /// Moves on whenever the poller wakes or a completion is handed to a waiter.
-    generation: u64,
-}
-
 /// The threads waiting on one endpoint's (or one rail set's) completions: see the module docs.
 #[derive(Debug)]
 pub(crate) struct Waiter {
-    waiting: AtomicUsize,
-    state: Mutex<State>,
-    changed: Condvar,
+    /// Who polls, who follows, and how a ringer reaches them (`handoff`, checked by loom).
+    handoff: Handoff,
     /// An `eventfd` in the poller's `poll` set, written to wake it; `None` if the system gave
     /// none (the poller then wakes by itself within [`MOST_SLEEP`]).
     bell: Option<OwnedFd>,
@@ -192,38 +186,24 @@ impl Default for Waiter {
             unsafe { OwnedFd::from_raw_fd(fd) }
         });
         Self {
-            waiting: AtomicUsize::new(0),
-            state: Mutex::new(State::default()),
-            changed: Condvar::new(),
+            handoff: Handoff::new(),
             bell,
         }
     }
-}
-
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Waiter {
     /// Something a waiter may be waiting for was just published (a completion in a ready queue):
     /// wake the waiters to look. One atomic load when none waits.
     pub(crate) fn ring(&self) {
-        if 0 == self.waiting.load(Ordering::SeqCst) {
-            return;
-        }
-        let mut state = lock(&self.state);
-        state.generation = state.generation.wrapping_add(1);
-        let poller = state.poller;
-        drop(state);
-        self.changed.notify_all();
-        if poller {
+        self.handoff.ring(|| {
             if let Some(bell) = &self.bell {
                 let one = 1_u64;
                 // SAFETY: writing 8 bytes from a live u64 to our own eventfd; a full counter
                 // (EAGAIN) already wakes the poller.
                 let _ = unsafe { libc::write(bell.as_raw_fd(), (&raw const one).cast(), 8) };
             }
-        }
+        });
     }
 
     /// Call `attempt` until it answers `Some` or `deadline` passes, sleeping on `sources`'
@@ -234,44 +214,16 @@ impl Waiter {
         &self,
         sources: &[Source],
         deadline: Deadline,
-        mut attempt: impl FnMut() -> Option<T>,
+        attempt: impl FnMut() -> Option<T>,
     ) -> Option<T> {
         if sources.is_empty() || sources.len() > MOST_SOURCES {
             return spin(deadline, attempt);
         }
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        let _counted = Counted(&self.waiting);
-        loop {
-            let seen = lock(&self.state).generation;
-            if let Some(found) = attempt() {
-                return Some(found);
-            }
-            if deadline.passed() {
-                return None;
-            }
-            let mut state = lock(&self.state);
-            if state.generation != seen {
-                continue;
-            }
-            let sleep = deadline.remaining().unwrap_or(MOST_SLEEP).min(MOST_SLEEP);
-            if state.poller {
-                let _unused = self
-                    .changed
-                    .wait_timeout_while(state, sleep, |state| state.generation == seen)
-                    .unwrap_or_else(PoisonError::into_inner);
-                continue;
-            }
-            state.poller = true;
-            drop(state);
+        self.handoff.wait(deadline, attempt, |sleep| {
             if sources.iter().all(Source::may_sleep) {
                 self.poll(sources, sleep);
             }
-            let mut state = lock(&self.state);
-            state.poller = false;
-            state.generation = state.generation.wrapping_add(1);
-            drop(state);
-            self.changed.notify_all();
-        }
+        })
     }
 
     /// Block in `poll` on every source's descriptors and the bell for at most `sleep`.
@@ -302,15 +254,6 @@ impl Waiter {
             // SAFETY: reading 8 bytes into a live u64 from our own non-blocking eventfd.
             let _ = unsafe { libc::read(bell.as_raw_fd(), (&raw mut rung).cast(), 8) };
         }
-    }
-}
-
-/// Uncounts a waiter when its wait ends, however it ends.
-struct Counted<'count>(&'count AtomicUsize);
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
