@@ -15,7 +15,7 @@ use super::POST_PATIENCE;
 use super::handles::Handles;
 use super::receive::ReceiveSlots;
 use super::sends::Sends;
-use super::wait::Source;
+use super::wait::{Source, Waiting};
 use super::{Description, LibfabricEndpoint, check, rma};
 use crate::av::FabricAv;
 use crate::av::fabric as av;
@@ -412,22 +412,22 @@ impl Limits {
     }
 }
 
-/// Why the endpoint refuses `provider` with these demands, if it does: what it cannot honour
-/// yet, rather than pretend to.
-/// The wait object the completion queues are opened with (see `wait`): `FI_WAIT_FD` on the
-/// providers measured to sleep on it (tcp, tcp;ofi_rxm, in libfabric 1.17 and 2.x), unless the
-/// configuration asks to spin; `FI_WAIT_NONE` elsewhere. efa refuses every wait object in 1.17,
-/// and in 2.x re-arms its completion channel only inside `fi_cq_sread`, which an fd in `poll`
-/// never calls: it would need a thread blocked in `fi_cq_sread`, not built yet, so it polls.
+/// The wait object the completion queues are opened with: the provider's choice of
+/// [`Waiting`] (`wait`, which says why each provider waits as it does), logged at debug level.
 fn wait_object(configuration: &Configuration, provider: &str) -> sys::fi_wait_obj {
-    let sleeps = matches!(provider, "tcp" | "tcp;ofi_rxm");
-    if sleeps && !configuration.busy_poll {
-        sys::FI_WAIT_FD
-    } else {
-        sys::FI_WAIT_NONE
+    let waiting = Waiting::choose(
+        provider,
+        crate::configuration::runtime_version(),
+        configuration.busy_poll,
+    );
+    if let Waiting::Polling(reason) = waiting {
+        tracing::debug!(provider, reason, "the completion queues will be polled");
     }
+    waiting.wait_object()
 }
 
+/// Why the endpoint refuses `provider` with these demands, if it does: what it cannot honour
+/// yet, rather than pretend to.
 fn refusal(provider: Provider, demands: &Demands) -> Option<String> {
     let mut reasons = Vec::new();
     if sys::FI_THREAD_SAFE != demands.threading {

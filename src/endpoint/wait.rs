@@ -11,7 +11,9 @@
 //! object in 1.17, and in 2.x offers `FI_WAIT_FD` on RDM only with shm off and re-arms its
 //! completion channel only inside `fi_cq_sread`, so it would need a thread blocked in
 //! `fi_cq_sread`, which this crate does not have yet. [`Configuration::busy_poll`] asks for the
-//! polling on every provider.
+//! polling on every provider. [`Waiting::choose`] is that choice, made from the provider's name
+//! and the runtime libfabric's version, each polling case with its reason (logged when the
+//! endpoint opens); its unit tests pin it, efa's cases included, since no efa device is here.
 //!
 //! # The protocol (`fi_poll(3)`; fabtests `functional/msg_epoll.c`)
 //!
@@ -66,6 +68,57 @@ pub(crate) const MOST_SOURCES: usize = 8;
 
 /// The most descriptors one wait polls: two queues per source, and the waiter's own bell.
 const MOST_FDS: usize = 2 * MOST_SOURCES + 1;
+
+/// How an endpoint's blocking waits wait for its completion queues, chosen by provider in
+/// [`Waiting::choose`]: see the module docs, "Which queues sleep".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiting {
+    /// Queues opened with `FI_WAIT_FD`: a waiter sleeps in `poll(2)` on their descriptors, with
+    /// the `fi_trywait` protocol.
+    Descriptors,
+    /// Queues opened with `FI_WAIT_NONE`: a waiter reads, yields and reads again; why, for this
+    /// provider.
+    Polling(&'static str),
+}
+
+/// Why efa polls in libfabric 1.x.
+const EFA_1: &str = "efa in libfabric 1.x refuses every wait object (fi_cq_open answers \
+                     -FI_ENOSYS)";
+/// Why efa polls in libfabric 2.x.
+const EFA_2: &str = "efa in libfabric 2.x takes FI_WAIT_FD on RDM only with shm off and re-arms \
+                     its completion channel only inside fi_cq_sread, so it needs a thread \
+                     blocked in fi_cq_sread, which this crate does not have: with no efa device \
+                     to test one on, it is not built";
+/// Why a provider never measured here polls.
+const UNMEASURED: &str = "no wait object has been measured to work with this provider";
+/// Why a `busy_poll` endpoint polls.
+const BUSY_POLL: &str = "Configuration::busy_poll asks for the spinning wait";
+
+impl Waiting {
+    /// The choice for `provider` (as `fi_getinfo` names it) under the runtime libfabric's API
+    /// version `(major, minor)` ([`runtime_version`](crate::configuration::runtime_version)):
+    /// descriptors for tcp and tcp;ofi_rxm (measured on 1.17 and 2.6.0), unless `busy_poll`;
+    /// polling, with its reason, everywhere else.
+    pub(crate) fn choose(provider: &str, (major, _minor): (u32, u32), busy_poll: bool) -> Self {
+        if busy_poll {
+            return Self::Polling(BUSY_POLL);
+        }
+        match provider {
+            "tcp" | "tcp;ofi_rxm" => Self::Descriptors,
+            "efa" if major < 2 => Self::Polling(EFA_1),
+            "efa" => Self::Polling(EFA_2),
+            _ => Self::Polling(UNMEASURED),
+        }
+    }
+
+    /// The wait object the completion queues are opened with.
+    pub(crate) fn wait_object(self) -> sys::fi_wait_obj {
+        match self {
+            Self::Descriptors => sys::FI_WAIT_FD,
+            Self::Polling(_) => sys::FI_WAIT_NONE,
+        }
+    }
+}
 
 /// One endpoint's completion queues opened with `FI_WAIT_FD`: what a waiter sleeps on.
 #[derive(Debug, Clone, Copy)]
@@ -267,5 +320,58 @@ fn spin<T>(deadline: Deadline, mut attempt: impl FnMut() -> Option<T>) -> Option
             return None;
         }
         std::thread::yield_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V1_17: (u32, u32) = (1, 17);
+    const V2_6: (u32, u32) = (2, 6);
+
+    #[test]
+    fn tcp_sleeps_on_descriptors_on_both_versions_unless_busy_poll() {
+        for provider in ["tcp", "tcp;ofi_rxm"] {
+            for version in [V1_17, V2_6] {
+                let waiting = Waiting::choose(provider, version, false);
+                assert_eq!(Waiting::Descriptors, waiting);
+                assert_eq!(sys::FI_WAIT_FD, waiting.wait_object());
+                let spinning = Waiting::choose(provider, version, true);
+                assert_eq!(Waiting::Polling(BUSY_POLL), spinning);
+                assert_eq!(sys::FI_WAIT_NONE, spinning.wait_object());
+            }
+        }
+    }
+
+    #[test]
+    fn efa_polls_with_the_reason_of_its_version() {
+        let Waiting::Polling(old) = Waiting::choose("efa", V1_17, false) else {
+            panic!("efa 1.17 must poll");
+        };
+        assert!(old.contains("refuses every wait object"), "{old}");
+        let Waiting::Polling(new) = Waiting::choose("efa", V2_6, false) else {
+            panic!("efa 2.6 must poll until a fi_cq_sread waiter exists");
+        };
+        assert!(new.contains("fi_cq_sread"), "{new}");
+        assert_eq!(
+            sys::FI_WAIT_NONE,
+            Waiting::choose("efa", V2_6, false).wait_object()
+        );
+        assert_eq!(
+            Waiting::Polling(BUSY_POLL),
+            Waiting::choose("efa", V2_6, true)
+        );
+    }
+
+    #[test]
+    fn an_unmeasured_provider_polls() {
+        for provider in ["verbs;ofi_rxm", "shm", "", "tcp;ofi_rxd", "TCP"] {
+            assert_eq!(
+                Waiting::Polling(UNMEASURED),
+                Waiting::choose(provider, V2_6, false),
+                "{provider:?}"
+            );
+        }
     }
 }
