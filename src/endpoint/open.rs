@@ -157,7 +157,7 @@ impl LibfabricEndpoint {
                 size: configuration.cq_size,
                 ..Default::default()
             };
-            if sys::FI_WAIT_FD == cq_attr.wait_obj {
+            if sys::FI_WAIT_NONE != cq_attr.wait_obj {
                 let code = sys::fi_cq_open(
                     handles.domain,
                     &raw mut cq_attr,
@@ -165,7 +165,10 @@ impl LibfabricEndpoint {
                     ptr::null_mut(),
                 );
                 if 0 != code {
-                    tracing::debug!(code, "FI_WAIT_FD refused: the queues will be polled");
+                    tracing::debug!(
+                        code,
+                        "the wait object was refused: the queues will be polled"
+                    );
                     handles.tx_cq = ptr::null_mut();
                     cq_attr.wait_obj = sys::FI_WAIT_NONE;
                 }
@@ -219,11 +222,15 @@ impl LibfabricEndpoint {
             (cq_attr.size, cq_attr.wait_obj)
         };
         let (tx_cq_size, wait_obj) = tx_cq_size;
+        let cqs = [handles.tx_cq, handles.rx_cq];
         let source = if sys::FI_WAIT_FD == wait_obj {
-            // SAFETY: the fabric and both queues are open, and stay open for as long as the
-            // slab that keeps the source (the slab is dropped after the handles close, and used
-            // only while the endpoint lives).
-            unsafe { Source::of(handles.fabric, [handles.tx_cq, handles.rx_cq]) }
+            // SAFETY: the fabric and both queues are open, with the wait object asked, and stay
+            // open for as long as the slab that keeps the source (the slab is dropped after the
+            // handles close, and used only while the endpoint lives).
+            unsafe { Source::of(handles.fabric, cqs) }
+        } else if sys::FI_WAIT_UNSPEC == wait_obj {
+            // SAFETY: as for `Source::of` just above.
+            Some(unsafe { Source::blocking(handles.fabric, cqs) })
         } else {
             None
         };

@@ -6,15 +6,25 @@
 //! Where the provider offers a wait object (tcp and tcp;ofi_rxm, in libfabric 1.17 and 2.x) the
 //! endpoint's completion queues are opened with `wait_obj = FI_WAIT_FD`, and
 //! `fi_control(FI_GETWAIT)` gives each an epoll file descriptor that becomes readable when the
-//! provider has something to do: bytes on a socket, a connection request. Everywhere else the
+//! provider has something to do: bytes on a socket, a connection request. efa in 2.x takes
+//! `FI_WAIT_FD` on RDM only with shm off and re-arms its completion channel only inside
+//! `fi_cq_sread`, so its queues are opened with `FI_WAIT_UNSPEC` (which it promotes to an fd with
+//! shm off, and serves in 1 ms polls with shm on) and a waiter sleeps in `fi_cq_sread` on the
+//! transmit queue instead of `poll(2)` ([`Waiting::BlockingRead`], below). Everywhere else the
 //! queues are opened with `FI_WAIT_NONE` and a wait polls as it always did: efa refuses every wait
-//! object in 1.17, and in 2.x offers `FI_WAIT_FD` on RDM only with shm off and re-arms its
-//! completion channel only inside `fi_cq_sread`, so it would need a thread blocked in
-//! `fi_cq_sread`, which this crate does not have yet. [`Configuration::busy_poll`] asks for the
-//! polling on every provider. [`Waiting::choose`] is that choice, made from the provider's name
-//! and the runtime libfabric's version, each polling case with its reason (logged when the
-//! endpoint opens); its unit tests pin it, efa's cases included, since no efa device is here.
+//! object in 1.17. [`Configuration::busy_poll`] asks for the polling on every provider.
+//! [`Waiting::choose`] is that choice, made from the provider's name and the runtime libfabric's
+//! version, each polling case with its reason (logged when the endpoint opens); its unit tests pin
+//! it, efa's cases included, since no efa device is here.
 //!
+//! The blocking read: the poller (below) calls `fi_cq_sread` on the transmit queue for at most
+//! [`BLOCKING_SLICE`], and hands what it returns to the owners as any read of the queue does; a
+//! ringer wakes it with `fi_cq_signal`. The slice bounds what the read does not see: an arrival on
+//! the receive queue, or a ring that landed before the read began (if the provider's signal is
+//! not sticky). A rail set of such endpoints, and the async API, do not sleep this way (the
+//! rail set polls; `AsyncEndpoint::new` refuses them). The unit test runs it on tcp;ofi_rxm,
+//! which serves `fi_cq_sread` too; on efa it has not run (no device here).
+
 //! # The protocol (`fi_poll(3)`; fabtests `functional/msg_epoll.c`)
 //!
 //! Nothing inside libfabric moves data while the application sleeps: the kernel holds the socket
@@ -53,6 +63,7 @@
 mod handoff;
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use self::handoff::Handoff;
@@ -76,6 +87,10 @@ pub(crate) enum Waiting {
     /// Queues opened with `FI_WAIT_FD`: a waiter sleeps in `poll(2)` on their descriptors, with
     /// the `fi_trywait` protocol.
     Descriptors,
+    /// Queues opened with `FI_WAIT_UNSPEC`: the poller sleeps in `fi_cq_sread` on the transmit
+    /// queue, for at most [`BLOCKING_SLICE`] at a time, handing what it reads to its owners; a
+    /// ringer wakes it with `fi_cq_signal`. What efa in libfabric 2.x needs.
+    BlockingRead,
     /// Queues opened with `FI_WAIT_NONE`: a waiter reads, yields and reads again; why, for this
     /// provider.
     Polling(&'static str),
@@ -84,11 +99,6 @@ pub(crate) enum Waiting {
 /// Why efa polls in libfabric 1.x.
 const EFA_1: &str = "efa in libfabric 1.x refuses every wait object (fi_cq_open answers \
                      -FI_ENOSYS)";
-/// Why efa polls in libfabric 2.x.
-const EFA_2: &str = "efa in libfabric 2.x takes FI_WAIT_FD on RDM only with shm off and re-arms \
-                     its completion channel only inside fi_cq_sread, so it needs a thread \
-                     blocked in fi_cq_sread, which this crate does not have: with no efa device \
-                     to test one on, it is not built";
 /// Why a provider never measured here polls.
 const UNMEASURED: &str = "no wait object has been measured to work with this provider";
 /// Why a `busy_poll` endpoint polls.
@@ -97,16 +107,22 @@ const BUSY_POLL: &str = "Configuration::busy_poll asks for the spinning wait";
 impl Waiting {
     /// The choice for `provider` (as `fi_getinfo` names it) under the runtime libfabric's API
     /// version `(major, minor)` ([`runtime_version`](crate::configuration::runtime_version)):
-    /// descriptors for tcp and tcp;ofi_rxm (measured on 1.17 and 2.6.0), unless `busy_poll`;
-    /// polling, with its reason, everywhere else.
+    /// descriptors for tcp and tcp;ofi_rxm (measured on 1.17 and 2.6.0), unless `busy_poll`; a
+    /// blocking read for efa in 2.x (read from its source: 2.x takes `FI_WAIT_FD` on RDM only with
+    /// shm off, promotes `FI_WAIT_UNSPEC` to it then, and re-arms its completion channel only
+    /// inside `fi_cq_sread`); polling, with its reason, everywhere else.
     pub(crate) fn choose(provider: &str, (major, _minor): (u32, u32), busy_poll: bool) -> Self {
+        #[cfg(test)]
+        if let Some(forced) = FORCED.get() {
+            return forced;
+        }
         if busy_poll {
             return Self::Polling(BUSY_POLL);
         }
         match provider {
             "tcp" | "tcp;ofi_rxm" => Self::Descriptors,
             "efa" if major < 2 => Self::Polling(EFA_1),
-            "efa" => Self::Polling(EFA_2),
+            "efa" => Self::BlockingRead,
             _ => Self::Polling(UNMEASURED),
         }
     }
@@ -115,17 +131,39 @@ impl Waiting {
     pub(crate) fn wait_object(self) -> sys::fi_wait_obj {
         match self {
             Self::Descriptors => sys::FI_WAIT_FD,
+            Self::BlockingRead => sys::FI_WAIT_UNSPEC,
             Self::Polling(_) => sys::FI_WAIT_NONE,
         }
     }
+
+    /// Make every endpoint this thread opens wait as `waiting` says, whatever its provider (`None`:
+    /// choose again): so the unit tests run the blocking-read waiter on tcp, where it works too.
+    #[cfg(test)]
+    pub(crate) fn force(waiting: Option<Self>) {
+        FORCED.set(waiting);
+    }
 }
 
-/// One endpoint's completion queues opened with `FI_WAIT_FD`: what a waiter sleeps on.
+#[cfg(test)]
+thread_local! {
+    static FORCED: std::cell::Cell<Option<Waiting>> = const { std::cell::Cell::new(None) };
+}
+
+/// The longest one `fi_cq_sread` of the blocking-read waiter lasts: it returns for a transmit
+/// completion or a ring, not for an arrival on the receive queue, so a thread waiting for a
+/// message sees it within this (10 ms; 100 wake-ups a second while idle).
+pub(crate) const BLOCKING_SLICE: Duration = Duration::from_millis(10);
+
+/// One endpoint's completion queues opened with a wait object: what a waiter sleeps on, their
+/// descriptors (`FI_WAIT_FD`) or a blocking read of the transmit queue (`FI_WAIT_UNSPEC`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Source {
     fabric: *mut sys::fid_fabric,
     cqs: [*mut sys::fid_cq; 2],
+    /// -1 for a source read blocking.
     fds: [RawFd; 2],
+    /// Whether a waiter sleeps in `fi_cq_sread` on the transmit queue rather than on `fds`.
+    blocking: bool,
 }
 
 // SAFETY: the pointers are the endpoint's open fabric and queues, which libfabric lets any thread
@@ -159,7 +197,46 @@ impl Source {
                 return None;
             }
         }
-        Some(Self { fabric, cqs, fds })
+        Some(Self {
+            fabric,
+            cqs,
+            fds,
+            blocking: false,
+        })
+    }
+
+    /// Queues a waiter sleeps on by `fi_cq_sread` of the transmit queue ([`Waiting::BlockingRead`]).
+    ///
+    /// # Safety
+    /// As [`of`](Self::of): `fabric` and `cqs` are open, with a wait object, and stay open for as
+    /// long as the `Source` is used.
+    pub(crate) unsafe fn blocking(
+        fabric: *mut sys::fid_fabric,
+        cqs: [*mut sys::fid_cq; 2],
+    ) -> Self {
+        Self {
+            fabric,
+            cqs,
+            fds: [-1; 2],
+            blocking: true,
+        }
+    }
+
+    /// Whether a waiter sleeps in `fi_cq_sread` on this source's transmit queue (no descriptors).
+    pub(crate) fn reads_blocking(&self) -> bool {
+        self.blocking
+    }
+
+    /// Wake a thread in `fi_cq_sread` on the transmit queue.
+    fn signal(&self) {
+        // SAFETY: the queue is open (`blocking`'s promise).
+        let code = unsafe { sys::fi_cq_signal(self.cqs[0]) };
+        if 0 != code {
+            tracing::debug!(
+                code,
+                "fi_cq_signal failed: the reader wakes within its slice"
+            );
+        }
     }
 
     /// `fi_trywait` on both queues: whether the caller may block on the descriptors now.
@@ -228,6 +305,9 @@ pub(crate) struct Waiter {
     /// An `eventfd` in the poller's `poll` set, written to wake it; `None` if the system gave
     /// none (the poller then wakes by itself within [`MOST_SLEEP`]).
     bell: Option<OwnedFd>,
+    /// The blocking-read source a poller may sleep in, signalled to wake it: set by the first
+    /// blocking wait, before it can become the poller.
+    reading: OnceLock<Source>,
 }
 
 impl Default for Waiter {
@@ -241,6 +321,7 @@ impl Default for Waiter {
         Self {
             handoff: Handoff::new(),
             bell,
+            reading: OnceLock::new(),
         }
     }
 }
@@ -256,6 +337,9 @@ impl Waiter {
                 // (EAGAIN) already wakes the poller.
                 let _ = unsafe { libc::write(bell.as_raw_fd(), (&raw const one).cast(), 8) };
             }
+            if let Some(source) = self.reading.get() {
+                source.signal();
+            }
         });
     }
 
@@ -269,7 +353,10 @@ impl Waiter {
         deadline: Deadline,
         attempt: impl FnMut() -> Option<T>,
     ) -> Option<T> {
-        if sources.is_empty() || sources.len() > MOST_SOURCES {
+        if sources.is_empty()
+            || sources.len() > MOST_SOURCES
+            || sources.iter().any(Source::reads_blocking)
+        {
             return spin(deadline, attempt);
         }
         self.handoff.wait(deadline, attempt, |sleep| {
@@ -277,6 +364,30 @@ impl Waiter {
                 self.poll(sources, sleep);
             }
         })
+    }
+
+    /// As [`wait`](Self::wait), and where the one source is read blocking
+    /// ([`Waiting::BlockingRead`]), the poller sleeps in `read` instead: `read(cq, bound)` must
+    /// block in `fi_cq_sread` on `cq`, the source's transmit queue, for at most `bound` (at most
+    /// [`BLOCKING_SLICE`]) and hand what it reads to its owners.
+    pub(crate) fn wait_reading<T>(
+        &self,
+        sources: &[Source],
+        deadline: Deadline,
+        attempt: impl FnMut() -> Option<T>,
+        mut read: impl FnMut(*mut sys::fid_cq, Duration),
+    ) -> Option<T> {
+        match sources {
+            [source] if source.reads_blocking() => {
+                // Set before this thread can become the poller (the hand-off's lock orders it
+                // before any ringer's look at the poller).
+                let _ = self.reading.get_or_init(|| *source);
+                self.handoff.wait(deadline, attempt, |bound| {
+                    read(source.cqs[0], bound.min(BLOCKING_SLICE));
+                })
+            }
+            _ => self.wait(sources, deadline, attempt),
+        }
     }
 
     /// Block in `poll` on every source's descriptors and the bell for at most `sleep`.
@@ -324,8 +435,91 @@ fn spin<T>(deadline: Deadline, mut attempt: impl FnMut() -> Option<T>) -> Option
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests assert by panicking
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
     use super::*;
+    use crate::{Configuration, LibfabricEndpoint};
+
+    /// Two RMA endpoints on 127.0.0.1 whose waits sleep in `fi_cq_sread` (tcp;ofi_rxm has it
+    /// too), as efa's do in libfabric 2.x: the blocking-read path runs here, not only on efa.
+    fn reading_blocking() -> (LibfabricEndpoint, LibfabricEndpoint) {
+        Waiting::force(Some(Waiting::BlockingRead));
+        let configuration = Configuration {
+            rma: true,
+            ..Configuration::default()
+        };
+        let open = || LibfabricEndpoint::open(&configuration, Some("127.0.0.1"));
+        let pair = (open(), open());
+        Waiting::force(None);
+        (pair.0.unwrap(), pair.1.unwrap())
+    }
+
+    fn thread_cpu() -> Duration {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a live timespec for the call to fill.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut now) };
+        Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    }
+
+    /// The blocking-read waiter (efa's in 2.x), run on tcp: four threads each wait for their own
+    /// write at once (one reads in `fi_cq_sread` and hands the others' completions on, ringing
+    /// them; the others follow), every write completes to its own waiter, and a wait with nothing
+    /// coming sleeps. Fails if the reader kept others' completions, if a ring did not reach a
+    /// follower, or if the wait spun.
+    #[test]
+    fn the_blocking_read_waiter_completes_each_waiters_write_and_sleeps() {
+        let (server, client) = reading_blocking();
+        assert!(
+            server
+                .wait_sources()
+                .first()
+                .is_some_and(Source::reads_blocking)
+        );
+        let len = 1 << 20;
+        let source = server.register(len).unwrap();
+        source.write_bytes(0, &vec![3; len]).unwrap();
+        let target = client.register(4 * len).unwrap();
+        let address = client.local_address().unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Acquire) {
+                    client.progress_sleeping(Duration::from_millis(20));
+                }
+            });
+            let waiters: Vec<_> = (0..4_u64)
+                .map(|id| {
+                    let (server, source, target, address) = (&server, &source, &target, &address);
+                    scope.spawn(move || {
+                        let lease = server.peers().lease(1, address).unwrap();
+                        let remote = target.remote().slice(id * len as u64, len as u64).unwrap();
+                        let segment = source.segment(0, len).unwrap();
+                        server.write(lease, segment, remote, id).unwrap();
+                        server.wait_for(id, Duration::from_secs(20)).unwrap()
+                    })
+                })
+                .collect();
+            for (id, waiter) in waiters.into_iter().enumerate() {
+                let done = waiter.join().unwrap();
+                assert_eq!((id as u64, Ok(())), (done.id, done.result));
+            }
+            stop.store(true, Ordering::Release);
+        });
+        assert_eq!(0, server.operations_in_flight());
+        let (wall, cpu) = (Instant::now(), thread_cpu());
+        assert_eq!(None, server.receive(Duration::from_millis(300)).unwrap());
+        let (wall, cpu) = (wall.elapsed(), thread_cpu() - cpu);
+        assert!(
+            cpu * 10 < wall,
+            "receive used {cpu:?} over {wall:?}: it spins"
+        );
+    }
 
     const V1_17: (u32, u32) = (1, 17);
     const V2_6: (u32, u32) = (2, 6);
@@ -345,18 +539,17 @@ mod tests {
     }
 
     #[test]
-    fn efa_polls_with_the_reason_of_its_version() {
+    fn efa_reads_blocking_on_2_x_and_polls_with_its_reason_on_1_x() {
         let Waiting::Polling(old) = Waiting::choose("efa", V1_17, false) else {
             panic!("efa 1.17 must poll");
         };
         assert!(old.contains("refuses every wait object"), "{old}");
-        let Waiting::Polling(new) = Waiting::choose("efa", V2_6, false) else {
-            panic!("efa 2.6 must poll until a fi_cq_sread waiter exists");
-        };
-        assert!(new.contains("fi_cq_sread"), "{new}");
+        let new = Waiting::choose("efa", V2_6, false);
+        assert_eq!(Waiting::BlockingRead, new, "efa 2.x sleeps in fi_cq_sread");
         assert_eq!(
-            sys::FI_WAIT_NONE,
-            Waiting::choose("efa", V2_6, false).wait_object()
+            sys::FI_WAIT_UNSPEC,
+            new.wait_object(),
+            "FI_WAIT_FD fails with shm on"
         );
         assert_eq!(
             Waiting::Polling(BUSY_POLL),
