@@ -9,9 +9,12 @@
 //!   (`busy_poll`, `wait_for`), sync sleeping (`wait_for`), async (`AsyncEndpoint::write`, current-
 //!   thread runtime); the target is driven the same way (a spinning progress loop, or a thread
 //!   sleeping in `progress_sleeping`, or its own `AsyncEndpoint`);
-//! - 64 KiB writes with 64 in flight: throughput, sync sleeping against async.
+//! - 64 KiB writes with 64 in flight: throughput, sync sleeping against async, the target driven
+//!   by a thread of its own sleeping in `progress_sleeping` for both (and, for async, once more
+//!   by its own `AsyncEndpoint` on the initiator's single runtime thread).
 //!
-//! `cargo bench --features tokio --bench completions` (add `-- --quick` for a short run).
+//! `cargo bench --features tokio --bench completions` (add `-- --quick` for a short run, and
+//! `-- --throughput` for the throughput rows alone).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::sync::Arc;
@@ -156,15 +159,27 @@ fn async_latency(writes: usize) -> (Duration, Duration) {
 const WINDOW: usize = 64;
 const LARGE: usize = 64 << 10;
 
-/// 64 KiB writes with 64 in flight, sync sleeping: bytes per second.
-fn sync_throughput(writes: usize) -> f64 {
+/// A throughput run's figures: bytes per second, and the initiating thread's own CPU time per
+/// write in microseconds (a figure the machine's load moves far less than the rate).
+type Rate = (f64, f64);
+
+fn rate(writes: usize, started: Instant, cpu: Duration) -> Rate {
+    let cpu = clock(libc::CLOCK_THREAD_CPUTIME_ID) - cpu;
+    (
+        (writes * LARGE) as f64 / started.elapsed().as_secs_f64(),
+        cpu.as_secs_f64() * 1e6 / writes as f64,
+    )
+}
+
+/// 64 KiB writes with 64 in flight, sync sleeping.
+fn sync_throughput(writes: usize) -> Rate {
     let server = open(false);
     let client = open(false);
     let source = server.register(LARGE).unwrap();
     let target = client.register(WINDOW * LARGE).unwrap();
     let address = client.local_address().unwrap();
     with_target(&client, false, || {
-        let started = Instant::now();
+        let (started, cpu) = (Instant::now(), clock(libc::CLOCK_THREAD_CPUTIME_ID));
         for id in 0..writes as u64 {
             if id >= WINDOW as u64 {
                 server
@@ -183,27 +198,61 @@ fn sync_throughput(writes: usize) -> f64 {
         for id in writes.saturating_sub(WINDOW)..writes {
             server.wait_for(id as u64, Duration::from_secs(10)).unwrap();
         }
-        (writes * LARGE) as f64 / started.elapsed().as_secs_f64()
+        rate(writes, started, cpu)
     })
 }
 
-/// 64 KiB writes with 64 in flight, async (64 tasks, current-thread runtime): bytes per second.
-fn async_throughput(writes: usize) -> f64 {
+/// Where the target of the async throughput run is driven.
+#[derive(Clone, Copy)]
+enum AsyncTarget {
+    /// A thread of its own sleeping in `progress_sleeping`, as in [`sync_throughput`]: the
+    /// initiator's runtime thread does only the initiator's work, so the two compare the
+    /// initiator's waits alone.
+    OwnThread,
+    /// Its own `AsyncEndpoint` on the initiator's current-thread runtime: one thread does both
+    /// sides' work (the target's socket reads included), against the sync run's two.
+    SameRuntime,
+}
+
+/// 64 KiB writes with 64 in flight, async (64 tasks, current-thread runtime; its thread's CPU
+/// time includes the target's work when that runs on the same runtime).
+fn async_throughput(writes: usize, driven: AsyncTarget) -> Rate {
+    let client = Arc::new(open(false));
+    match driven {
+        AsyncTarget::OwnThread => with_target(&client, false, || {
+            async_throughput_to(writes, &client, driven)
+        }),
+        AsyncTarget::SameRuntime => async_throughput_to(writes, &client, driven),
+    }
+}
+
+fn async_throughput_to(
+    writes: usize,
+    client: &Arc<LibfabricEndpoint>,
+    driven: AsyncTarget,
+) -> Rate {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
         let server = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
-        let client = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
-        let target = client.endpoint().register(WINDOW * LARGE).unwrap();
-        let address = client.endpoint().local_address().unwrap();
+        let _client_driver = match driven {
+            AsyncTarget::SameRuntime => Some(AsyncEndpoint::new(Arc::clone(client)).unwrap()),
+            AsyncTarget::OwnThread => None,
+        };
+        let target = client.register(WINDOW * LARGE).unwrap();
+        let address = client.local_address().unwrap();
         drop(server.lease(1, &address).await.unwrap()); // resolved once, before the clock
-        let started = Instant::now();
+        // One source for every write, as in `sync_throughput`: 64 sources of their own were a
+        // 4 MiB working set for the socket copies against sync's 64 KiB, which stays in cache
+        // (the async run's `_copy_from_iter` was 29% of its thread's samples against 6%).
+        let source = Arc::new(server.endpoint().register_shared(LARGE).unwrap());
+        let (started, cpu) = (Instant::now(), clock(libc::CLOCK_THREAD_CPUTIME_ID));
         let tasks: Vec<_> = (0..WINDOW)
             .map(|slot| {
                 let (server, address) = (server.clone(), address.clone());
-                let source = server.endpoint().register_shared(LARGE).unwrap();
+                let source = Arc::clone(&source);
                 let remote = target
                     .remote()
                     .slice((slot * LARGE) as u64, LARGE as u64)
@@ -225,12 +274,50 @@ fn async_throughput(writes: usize) -> f64 {
         for task in tasks {
             task.await.unwrap();
         }
-        (writes / WINDOW * WINDOW * LARGE) as f64 / started.elapsed().as_secs_f64()
+        rate(writes / WINDOW * WINDOW, started, cpu)
     })
 }
 
 fn micros(duration: Duration) -> String {
     format!("{:.1} µs", duration.as_secs_f64() * 1e6)
+}
+
+/// Rounds of the throughput comparison: each runs sync, then async with the target on its own
+/// thread, then async with the target on the initiator's runtime, back to back, and the table
+/// gives the medians of the rounds' figures and of their per-round ratios. On a machine shared
+/// with other builds the load moves between runs; pairing the runs of a round cancels most of
+/// that, where one long run of each did not (0.68× to 1.39× in three runs at load 7–9).
+const ROUNDS: usize = 7;
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_unstable_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The throughput rows: sync, async with the target on a thread of its own (as sync's), async
+/// with the target on the initiator's runtime; `writes` split over [`ROUNDS`] rounds.
+fn throughput(writes: usize) {
+    let per_round = (writes / ROUNDS).max(WINDOW);
+    let mut rounds = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        let sync = sync_throughput(per_round);
+        let own_thread = async_throughput(per_round, AsyncTarget::OwnThread);
+        let same_runtime = async_throughput(per_round, AsyncTarget::SameRuntime);
+        rounds.push([sync, own_thread, same_runtime]);
+    }
+    let of = |pick: &dyn Fn(&[Rate; 3]) -> f64| median(rounds.iter().map(pick).collect());
+    let [sync, own, same] = [0, 1, 2].map(|at| of(&|round| round[at].0) / 1e6);
+    let [sync_cpu, own_cpu, same_cpu] = [0, 1, 2].map(|at| of(&|round| round[at].1));
+    let [own_ratio, same_ratio] = [1, 2].map(|at| of(&|round| round[at].0 / round[0].0));
+    let ratios = rounds.iter().map(|round| round[1].0 / round[0].0);
+    let low = ratios.clone().fold(f64::MAX, f64::min);
+    let high = ratios.fold(0.0, f64::max);
+    println!(
+        "| 64 KiB writes, 64 in flight ({ROUNDS} rounds of {per_round} writes, medians), target on its own thread | {sync:.0} MB/s, {sync_cpu:.1} µs CPU/write | | {own:.0} MB/s, {own_cpu:.1} µs CPU/write ({own_ratio:.2}× sync; rounds {low:.2}–{high:.2}×) |"
+    );
+    println!(
+        "| the same, async target on the initiator's runtime thread (its CPU included) | | | {same:.0} MB/s, {same_cpu:.1} µs CPU/write ({same_ratio:.2}× sync) |"
+    );
 }
 
 fn main() {
@@ -243,6 +330,24 @@ fn main() {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average at the start: {}", load.trim());
     println!();
+    if std::env::args().any(|argument| "--profile-async" == argument) {
+        // Only the async initiator, for a profiler: `perf record -g … -- --profile-async`.
+        println!(
+            "{:?}",
+            async_throughput(throughput_writes, AsyncTarget::OwnThread)
+        );
+        return;
+    }
+    if std::env::args().any(|argument| "--profile-sync" == argument) {
+        println!("{:?}", sync_throughput(throughput_writes));
+        return;
+    }
+    if std::env::args().any(|argument| "--throughput" == argument) {
+        throughput(throughput_writes);
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        println!("load average at the end: {}", load.trim());
+        return;
+    }
     println!("| measure | sleeping (default) | spinning (`busy_poll`) | async (tokio) |");
     println!("|---|---|---|---|");
     println!(
@@ -266,14 +371,7 @@ fn main() {
         micros(spin99),
         micros(async99)
     );
-    let sync = sync_throughput(throughput_writes);
-    let asynchronous = async_throughput(throughput_writes);
-    println!(
-        "| 64 KiB writes, 64 in flight ({throughput_writes} writes) | {:.0} MB/s | | {:.0} MB/s ({:.2}× sync) |",
-        sync / 1e6,
-        asynchronous / 1e6,
-        asynchronous / sync
-    );
+    throughput(throughput_writes);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!();
     println!("load average at the end: {}", load.trim());

@@ -56,6 +56,9 @@ ssize_t dmafab_cq_readfrom(struct fid_cq *cq, void *buf, size_t count, fi_addr_t
 { return fi_cq_readfrom(cq, buf, count, src_addr); }
 ssize_t dmafab_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf, uint64_t flags)
 { return fi_cq_readerr(cq, buf, flags); }
+ssize_t dmafab_cq_sread(struct fid_cq *cq, void *buf, size_t count, const void *cond, int timeout)
+{ return fi_cq_sread(cq, buf, count, cond, timeout); }
+int dmafab_cq_signal(struct fid_cq *cq) { return fi_cq_signal(cq); }
 const char *dmafab_cq_strerror(struct fid_cq *cq, int prov_errno, const void *err_data, char *buf, size_t len)
 { return fi_cq_strerror(cq, prov_errno, err_data, buf, len); }
 

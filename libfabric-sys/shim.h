@@ -34,6 +34,8 @@ const char *dmafab_av_straddr(struct fid_av *av, const void *addr, char *buf, si
 ssize_t dmafab_cq_read(struct fid_cq *cq, void *buf, size_t count);
 ssize_t dmafab_cq_readfrom(struct fid_cq *cq, void *buf, size_t count, fi_addr_t *src_addr);
 ssize_t dmafab_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf, uint64_t flags);
+ssize_t dmafab_cq_sread(struct fid_cq *cq, void *buf, size_t count, const void *cond, int timeout);
+int dmafab_cq_signal(struct fid_cq *cq);
 const char *dmafab_cq_strerror(struct fid_cq *cq, int prov_errno, const void *err_data, char *buf, size_t len);
 
 ssize_t dmafab_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest_addr, void *context);

@@ -75,7 +75,10 @@ pub enum DmaError {
     ///   and the operation is still in flight.
     #[error(
         "the operation would block: not done within its timeout (a resolve stays queued for the \
-         writer; a send or RMA post was not posted; a waited-for operation is still in flight)"
+         writer; a send or RMA post was not posted: the provider pushed back for the whole \
+         timeout, with a full queue or a connection not accepted yet, which on tcp;ofi_rxm is \
+         also how a peer whose port refuses connections looks; a waited-for operation is still in \
+         flight)"
     )]
     WouldBlock,
     /// The call would have to wait for something this call cannot wait on; nothing was queued

@@ -17,6 +17,8 @@ pub(crate) use std::sync::atomic;
 #[cfg(not(dma_loom))]
 pub(crate) use std::sync::mpsc;
 #[cfg(not(dma_loom))]
+pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
+#[cfg(not(dma_loom))]
 pub(crate) use std::thread;
 
 #[cfg(dma_loom)]
@@ -25,6 +27,8 @@ pub(crate) use loom::sync::Arc;
 pub(crate) use loom::sync::atomic;
 #[cfg(dma_loom)]
 pub(crate) use loom::sync::mpsc;
+#[cfg(dma_loom)]
+pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(dma_loom)]
 pub(crate) use loom::thread;
 

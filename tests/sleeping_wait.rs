@@ -258,3 +258,46 @@ fn busy_poll_keeps_the_spinning_wait() {
         wall.elapsed()
     );
 }
+
+/// Run `call` on a thread of its own and fail the test if it has not returned within
+/// [`PATIENCE`] (or panicked): a hang is a failure, not a stuck run. (A hung thread is left
+/// behind; the failed test ends the binary.)
+fn returns(what: &str, call: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        call();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(PATIENCE) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what} hung"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+    }
+}
+
+/// Issue 31, hostile timeouts: `progress_sleeping(Duration::MAX)` (no deadline: `now + MAX`
+/// overflows an `Instant`) and `progress_sleeping(Duration::ZERO)` on an idle endpoint return,
+/// without a panic: `MAX` after one wake-up or the one-second bound of a single `poll`, `ZERO`
+/// after one read. Both on a sleeping endpoint and on a `busy_poll` one (which reads once).
+/// Fails if the deadline were `Instant::now() + timeout` (a panic) or if the wait looped until
+/// its deadline (a hang for `MAX`).
+#[test]
+fn progress_sleeping_returns_for_duration_max_and_zero_on_an_idle_endpoint() {
+    for busy_poll in [false, true] {
+        let configuration = Configuration {
+            busy_poll,
+            ..Configuration::default()
+        };
+        let endpoint = std::sync::Arc::new(
+            LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap(),
+        );
+        for timeout in [Duration::MAX, Duration::ZERO, Duration::MAX] {
+            let idle = std::sync::Arc::clone(&endpoint);
+            returns(
+                &format!("progress_sleeping({timeout:?}), busy_poll {busy_poll}"),
+                move || idle.progress_sleeping(timeout),
+            );
+        }
+        assert_eq!(0, endpoint.operations_in_flight());
+    }
+}

@@ -32,6 +32,8 @@ pub use self::dmafab_cq_open as fi_cq_open;
 pub use self::dmafab_cq_read as fi_cq_read;
 pub use self::dmafab_cq_readerr as fi_cq_readerr;
 pub use self::dmafab_cq_readfrom as fi_cq_readfrom;
+pub use self::dmafab_cq_signal as fi_cq_signal;
+pub use self::dmafab_cq_sread as fi_cq_sread;
 pub use self::dmafab_cq_strerror as fi_cq_strerror;
 pub use self::dmafab_domain as fi_domain;
 pub use self::dmafab_enable as fi_enable;

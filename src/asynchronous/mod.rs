@@ -15,9 +15,9 @@
 //! wakes the receivers whenever the receive queue's descriptor fires. No thread spins: between
 //! events the driver and every future are parked in the runtime.
 //!
-//! Only providers whose queues have a wait object (tcp, tcp;ofi_rxm) can be driven this way;
-//! [`AsyncEndpoint::new`] refuses the others (efa would need a thread blocked in
-//! `fi_cq_sread`) and an endpoint opened with
+//! Only providers whose queues have a wait descriptor (tcp, tcp;ofi_rxm) can be driven this way;
+//! [`AsyncEndpoint::new`] refuses the others (efa, whose waits sleep in `fi_cq_sread` on a thread
+//! of their own, which an event loop has no place for) and an endpoint opened with
 //! [`Configuration::busy_poll`](crate::configuration::Configuration::busy_poll), with [`DmaError::Unsupported`].
 //!
 //! # Cancel safety
@@ -198,10 +198,15 @@ impl AsyncEndpoint {
     /// # Panics
     /// Outside a tokio runtime, as `tokio::spawn` does.
     pub fn new(endpoint: Arc<LibfabricEndpoint>) -> Result<Self, DmaError> {
-        let Some(&source) = endpoint.wait_sources().first() else {
+        let descriptors = endpoint
+            .wait_sources()
+            .first()
+            .filter(|source| !source.reads_blocking());
+        let Some(&source) = descriptors else {
             return Err(DmaError::Unsupported(format!(
                 "the async API sleeps on the completion queues' wait descriptors, and {}'s \
-                 queues have none (a provider without FI_WAIT_FD, or Configuration::busy_poll)",
+                 queues have none (a provider without FI_WAIT_FD, efa's blocking read, or \
+                 Configuration::busy_poll)",
                 endpoint.describe().provider
             )));
         };

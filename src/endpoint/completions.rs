@@ -71,23 +71,55 @@ impl Operations {
             // SAFETY: the queue is open (the endpoint owns it for as long as `self` is used) and
             // `entries` has room for `BATCH` entries of the queue's format.
             let read = unsafe { sys::fi_cq_read(cq, entries.as_mut_ptr().cast(), BATCH) };
-            if read > 0 {
-                let read = read.unsigned_abs();
-                total += read;
-                for entry in &entries[..read.min(BATCH)] {
-                    self.complete(entry.op_context, Ok(()));
-                }
-                if read < BATCH {
-                    return total;
-                }
-            } else if read == -(sys::FI_EAVAIL as isize) {
-                total += usize::from(self.read_error(cq));
-            } else {
-                if read != -(sys::FI_EAGAIN as isize) {
-                    tracing::warn!(error = %DmaError::fabric("fi_cq_read", read as i64), "reading the transmit queue failed");
-                }
+            let (taken, more) = self.take(cq, "fi_cq_read", read, &entries);
+            total += taken;
+            if !more {
                 return total;
             }
+        }
+    }
+
+    /// The blocking-read waiter's sleep (`wait::Waiting::BlockingRead`): `fi_cq_sread` on the
+    /// transmit queue `cq` for at most `bound`, returning at the first completion (or a ring's
+    /// `fi_cq_signal`), whose entries go to their owners as [`reap`](Self::reap)'s do.
+    pub(crate) fn reap_blocking(&self, cq: *mut sys::fid_cq, bound: Duration) {
+        let mut entries = [sys::fi_cq_data_entry::default(); BATCH];
+        let millis = i32::try_from(bound.as_millis().max(1)).unwrap_or(i32::MAX);
+        // SAFETY: as in `reap`; no condition (a null `cond` waits for one entry).
+        let read = unsafe {
+            sys::fi_cq_sread(
+                cq,
+                entries.as_mut_ptr().cast(),
+                BATCH,
+                std::ptr::null(),
+                millis,
+            )
+        };
+        let _ = self.take(cq, "fi_cq_sread", read, &entries);
+    }
+
+    /// Hand the entries a read of `cq` answered (`read`: a count, or a negative code) to their
+    /// owners: how many were taken, and whether the queue may hold more.
+    fn take(
+        &self,
+        cq: *mut sys::fid_cq,
+        call: &'static str,
+        read: isize,
+        entries: &[sys::fi_cq_data_entry; BATCH],
+    ) -> (usize, bool) {
+        if read > 0 {
+            let read = read.unsigned_abs().min(BATCH);
+            for entry in &entries[..read] {
+                self.complete(entry.op_context, Ok(()));
+            }
+            (read, read == BATCH)
+        } else if read == -(sys::FI_EAVAIL as isize) {
+            (usize::from(self.read_error(cq)), true)
+        } else {
+            if read != -(sys::FI_EAGAIN as isize) && read != -(sys::FI_ECANCELED as isize) {
+                tracing::warn!(error = %DmaError::fabric(call, read as i64), "reading the transmit queue failed");
+            }
+            (0, false)
         }
     }
 
@@ -320,9 +352,12 @@ impl LibfabricEndpoint {
         deadline: Deadline,
         attempt: impl FnMut() -> Option<T>,
     ) -> Option<T> {
-        self.operations
-            .waiter
-            .wait(self.operations.sources(), deadline, attempt)
+        self.operations.waiter.wait_reading(
+            self.operations.sources(),
+            deadline,
+            attempt,
+            |cq, bound| self.operations.reap_blocking(cq, bound),
+        )
     }
 
     /// Sleep until the endpoint's completion queues have something to do, or `timeout` passes,

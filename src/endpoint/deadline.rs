@@ -9,12 +9,13 @@
 use std::time::{Duration, Instant};
 
 /// The moment a bounded wait gives up, or none for a timeout past what an `Instant` can hold.
+/// (Public only for the loom models, under `--cfg dma_loom`.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Deadline(Option<Instant>);
+pub struct Deadline(Option<Instant>);
 
 impl Deadline {
     /// `timeout` from now; no deadline when `now + timeout` overflows.
-    pub(crate) fn after(timeout: Duration) -> Self {
+    pub fn after(timeout: Duration) -> Self {
         Self(Instant::now().checked_add(timeout))
     }
 

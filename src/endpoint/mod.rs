@@ -103,6 +103,9 @@ pub use self::rma::{Completion, MAX_OPERATIONS, Operation};
 pub use self::senders::Received;
 pub use self::sends::{MAX_SEND_COPY, MAX_SENDS};
 pub use self::vectored::{MAX_PIECES, Notification};
+/// The completion waiters' hand-off and its deadline, for the loom models (`loom_tests/`).
+#[cfg(dma_loom)]
+pub use self::{deadline::Deadline, wait::Handoff};
 /// The endpoint's AV backend lives in [`crate::av`]; re-exported here, where it always was.
 pub use crate::av::FabricAv;
 use crate::av::fabric::{self as av, HandedOut};

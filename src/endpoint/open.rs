@@ -16,7 +16,7 @@ use super::handles::Handles;
 use super::lookup::describe;
 use super::receive::ReceiveSlots;
 use super::sends::Sends;
-use super::wait::Source;
+use super::wait::{Source, Waiting};
 use super::{LibfabricEndpoint, check, rma};
 use crate::av::FabricAv;
 use crate::av::fabric as av;
@@ -162,7 +162,7 @@ impl LibfabricEndpoint {
                 size: configuration.cq_size,
                 ..Default::default()
             };
-            if sys::FI_WAIT_FD == cq_attr.wait_obj {
+            if sys::FI_WAIT_NONE != cq_attr.wait_obj {
                 let code = sys::fi_cq_open(
                     handles.domain,
                     &raw mut cq_attr,
@@ -170,7 +170,10 @@ impl LibfabricEndpoint {
                     ptr::null_mut(),
                 );
                 if 0 != code {
-                    tracing::debug!(code, "FI_WAIT_FD refused: the queues will be polled");
+                    tracing::debug!(
+                        code,
+                        "the wait object was refused: the queues will be polled"
+                    );
                     handles.tx_cq = ptr::null_mut();
                     cq_attr.wait_obj = sys::FI_WAIT_NONE;
                 }
@@ -224,11 +227,15 @@ impl LibfabricEndpoint {
             (cq_attr.size, cq_attr.wait_obj)
         };
         let (tx_cq_size, wait_obj) = tx_cq_size;
+        let cqs = [handles.tx_cq, handles.rx_cq];
         let source = if sys::FI_WAIT_FD == wait_obj {
-            // SAFETY: the fabric and both queues are open, and stay open for as long as the
-            // slab that keeps the source (the slab is dropped after the handles close, and used
-            // only while the endpoint lives).
-            unsafe { Source::of(handles.fabric, [handles.tx_cq, handles.rx_cq]) }
+            // SAFETY: the fabric and both queues are open, with the wait object asked, and stay
+            // open for as long as the slab that keeps the source (the slab is dropped after the
+            // handles close, and used only while the endpoint lives).
+            unsafe { Source::of(handles.fabric, cqs) }
+        } else if sys::FI_WAIT_UNSPEC == wait_obj {
+            // SAFETY: as for `Source::of` just above.
+            Some(unsafe { Source::blocking(handles.fabric, cqs) })
         } else {
             None
         };
@@ -427,22 +434,22 @@ impl Limits {
     }
 }
 
-/// Why the endpoint refuses `provider` with these demands, if it does: what it cannot honour
-/// yet, rather than pretend to.
-/// The wait object the completion queues are opened with (see `wait`): `FI_WAIT_FD` on the
-/// providers measured to sleep on it (tcp, tcp;ofi_rxm, in libfabric 1.17 and 2.x), unless the
-/// configuration asks to spin; `FI_WAIT_NONE` elsewhere. efa refuses every wait object in 1.17,
-/// and in 2.x re-arms its completion channel only inside `fi_cq_sread`, which an fd in `poll`
-/// never calls: it would need a thread blocked in `fi_cq_sread`, not built yet, so it polls.
+/// The wait object the completion queues are opened with: the provider's choice of
+/// [`Waiting`] (`wait`, which says why each provider waits as it does), logged at debug level.
 fn wait_object(configuration: &Configuration, provider: &str) -> sys::fi_wait_obj {
-    let sleeps = matches!(provider, "tcp" | "tcp;ofi_rxm");
-    if sleeps && !configuration.busy_poll {
-        sys::FI_WAIT_FD
-    } else {
-        sys::FI_WAIT_NONE
+    let waiting = Waiting::choose(
+        provider,
+        crate::configuration::runtime_version(),
+        configuration.busy_poll,
+    );
+    if let Waiting::Polling(reason) = waiting {
+        tracing::debug!(provider, reason, "the completion queues will be polled");
     }
+    waiting.wait_object()
 }
 
+/// Why the endpoint refuses `provider` with these demands, if it does: what it cannot honour
+/// yet, rather than pretend to.
 fn refusal(provider: Provider, demands: &Demands) -> Option<String> {
     let mut reasons = Vec::new();
     if sys::FI_THREAD_SAFE != demands.threading {

@@ -6,13 +6,25 @@
 //! Where the provider offers a wait object (tcp and tcp;ofi_rxm, in libfabric 1.17 and 2.x) the
 //! endpoint's completion queues are opened with `wait_obj = FI_WAIT_FD`, and
 //! `fi_control(FI_GETWAIT)` gives each an epoll file descriptor that becomes readable when the
-//! provider has something to do: bytes on a socket, a connection request. Everywhere else the
+//! provider has something to do: bytes on a socket, a connection request. efa in 2.x takes
+//! `FI_WAIT_FD` on RDM only with shm off and re-arms its completion channel only inside
+//! `fi_cq_sread`, so its queues are opened with `FI_WAIT_UNSPEC` (which it promotes to an fd with
+//! shm off, and serves in 1 ms polls with shm on) and a waiter sleeps in `fi_cq_sread` on the
+//! transmit queue instead of `poll(2)` ([`Waiting::BlockingRead`], below). Everywhere else the
 //! queues are opened with `FI_WAIT_NONE` and a wait polls as it always did: efa refuses every wait
-//! object in 1.17, and in 2.x offers `FI_WAIT_FD` on RDM only with shm off and re-arms its
-//! completion channel only inside `fi_cq_sread`, so it would need a thread blocked in
-//! `fi_cq_sread`, which this crate does not have yet. [`Configuration::busy_poll`] asks for the
-//! polling on every provider.
+//! object in 1.17. [`Configuration::busy_poll`] asks for the polling on every provider.
+//! [`Waiting::choose`] is that choice, made from the provider's name and the runtime libfabric's
+//! version, each polling case with its reason (logged when the endpoint opens); its unit tests pin
+//! it, efa's cases included, since no efa device is here.
 //!
+//! The blocking read: the poller (below) calls `fi_cq_sread` on the transmit queue for at most
+//! [`BLOCKING_SLICE`], and hands what it returns to the owners as any read of the queue does; a
+//! ringer wakes it with `fi_cq_signal`. The slice bounds what the read does not see: an arrival on
+//! the receive queue, or a ring that landed before the read began (if the provider's signal is
+//! not sticky). A rail set of such endpoints, and the async API, do not sleep this way (the
+//! rail set polls; `AsyncEndpoint::new` refuses them). The unit test runs it on tcp;ofi_rxm,
+//! which serves `fi_cq_sread` too; on efa it has not run (no device here).
+
 //! # The protocol (`fi_poll(3)`; fabtests `functional/msg_epoll.c`)
 //!
 //! Nothing inside libfabric moves data while the application sleeps: the kernel holds the socket
@@ -38,19 +50,23 @@
 //! queue's lock) *before* it reads the waiter count, and the waiter counts itself *before* its
 //! attempt takes that lock. Either the attempt sees the completion, or the ringer sees the waiter
 //! and moves the generation under the state lock, which the sleeper then sees or is woken by.
-//! The poller's own `poll` is bounded by [`MOST_SLEEP`] all the same, so a wake-up the provider
-//! fails to signal costs at most that, never a hang.
+//! That hand-off is [`Handoff`] (`wait/handoff.rs`), apart from the descriptors, so that the
+//! loom model `loom_tests/tests/waiter.rs` checks it as it ships. The poller's own `poll` is
+//! bounded by [`MOST_SLEEP`] all the same, so a wake-up the provider fails to signal costs at
+//! most that, never a hang.
 //!
 //! # Bounds
 //!
 //! A `Waiter` holds one `eventfd`; `poll` is given at most 2 × [`MOST_SOURCES`] + 1
 //! descriptors (two per source, at most [`MOST_SOURCES`] sources), on the stack.
 
+mod handoff;
+
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::OnceLock;
 use std::time::Duration;
 
+pub use self::handoff::Handoff;
 use super::deadline::Deadline;
 use dma_libfabric_sys as sys;
 
@@ -64,12 +80,90 @@ pub(crate) const MOST_SOURCES: usize = 8;
 /// The most descriptors one wait polls: two queues per source, and the waiter's own bell.
 const MOST_FDS: usize = 2 * MOST_SOURCES + 1;
 
-/// One endpoint's completion queues opened with `FI_WAIT_FD`: what a waiter sleeps on.
+/// How an endpoint's blocking waits wait for its completion queues, chosen by provider in
+/// [`Waiting::choose`]: see the module docs, "Which queues sleep".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiting {
+    /// Queues opened with `FI_WAIT_FD`: a waiter sleeps in `poll(2)` on their descriptors, with
+    /// the `fi_trywait` protocol.
+    Descriptors,
+    /// Queues opened with `FI_WAIT_UNSPEC`: the poller sleeps in `fi_cq_sread` on the transmit
+    /// queue, for at most [`BLOCKING_SLICE`] at a time, handing what it reads to its owners; a
+    /// ringer wakes it with `fi_cq_signal`. What efa in libfabric 2.x needs.
+    BlockingRead,
+    /// Queues opened with `FI_WAIT_NONE`: a waiter reads, yields and reads again; why, for this
+    /// provider.
+    Polling(&'static str),
+}
+
+/// Why efa polls in libfabric 1.x.
+const EFA_1: &str = "efa in libfabric 1.x refuses every wait object (fi_cq_open answers \
+                     -FI_ENOSYS)";
+/// Why a provider never measured here polls.
+const UNMEASURED: &str = "no wait object has been measured to work with this provider";
+/// Why a `busy_poll` endpoint polls.
+const BUSY_POLL: &str = "Configuration::busy_poll asks for the spinning wait";
+
+impl Waiting {
+    /// The choice for `provider` (as `fi_getinfo` names it) under the runtime libfabric's API
+    /// version `(major, minor)` ([`runtime_version`](crate::configuration::runtime_version)):
+    /// descriptors for tcp and tcp;ofi_rxm (measured on 1.17 and 2.6.0), unless `busy_poll`; a
+    /// blocking read for efa in 2.x (read from its source: 2.x takes `FI_WAIT_FD` on RDM only with
+    /// shm off, promotes `FI_WAIT_UNSPEC` to it then, and re-arms its completion channel only
+    /// inside `fi_cq_sread`); polling, with its reason, everywhere else.
+    pub(crate) fn choose(provider: &str, (major, _minor): (u32, u32), busy_poll: bool) -> Self {
+        #[cfg(test)]
+        if let Some(forced) = FORCED.get() {
+            return forced;
+        }
+        if busy_poll {
+            return Self::Polling(BUSY_POLL);
+        }
+        match provider {
+            "tcp" | "tcp;ofi_rxm" => Self::Descriptors,
+            "efa" if major < 2 => Self::Polling(EFA_1),
+            "efa" => Self::BlockingRead,
+            _ => Self::Polling(UNMEASURED),
+        }
+    }
+
+    /// The wait object the completion queues are opened with.
+    pub(crate) fn wait_object(self) -> sys::fi_wait_obj {
+        match self {
+            Self::Descriptors => sys::FI_WAIT_FD,
+            Self::BlockingRead => sys::FI_WAIT_UNSPEC,
+            Self::Polling(_) => sys::FI_WAIT_NONE,
+        }
+    }
+
+    /// Make every endpoint this thread opens wait as `waiting` says, whatever its provider (`None`:
+    /// choose again): so the unit tests run the blocking-read waiter on tcp, where it works too.
+    #[cfg(test)]
+    pub(crate) fn force(waiting: Option<Self>) {
+        FORCED.set(waiting);
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    static FORCED: std::cell::Cell<Option<Waiting>> = const { std::cell::Cell::new(None) };
+}
+
+/// The longest one `fi_cq_sread` of the blocking-read waiter lasts: it returns for a transmit
+/// completion or a ring, not for an arrival on the receive queue, so a thread waiting for a
+/// message sees it within this (10 ms; 100 wake-ups a second while idle).
+pub(crate) const BLOCKING_SLICE: Duration = Duration::from_millis(10);
+
+/// One endpoint's completion queues opened with a wait object: what a waiter sleeps on, their
+/// descriptors (`FI_WAIT_FD`) or a blocking read of the transmit queue (`FI_WAIT_UNSPEC`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Source {
     fabric: *mut sys::fid_fabric,
     cqs: [*mut sys::fid_cq; 2],
+    /// -1 for a source read blocking.
     fds: [RawFd; 2],
+    /// Whether a waiter sleeps in `fi_cq_sread` on the transmit queue rather than on `fds`.
+    blocking: bool,
 }
 
 // SAFETY: the pointers are the endpoint's open fabric and queues, which libfabric lets any thread
@@ -103,7 +197,46 @@ impl Source {
                 return None;
             }
         }
-        Some(Self { fabric, cqs, fds })
+        Some(Self {
+            fabric,
+            cqs,
+            fds,
+            blocking: false,
+        })
+    }
+
+    /// Queues a waiter sleeps on by `fi_cq_sread` of the transmit queue ([`Waiting::BlockingRead`]).
+    ///
+    /// # Safety
+    /// As [`of`](Self::of): `fabric` and `cqs` are open, with a wait object, and stay open for as
+    /// long as the `Source` is used.
+    pub(crate) unsafe fn blocking(
+        fabric: *mut sys::fid_fabric,
+        cqs: [*mut sys::fid_cq; 2],
+    ) -> Self {
+        Self {
+            fabric,
+            cqs,
+            fds: [-1; 2],
+            blocking: true,
+        }
+    }
+
+    /// Whether a waiter sleeps in `fi_cq_sread` on this source's transmit queue (no descriptors).
+    pub(crate) fn reads_blocking(&self) -> bool {
+        self.blocking
+    }
+
+    /// Wake a thread in `fi_cq_sread` on the transmit queue.
+    fn signal(&self) {
+        // SAFETY: the queue is open (`blocking`'s promise).
+        let code = unsafe { sys::fi_cq_signal(self.cqs[0]) };
+        if 0 != code {
+            tracing::debug!(
+                code,
+                "fi_cq_signal failed: the reader wakes within its slice"
+            );
+        }
     }
 
     /// `fi_trywait` on both queues: whether the caller may block on the descriptors now.
@@ -164,23 +297,17 @@ impl Source {
     }
 }
 
-#[derive(Debug, Default)]
-struct State {
-    /// Whether a waiter is the poller now.
-    poller: bool,
-    /// Moves on whenever the poller wakes or a completion is handed to a waiter.
-    generation: u64,
-}
-
 /// The threads waiting on one endpoint's (or one rail set's) completions: see the module docs.
 #[derive(Debug)]
 pub(crate) struct Waiter {
-    waiting: AtomicUsize,
-    state: Mutex<State>,
-    changed: Condvar,
+    /// Who polls, who follows, and how a ringer reaches them (`handoff`, checked by loom).
+    handoff: Handoff,
     /// An `eventfd` in the poller's `poll` set, written to wake it; `None` if the system gave
     /// none (the poller then wakes by itself within [`MOST_SLEEP`]).
     bell: Option<OwnedFd>,
+    /// The blocking-read source a poller may sleep in, signalled to wake it: set by the first
+    /// blocking wait, before it can become the poller.
+    reading: OnceLock<Source>,
 }
 
 impl Default for Waiter {
@@ -192,38 +319,28 @@ impl Default for Waiter {
             unsafe { OwnedFd::from_raw_fd(fd) }
         });
         Self {
-            waiting: AtomicUsize::new(0),
-            state: Mutex::new(State::default()),
-            changed: Condvar::new(),
+            handoff: Handoff::new(),
             bell,
+            reading: OnceLock::new(),
         }
     }
-}
-
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Waiter {
     /// Something a waiter may be waiting for was just published (a completion in a ready queue):
     /// wake the waiters to look. One atomic load when none waits.
     pub(crate) fn ring(&self) {
-        if 0 == self.waiting.load(Ordering::SeqCst) {
-            return;
-        }
-        let mut state = lock(&self.state);
-        state.generation = state.generation.wrapping_add(1);
-        let poller = state.poller;
-        drop(state);
-        self.changed.notify_all();
-        if poller {
+        self.handoff.ring(|| {
             if let Some(bell) = &self.bell {
                 let one = 1_u64;
                 // SAFETY: writing 8 bytes from a live u64 to our own eventfd; a full counter
                 // (EAGAIN) already wakes the poller.
                 let _ = unsafe { libc::write(bell.as_raw_fd(), (&raw const one).cast(), 8) };
             }
-        }
+            if let Some(source) = self.reading.get() {
+                source.signal();
+            }
+        });
     }
 
     /// Call `attempt` until it answers `Some` or `deadline` passes, sleeping on `sources`'
@@ -234,43 +351,42 @@ impl Waiter {
         &self,
         sources: &[Source],
         deadline: Deadline,
-        mut attempt: impl FnMut() -> Option<T>,
+        attempt: impl FnMut() -> Option<T>,
     ) -> Option<T> {
-        if sources.is_empty() || sources.len() > MOST_SOURCES {
+        if sources.is_empty()
+            || sources.len() > MOST_SOURCES
+            || sources.iter().any(Source::reads_blocking)
+        {
             return spin(deadline, attempt);
         }
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        let _counted = Counted(&self.waiting);
-        loop {
-            let seen = lock(&self.state).generation;
-            if let Some(found) = attempt() {
-                return Some(found);
-            }
-            if deadline.passed() {
-                return None;
-            }
-            let mut state = lock(&self.state);
-            if state.generation != seen {
-                continue;
-            }
-            let sleep = deadline.remaining().unwrap_or(MOST_SLEEP).min(MOST_SLEEP);
-            if state.poller {
-                let _unused = self
-                    .changed
-                    .wait_timeout_while(state, sleep, |state| state.generation == seen)
-                    .unwrap_or_else(PoisonError::into_inner);
-                continue;
-            }
-            state.poller = true;
-            drop(state);
+        self.handoff.wait(deadline, attempt, |sleep| {
             if sources.iter().all(Source::may_sleep) {
                 self.poll(sources, sleep);
             }
-            let mut state = lock(&self.state);
-            state.poller = false;
-            state.generation = state.generation.wrapping_add(1);
-            drop(state);
-            self.changed.notify_all();
+        })
+    }
+
+    /// As [`wait`](Self::wait), and where the one source is read blocking
+    /// ([`Waiting::BlockingRead`]), the poller sleeps in `read` instead: `read(cq, bound)` must
+    /// block in `fi_cq_sread` on `cq`, the source's transmit queue, for at most `bound` (at most
+    /// [`BLOCKING_SLICE`]) and hand what it reads to its owners.
+    pub(crate) fn wait_reading<T>(
+        &self,
+        sources: &[Source],
+        deadline: Deadline,
+        attempt: impl FnMut() -> Option<T>,
+        mut read: impl FnMut(*mut sys::fid_cq, Duration),
+    ) -> Option<T> {
+        match sources {
+            [source] if source.reads_blocking() => {
+                // Set before this thread can become the poller (the hand-off's lock orders it
+                // before any ringer's look at the poller).
+                let _ = self.reading.get_or_init(|| *source);
+                self.handoff.wait(deadline, attempt, |bound| {
+                    read(source.cqs[0], bound.min(BLOCKING_SLICE));
+                })
+            }
+            _ => self.wait(sources, deadline, attempt),
         }
     }
 
@@ -305,15 +421,6 @@ impl Waiter {
     }
 }
 
-/// Uncounts a waiter when its wait ends, however it ends.
-struct Counted<'count>(&'count AtomicUsize);
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// The polling wait: `attempt` until it answers or the deadline passes, yielding in between.
 fn spin<T>(deadline: Deadline, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
     loop {
@@ -324,5 +431,140 @@ fn spin<T>(deadline: Deadline, mut attempt: impl FnMut() -> Option<T>) -> Option
             return None;
         }
         std::thread::yield_now();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests assert by panicking
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    use super::*;
+    use crate::{Configuration, LibfabricEndpoint};
+
+    /// Two RMA endpoints on 127.0.0.1 whose waits sleep in `fi_cq_sread` (tcp;ofi_rxm has it
+    /// too), as efa's do in libfabric 2.x: the blocking-read path runs here, not only on efa.
+    fn reading_blocking() -> (LibfabricEndpoint, LibfabricEndpoint) {
+        Waiting::force(Some(Waiting::BlockingRead));
+        let configuration = Configuration {
+            rma: true,
+            ..Configuration::default()
+        };
+        let open = || LibfabricEndpoint::open(&configuration, Some("127.0.0.1"));
+        let pair = (open(), open());
+        Waiting::force(None);
+        (pair.0.unwrap(), pair.1.unwrap())
+    }
+
+    fn thread_cpu() -> Duration {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a live timespec for the call to fill.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut now) };
+        Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    }
+
+    /// The blocking-read waiter (efa's in 2.x), run on tcp: four threads each wait for their own
+    /// write at once (one reads in `fi_cq_sread` and hands the others' completions on, ringing
+    /// them; the others follow), every write completes to its own waiter, and a wait with nothing
+    /// coming sleeps. Fails if the reader kept others' completions, if a ring did not reach a
+    /// follower, or if the wait spun.
+    #[test]
+    fn the_blocking_read_waiter_completes_each_waiters_write_and_sleeps() {
+        let (server, client) = reading_blocking();
+        assert!(
+            server
+                .wait_sources()
+                .first()
+                .is_some_and(Source::reads_blocking)
+        );
+        let len = 1 << 20;
+        let source = server.register(len).unwrap();
+        source.write_bytes(0, &vec![3; len]).unwrap();
+        let target = client.register(4 * len).unwrap();
+        let address = client.local_address().unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Acquire) {
+                    client.progress_sleeping(Duration::from_millis(20));
+                }
+            });
+            let waiters: Vec<_> = (0..4_u64)
+                .map(|id| {
+                    let (server, source, target, address) = (&server, &source, &target, &address);
+                    scope.spawn(move || {
+                        let lease = server.peers().lease(1, address).unwrap();
+                        let remote = target.remote().slice(id * len as u64, len as u64).unwrap();
+                        let segment = source.segment(0, len).unwrap();
+                        server.write(lease, segment, remote, id).unwrap();
+                        server.wait_for(id, Duration::from_secs(20)).unwrap()
+                    })
+                })
+                .collect();
+            for (id, waiter) in waiters.into_iter().enumerate() {
+                let done = waiter.join().unwrap();
+                assert_eq!((id as u64, Ok(())), (done.id, done.result));
+            }
+            stop.store(true, Ordering::Release);
+        });
+        assert_eq!(0, server.operations_in_flight());
+        let (wall, cpu) = (Instant::now(), thread_cpu());
+        assert_eq!(None, server.receive(Duration::from_millis(300)).unwrap());
+        let (wall, cpu) = (wall.elapsed(), thread_cpu() - cpu);
+        assert!(
+            cpu * 10 < wall,
+            "receive used {cpu:?} over {wall:?}: it spins"
+        );
+    }
+
+    const V1_17: (u32, u32) = (1, 17);
+    const V2_6: (u32, u32) = (2, 6);
+
+    #[test]
+    fn tcp_sleeps_on_descriptors_on_both_versions_unless_busy_poll() {
+        for provider in ["tcp", "tcp;ofi_rxm"] {
+            for version in [V1_17, V2_6] {
+                let waiting = Waiting::choose(provider, version, false);
+                assert_eq!(Waiting::Descriptors, waiting);
+                assert_eq!(sys::FI_WAIT_FD, waiting.wait_object());
+                let spinning = Waiting::choose(provider, version, true);
+                assert_eq!(Waiting::Polling(BUSY_POLL), spinning);
+                assert_eq!(sys::FI_WAIT_NONE, spinning.wait_object());
+            }
+        }
+    }
+
+    #[test]
+    fn efa_reads_blocking_on_2_x_and_polls_with_its_reason_on_1_x() {
+        let Waiting::Polling(old) = Waiting::choose("efa", V1_17, false) else {
+            panic!("efa 1.17 must poll");
+        };
+        assert!(old.contains("refuses every wait object"), "{old}");
+        let new = Waiting::choose("efa", V2_6, false);
+        assert_eq!(Waiting::BlockingRead, new, "efa 2.x sleeps in fi_cq_sread");
+        assert_eq!(
+            sys::FI_WAIT_UNSPEC,
+            new.wait_object(),
+            "FI_WAIT_FD fails with shm on"
+        );
+        assert_eq!(
+            Waiting::Polling(BUSY_POLL),
+            Waiting::choose("efa", V2_6, true)
+        );
+    }
+
+    #[test]
+    fn an_unmeasured_provider_polls() {
+        for provider in ["verbs;ofi_rxm", "shm", "", "tcp;ofi_rxd", "TCP"] {
+            assert_eq!(
+                Waiting::Polling(UNMEASURED),
+                Waiting::choose(provider, V2_6, false),
+                "{provider:?}"
+            );
+        }
     }
 }
