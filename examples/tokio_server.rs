@@ -266,8 +266,19 @@ fn raise_open_files_limit() {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    // rxm reads its buffer sizes from the environment once, at the first open, and the runtime's
+    // threads would make setting it unsound later: apply the sizing before they start (about
+    // 5 MiB an endpoint instead of rxm's own 68 MiB).
+    // SAFETY: the first thing the program does; no other thread runs yet.
+    unsafe { Configuration::default().apply_rxm_environment() }?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let arguments = Arguments::parse();
     raise_open_files_limit();
     let server = rma_endpoint()?;
