@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
@@ -110,6 +110,7 @@ fn baseline<B: AvBackend>(cache: &AddressCache<B>) -> heap::Baseline {
 /// The most the heap has grown above `empty` since [`baseline`], checked against the bound.
 fn assert_bounded(empty: &heap::Baseline, what: &str) {
     let (grown, bound) = (empty.peak(), heap_bound());
+    eprintln!("{what}: a peak of {grown} B above the empty cache (bound {bound} B)");
     assert!(
         grown <= bound,
         "{what}: the heap grew {grown} B above the empty cache, past the bound of {bound} B"
@@ -193,15 +194,31 @@ fn a_long_pin_that_goes_on_probing_over_release_revive_cycles_and_churn_stays_bo
         let long = cache.pin();
         let seen = long.resolve(1, &shared).expect("a hit").fi_addr();
         let churned = AtomicBool::new(false);
-        let mut hits = 0_u64;
+        let probes = AtomicU64::new(0);
         std::thread::scope(|scope| {
             let churner = scope.spawn(|| {
+                // Every `PROBE_EVERY` cycles, wait until the long pin has probed once more: a
+                // posting loop's rate, made independent of how the two threads are scheduled.
+                let mut cycles = 0_u32;
+                let mut paced = || {
+                    cycles += 1;
+                    if 0 == cycles % PROBE_EVERY {
+                        let from = probes.load(Ordering::Acquire);
+                        // Two more: at least one whole probe began after this point.
+                        while probes.load(Ordering::Acquire) < from + 2
+                            && !churned_or_gone(&churned)
+                        {
+                            std::thread::yield_now();
+                        }
+                    }
+                };
                 // Release and revive: each release retires the entry (its last client goes),
                 // each resolve revives it before its removal could run.
                 for cycle in 0..REVIVE_CYCLES {
                     let (gone, back) = if 0 == cycle % 2 { (1, 2) } else { (2, 1) };
                     cache.release(gone);
                     cache.pin().resolve(back, &shared).expect("revived");
+                    paced();
                 }
                 // New clients come and go: each removal waits for the long pin, until the
                 // AV is full of them and the cache answers Capacity.
@@ -212,24 +229,26 @@ fn a_long_pin_that_goes_on_probing_over_release_revive_cycles_and_churn_stays_bo
                         Err(other) => panic!("churn: {other:?}"),
                     }
                     cache.release(u64::from(10_000 + n));
+                    paced();
                 }
                 churned.store(true, Ordering::Release);
             });
+            // If this thread fails, the churner must not wait for its probes.
+            let _gone = SetOnDrop(&churned);
             // The posting loop's own peer stays registered throughout, so every probe is a hit
             // and none asks the writer for anything.
             while !churned.load(Ordering::Acquire) && !churner.is_finished() {
                 assert_eq!(own, long.resolve(3, &sockaddr(3)).expect("a hit").fi_addr());
-                hits += 1;
+                probes.fetch_add(1, Ordering::Release);
             }
-            churner.join().expect("the churning thread");
         });
+        assert!(
+            0 < probes.into_inner(),
+            "the long pin probed while the other thread churned"
+        );
         assert_eq!(
             seen,
             long.resolve(1, &shared).expect("still a hit").fi_addr()
-        );
-        assert!(
-            0 < hits,
-            "the long pin probed while the other thread churned"
         );
         assert_bounded(
             &empty,
@@ -240,6 +259,23 @@ fn a_long_pin_that_goes_on_probing_over_release_revive_cycles_and_churn_stays_bo
     cache.release(2);
     cache.release(3);
     assert_back_to_empty(&cache, &empty);
+}
+
+/// How many of the churner's cycles may pass between two of the long pin's probes: what the
+/// pin holds back between them is about 650 B a cycle.
+const PROBE_EVERY: u32 = 256;
+
+fn churned_or_gone(churned: &AtomicBool) -> bool {
+    churned.load(Ordering::Acquire)
+}
+
+/// Sets its flag when dropped, unwinding included.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 /// Release/revive cycles under one pin that probes between them (issue 30: 400,000 asked; see
@@ -293,6 +329,10 @@ fn a_pin_that_probes_over_many_release_revive_cycles_stays_flat() {
     assert_back_to_empty(&cache, &empty);
 }
 
+/// What a pin that never probed may hold over [`REVIVE_CYCLES`] cycles: the cache's own state
+/// under a pin and the writer's unflushed batch of retired nodes, not a node a cycle.
+const NEVER_PROBED_BOUND: isize = 256 << 10;
+
 /// A pin that probes once and then sits while another thread churns holds back the index
 /// nodes the writer retires meanwhile (papaya's guard, held across the pin's probes: the cost
 /// `docs/guarantees.md` states), and lets them go at its next probe: the heap is back within
@@ -309,21 +349,35 @@ fn an_idle_long_pin_lets_go_of_the_index_at_its_next_probe() {
         .resolve(3, &sockaddr(3))
         .expect("room")
         .fi_addr();
+    let churn = || {
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    for cycle in 0..REVIVE_CYCLES {
+                        let (gone, back) = if 0 == cycle % 2 { (1, 2) } else { (2, 1) };
+                        cache.release(gone);
+                        cache.pin().resolve(back, &shared).expect("revived");
+                    }
+                })
+                .join()
+                .expect("the churning thread");
+        });
+        cache.quiesce();
+    };
+    // A pin that has not probed holds no guard on the index: only its epoch.
+    let never = cache.pin();
+    churn();
+    let held = empty.now();
+    eprintln!("a pin that never probed, over {REVIVE_CYCLES} cycles: {held} B held");
+    assert!(
+        held <= NEVER_PROBED_BOUND,
+        "a pin that never probed held {held} B over {REVIVE_CYCLES} release/revive cycles"
+    );
+    drop(never);
+    // One that probed holds the guard it took, until its next probe.
     let idle = cache.pin();
     assert_eq!(own, idle.resolve(3, &sockaddr(3)).expect("a hit").fi_addr());
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                for cycle in 0..REVIVE_CYCLES {
-                    let (gone, back) = if 0 == cycle % 2 { (1, 2) } else { (2, 1) };
-                    cache.release(gone);
-                    cache.pin().resolve(back, &shared).expect("revived");
-                }
-            })
-            .join()
-            .expect("the churning thread");
-    });
-    cache.quiesce();
+    churn();
     let held = empty.now();
     assert_eq!(own, idle.resolve(3, &sockaddr(3)).expect("a hit").fi_addr());
     let after_probe = empty.now();

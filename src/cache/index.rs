@@ -271,6 +271,12 @@ impl RegistrationIndex for PapayaIndex {
     fn unlink(&self, client: u64, identity: &[u8]) {
         let guard = self.map.guard();
         self.map.remove(&Lookup { client, identity }, &guard);
+        if self.map.is_empty() {
+            // The writer's batch of retired nodes (a replaced table among them) waits in seize
+            // until it fills; an empty index hands it over now, so a quiesced empty cache holds
+            // none of it once its readers have left. Only then: a flush is a `membarrier`.
+            papaya::Guard::flush(&guard);
+        }
         drop(guard);
         self.retired();
     }

@@ -391,12 +391,11 @@ impl<B: AvBackend> AddressCache<B> {
     /// # Ok::<(), DmaError>(())
     /// ```
     pub fn pin(&self) -> Pinned<'_> {
-        let index = &self.core.shared.index;
         Pinned {
             epoch: self.core.epochs.pin(),
             index: std::cell::UnsafeCell::new(HeldGuard {
-                seen: index.retirements(),
-                guard: index.guard(),
+                seen: 0,
+                guard: None,
             }),
             core: &self.core,
         }
@@ -596,7 +595,8 @@ impl<B: AvBackend> Drop for AddressCache<B> {
 }
 
 /// A reader's pin on a cache: the epoch that holds back removals, and papaya's guard on the
-/// index's memory, held across the pin's probes so a hit does not pay for taking it.
+/// index's memory, taken at the pin's first probe and held across the rest, so a hit does not
+/// pay for taking it.
 ///
 /// Hold a pin for a batch of posts, not across a wait: while it lives, the writer removes no
 /// entry from the AV that it could have seen, and until its next probe it holds back the index
@@ -616,10 +616,11 @@ pub struct Pinned<'cache> {
     core: &'cache Core,
 }
 
-/// A pin's guard on the index's memory, and the index's retirement count when it last refreshed.
+/// A pin's guard on the index's memory, taken at its first probe (a pin that never probes holds
+/// none), and the index's retirement count when it last refreshed.
 struct HeldGuard<'cache> {
     seen: u64,
-    guard: <index::Index as RegistrationIndex>::Guard<'cache>,
+    guard: Option<<index::Index as RegistrationIndex>::Guard<'cache>>,
 }
 
 impl std::fmt::Debug for Pinned<'_> {
@@ -829,10 +830,13 @@ impl<'cache> Pinned<'cache> {
         let held = unsafe { &mut *self.index.get() };
         if held.seen != retirements {
             held.seen = retirements;
-            index::Index::refresh(&mut held.guard);
+            if let Some(guard) = &mut held.guard {
+                index::Index::refresh(guard);
+            }
         }
+        let guard = held.guard.get_or_insert_with(|| index.guard());
         Ok(index
-            .get(&held.guard, client, identity_len, address)
+            .get(guard, client, identity_len, address)
             .map(|fi_addr| self.peer(fi_addr)))
     }
 
