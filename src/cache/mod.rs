@@ -397,6 +397,7 @@ impl<B: AvBackend> AddressCache<B> {
                 seen: 0,
                 guard: None,
             }),
+            registrations: &self.core.shared.index,
             core: &self.core,
         }
     }
@@ -613,6 +614,8 @@ pub struct Pinned<'cache> {
     /// In a cell because `hit` takes `&self` (the peers it returns borrow the pin); the pin is
     /// neither `Send` nor `Sync` (its epoch guard is neither), so only its own thread reaches it.
     index: std::cell::UnsafeCell<HeldGuard<'cache>>,
+    /// The index itself, one load closer than through `core`: the hit's first dependent load.
+    registrations: &'cache index::Index,
     core: &'cache Core,
 }
 
@@ -820,7 +823,7 @@ impl<'cache> Pinned<'cache> {
     #[inline]
     fn hit(&self, client: u64, address: &[u8]) -> Result<Option<Peer<'_>>, DmaError> {
         let identity_len = self.core.identity_len(address)?;
-        let index = &self.core.shared.index;
+        let index = self.registrations;
         let retirements = index.retirements();
         // SAFETY: the pin is neither `Send` nor `Sync`, so this thread alone reaches the cell, and
         // this is the one place that borrows it: the borrow ends with this function, and nothing
