@@ -397,6 +397,66 @@ fn an_idle_long_pin_lets_go_of_the_index_at_its_next_probe() {
     assert_back_to_empty(&cache, &empty);
 }
 
+/// Two pins alive at once on one thread share its papaya reservation, and seize refreshes only a
+/// thread's last guard: while both live, neither probe lets go of what the writer retires, so
+/// the thread holds it however often it probes. Dropping one of them lets the other's next probe
+/// let go of it all (the cost `docs/guarantees.md` states).
+#[test]
+fn two_pins_on_one_thread_hold_the_index_until_one_is_dropped() {
+    let _turn = serial();
+    let cache = AddressCache::with_backend(FixedAv::new(AddressFormat::Opaque, 16));
+    let empty = baseline(&cache);
+    let shared = sockaddr(1);
+    cache.pin().resolve(1, &shared).expect("the shared entry");
+    let own = cache
+        .pin()
+        .resolve(3, &sockaddr(3))
+        .expect("room")
+        .fi_addr();
+    let (outer, inner) = (cache.pin(), cache.pin());
+    let churned = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let churner = scope.spawn(|| {
+            for cycle in 0..REVIVE_CYCLES {
+                let (gone, back) = if 0 == cycle % 2 { (1, 2) } else { (2, 1) };
+                cache.release(gone);
+                cache.pin().resolve(back, &shared).expect("revived");
+            }
+            churned.store(true, Ordering::Release);
+        });
+        let _gone = SetOnDrop(&churned);
+        while !churned.load(Ordering::Acquire) && !churner.is_finished() {
+            for pinned in [&outer, &inner] {
+                assert_eq!(
+                    own,
+                    pinned.resolve(3, &sockaddr(3)).expect("a hit").fi_addr()
+                );
+            }
+        }
+    });
+    cache.quiesce();
+    let held = empty.now();
+    drop(inner);
+    assert_eq!(
+        own,
+        outer.resolve(3, &sockaddr(3)).expect("a hit").fi_addr()
+    );
+    let after = empty.now();
+    eprintln!(
+        "two probing pins on one thread over {REVIVE_CYCLES} release/revive cycles held {held} B; \
+         {after} B once one was dropped and the other probed"
+    );
+    assert!(
+        after <= heap_bound(),
+        "{after} B above the empty cache after one of the two pins was dropped and the other probed"
+    );
+    drop(outer);
+    cache.release(1);
+    cache.release(2);
+    cache.release(3);
+    assert_back_to_empty(&cache, &empty);
+}
+
 /// Enough retries that ~31.5 B each (the growth issue 18 measured) would pass [`heap_bound`].
 const LEASE_RETRIES: u32 = 400_000;
 

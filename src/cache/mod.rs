@@ -603,7 +603,9 @@ impl<B: AvBackend> Drop for AddressCache<B> {
 /// entry from the AV that it could have seen, and until its next probe it holds back the index
 /// nodes the writer retired (each probe lets go of what was retired since the one before, when
 /// the writer has changed the index; a pin that sits for a minute while other threads release
-/// and revive clients holds about 650 B a cycle until it probes or is dropped).
+/// and revive clients holds about 650 B a cycle until it probes or is dropped). Keep one pin of
+/// a cache at a time on a thread: papaya refreshes only a thread's last guard, so while two pins
+/// of one cache live on one thread, neither's probes let go of anything.
 ///
 /// Neither `Send` nor `Sync`: a pin belongs to the thread that took it.
 pub struct Pinned<'cache> {
