@@ -109,8 +109,10 @@ fn hit(criterion: &mut Criterion) {
                     common::probe_floor(&floor, guard, identity_len, client, address).unwrap()
                 },
             );
-            // The floor as ours now pays it: papaya's guard taken for each probe, not held across
-            // them (a pin held long must not hold back the index's memory).
+            // The floor as ours paid it before its pin held papaya's guard across probes: the
+            // guard taken for each probe (an atomic swap to leave it), the price of a bound on
+            // what a long pin holds back. Ours now refreshes the guard only when the writer has
+            // changed the index, so it should sit near `papaya_floor`, not this.
             probes(
                 &mut group,
                 cursor,

@@ -268,3 +268,60 @@ fn allocations_per_million_hits_under_unbounded_churn() {
     assert_eq!(CYCLES, cycles);
     assert!(rounds_run > 0, "the reader ran alongside");
 }
+
+/// Release/revive cycles the churner runs under the long pin of
+/// [`hits_through_one_long_pin_allocate_nothing_while_the_index_changes`].
+const REVIVES: u64 = 5_000;
+
+/// The batched hit's path under churn: one pin, many hits, while another thread releases and
+/// revives a client of its own, so the index changes between the hits and each hit that sees it
+/// refreshes the pin's papaya guard (which may free retired nodes, but must not allocate). The
+/// churn revives one entry, so the long pin holds back no AV removal and the AV never fills.
+#[test]
+fn hits_through_one_long_pin_allocate_nothing_while_the_index_changes() {
+    let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    let addresses = warmed(&cache, (0..100).map(sockaddr).collect());
+    let shared = sockaddr(9_999);
+    cache
+        .pin()
+        .resolve(1_000, &shared)
+        .expect("the churned entry");
+    let churned = std::sync::atomic::AtomicBool::new(false);
+    let pinned = cache.pin();
+    let misses = cache.stats().misses;
+    let (allocated, hits) = std::thread::scope(|scope| {
+        let churner = scope.spawn(|| {
+            for cycle in 0..REVIVES {
+                let (gone, back) = if 0 == cycle % 2 {
+                    (1_000, 1_001)
+                } else {
+                    (1_001, 1_000)
+                };
+                cache.release(gone);
+                cache.pin().resolve(back, &shared).expect("revived");
+            }
+            churned.store(true, std::sync::atomic::Ordering::Release);
+        });
+        let before = allocations();
+        let mut hits = 0_u64;
+        while !churned.load(std::sync::atomic::Ordering::Acquire) && !churner.is_finished() {
+            for (client, address) in addresses.iter().enumerate() {
+                let peer = pinned.resolve(client as u64, address).expect("a hit");
+                std::hint::black_box(peer.fi_addr());
+                hits += 1;
+            }
+        }
+        (allocations() - before, hits)
+    });
+    assert_eq!(
+        0, allocated,
+        "{hits} hits through one pin, while another thread ran {REVIVES} release/revive cycles, \
+         allocated {allocated} times on the reader"
+    );
+    assert!(0 < hits, "the reader ran alongside");
+    assert_eq!(
+        misses + REVIVES,
+        cache.stats().misses,
+        "each revive was a miss"
+    );
+}

@@ -10,6 +10,13 @@
 //! (seize) keeps a key alive while a reader's guard may still see it, so a reader may read a key
 //! the writer has just unlinked. That is memory safety only: whether the *fi_addr_t* in it is
 //! still in the AV is the epoch deferral's business (see the `cache` module).
+//!
+//! A reader's guard lives as long as its pin, so a hit does not pay papaya's enter and leave (an
+//! atomic swap) per probe. What keeps that bounded: the index counts the writer's changes
+//! ([`RegistrationIndex::retirements`], bumped after every publish and unlink, alone on its
+//! cache line), and a probe that sees the count moved refreshes its guard first, letting go of
+//! every node retired since its last refresh. A pin that stops probing holds what is retired
+//! until its next probe (`tests/soak.rs` measures it).
 
 use std::hash::{Hash, Hasher};
 
@@ -149,6 +156,14 @@ pub(crate) trait RegistrationIndex: Send + Sync {
     where
         Self: 'a;
     fn guard(&self) -> Self::Guard<'_>;
+    /// How many times the writer has changed the index in a way that may retire index memory
+    /// (an unlink, a publish, which may replace a node or resize the table): a reader that holds
+    /// its guard across probes refreshes it when this moved. Relaxed: it only says when to let
+    /// go of memory, never what a probe may see.
+    fn retirements(&self) -> u64;
+    /// Let go of what `guard` protects and protect afresh, on the calling thread: what the
+    /// writer retired meanwhile may be reclaimed (on this thread, if it is the last to leave it).
+    fn refresh(guard: &mut Self::Guard<'_>);
     /// The entry `client` is registered on for exactly `address`, whose first `identity_len`
     /// bytes are its identity.
     fn get(
@@ -181,7 +196,16 @@ pub(crate) type Index = LockedIndex;
 #[cfg(not(dma_loom))]
 pub(crate) struct PapayaIndex {
     map: papaya::HashMap<Registration, fi_addr_t, IndexHasher>,
+    /// See [`RegistrationIndex::retirements`]. On a line of its own: the writer bumps it on every
+    /// change, and readers load it on every probe next to the map's own fields.
+    retirements: Padded<std::sync::atomic::AtomicU64>,
 }
+
+/// A value alone on its cache line (128 bytes: a pair of lines, as the adjacent-line prefetcher
+/// fetches them), so the writer's stores to it do not take the line of what readers load.
+#[cfg(not(dma_loom))]
+#[repr(align(128))]
+struct Padded<T>(T);
 
 #[cfg(not(dma_loom))]
 impl PapayaIndex {
@@ -191,7 +215,16 @@ impl PapayaIndex {
             .capacity(capacity)
             .resize_mode(papaya::ResizeMode::Blocking)
             .build();
-        Self { map }
+        Self {
+            map,
+            retirements: Padded(std::sync::atomic::AtomicU64::new(0)),
+        }
+    }
+
+    fn retired(&self) {
+        self.retirements
+            .0
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -201,6 +234,18 @@ impl RegistrationIndex for PapayaIndex {
 
     fn guard(&self) -> Self::Guard<'_> {
         self.map.guard()
+    }
+
+    #[inline]
+    fn retirements(&self) -> u64 {
+        self.retirements
+            .0
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[inline]
+    fn refresh(guard: &mut Self::Guard<'_>) {
+        papaya::Guard::refresh(guard);
     }
 
     #[inline]
@@ -222,11 +267,21 @@ impl RegistrationIndex for PapayaIndex {
     fn publish(&self, registration: Registration, fi_addr: fi_addr_t) {
         let guard = self.map.guard();
         self.map.insert(registration, fi_addr, &guard);
+        drop(guard);
+        self.retired();
     }
 
     fn unlink(&self, client: u64, identity: &[u8]) {
         let guard = self.map.guard();
         self.map.remove(&Lookup { client, identity }, &guard);
+        if self.map.is_empty() {
+            // The writer's batch of retired nodes (a replaced table among them) waits in seize
+            // until it fills; an empty index hands it over now, so a quiesced empty cache holds
+            // none of it once its readers have left. Only then: a flush is a `membarrier`.
+            papaya::Guard::flush(&guard);
+        }
+        drop(guard);
+        self.retired();
     }
 
     fn len(&self) -> usize {
@@ -274,6 +329,12 @@ impl RegistrationIndex for LockedIndex {
     fn guard(&self) -> Self::Guard<'_> {
         std::marker::PhantomData
     }
+
+    fn retirements(&self) -> u64 {
+        0
+    }
+
+    fn refresh(_guard: &mut Self::Guard<'_>) {}
 
     fn get(
         &self,

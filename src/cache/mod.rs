@@ -50,8 +50,13 @@
 //!    inbox is after it. A queued miss
 //!    that failed reports its error to the next `try_resolve` (never `WouldBlock` for ever). The
 //!    cache's heap stays within a bound set by the AV's capacity and the inbox bound however long
-//!    a reader stays pinned and whatever is released, revived or retried (the writer's module
+//!    a probing reader stays pinned and whatever is released, revived or retried (the writer's module
 //!    docs give it in bytes), and a lease counter cannot wrap ([`AddressCache::LEASE_LIMIT`]).
+//!    One cost is per pin and outside that bound: a [`Pinned`] holds papaya's guard on the
+//!    index across its probes, so a pin that stops probing holds back the index nodes the writer
+//!    retires until its next probe or its drop (about 650 B a release/revive cycle measured;
+//!    `tests/soak.rs`, `docs/guarantees.md`). A pin that goes on probing holds at most what was
+//!    retired since its last probe.
 //! 7. No call waits for ever, whoever holds what, on whichever thread or task: every wait (a
 //!    blocking lease, `lease_all`, `lease_within`, `quiesce`) ends within the cache's patience
 //!    ([`AddressCache::with_patience`], 5 s by default), whatever timeout it was given, answering
@@ -66,9 +71,11 @@
 //!    own bag, and every 64 such nodes that reader allocates one 2,072-byte node to push its bag
 //!    (`tests/hit_path.rs` measures it: 110 allocations in 12 million hits while another thread
 //!    churned 20,000 release/resolve cycles; with fewer than 64 grace periods, none). A hit may
-//!    free, though: papaya's guard, taken for the probe, reclaims a batch of index nodes the
-//!    writer retired when the hit's thread is the last to leave them (`benches/cache_core.rs`:
-//!    3,536 frees in 5 million hits under churn, none idle; `docs/guarantees.md` has the tail).
+//!    free, though: when the writer has changed the index since the pin's last probe (one
+//!    relaxed load of a counter tells), the hit refreshes the pin's papaya guard, which reclaims
+//!    a batch of index nodes the writer retired when the hit's thread is the last to leave them
+//!    (`docs/guarantees.md` has what it costs and how often). On an index the writer leaves
+//!    alone, a hit is one load, one probe and one compare.
 //!
 //! # Why a resolve under a pin can be told to wait
 //!
@@ -387,6 +394,11 @@ impl<B: AvBackend> AddressCache<B> {
     pub fn pin(&self) -> Pinned<'_> {
         Pinned {
             epoch: self.core.epochs.pin(),
+            index: std::cell::UnsafeCell::new(HeldGuard {
+                seen: 0,
+                guard: None,
+            }),
+            registrations: &self.core.shared.index,
             core: &self.core,
         }
     }
@@ -584,15 +596,37 @@ impl<B: AvBackend> Drop for AddressCache<B> {
     }
 }
 
-/// A reader's pin on a cache: the epoch that holds back removals. (The index's own memory guard is
-/// taken per probe, so a pin held for long holds back no index memory.)
+/// A reader's pin on a cache: the epoch that holds back removals, and papaya's guard on the
+/// index's memory, taken at the pin's first probe and held across the rest, so a hit does not
+/// pay for taking it.
 ///
-/// Not `Send`: a pin belongs to the thread that took it.
+/// Hold a pin for a batch of posts, not across a wait: while it lives, the writer removes no
+/// entry from the AV that it could have seen, and until its next probe it holds back the index
+/// nodes the writer retired (each probe lets go of what was retired since the one before, when
+/// the writer has changed the index; a pin that sits for a minute while other threads release
+/// and revive clients holds about 650 B a cycle until it probes or is dropped). Keep one pin of
+/// a cache at a time on a thread: papaya refreshes only a thread's last guard, so while two pins
+/// of one cache live on one thread, neither's probes let go of anything.
+///
+/// Neither `Send` nor `Sync`: a pin belongs to the thread that took it.
 pub struct Pinned<'cache> {
     /// Held for its `Drop`, which unpins: every `Peer` borrows this `Pinned`, so none outlives it.
     #[allow(dead_code)]
     epoch: epoch::EpochPin,
+    /// The index's memory guard, held across probes and refreshed by [`hit`](Self::hit) alone.
+    /// In a cell because `hit` takes `&self` (the peers it returns borrow the pin); the pin is
+    /// neither `Send` nor `Sync` (its epoch guard is neither), so only its own thread reaches it.
+    index: std::cell::UnsafeCell<HeldGuard<'cache>>,
+    /// The index itself, one load closer than through `core`: the hit's first dependent load.
+    registrations: &'cache index::Index,
     core: &'cache Core,
+}
+
+/// A pin's guard on the index's memory, taken at its first probe (a pin that never probes holds
+/// none), and the index's retirement count when it last refreshed.
+struct HeldGuard<'cache> {
+    seen: u64,
+    guard: Option<<index::Index as RegistrationIndex>::Guard<'cache>>,
 }
 
 impl std::fmt::Debug for Pinned<'_> {
@@ -779,19 +813,36 @@ impl<'cache> Pinned<'cache> {
         Ok(Lease::new(peer.fi_addr, self.core.id, &self.core.shared))
     }
 
-    /// The hot path: one probe, no allocation, no lock, no shared write.
+    /// The hot path: one relaxed load, one probe, no allocation, no lock, no shared write.
     ///
-    /// The index's own memory guard (papaya's) is taken for the probe alone, not for the life of
-    /// the pin: the `fi_addr_t` it reads is a copy, kept valid by the epoch pin, and a papaya
-    /// guard held as long as a `Pinned` would keep every index node retired meanwhile alive, so a
-    /// pin held for a minute over churn would grow the heap without bound.
+    /// The index's memory guard (papaya's) is the pin's, taken once: entering and leaving it per
+    /// probe costs an atomic swap, about 5 ns a hit. Held as long as the pin, though, it would keep
+    /// every index node the writer retires meanwhile alive (266 MB over 400,000 release/revive
+    /// cycles). So the index counts the writer's changes, and a probe that sees the count moved
+    /// refreshes the guard first: papaya lets go of what was retired since the last refresh, and
+    /// frees it here if this thread is the last to leave it. A `Peer` is a copied `fi_addr_t`,
+    /// kept valid by the epoch pin, never a reference into the index, so refreshing under live
+    /// peers invalidates nothing.
     #[inline]
     fn hit(&self, client: u64, address: &[u8]) -> Result<Option<Peer<'_>>, DmaError> {
         let identity_len = self.core.identity_len(address)?;
-        let index = &self.core.shared.index;
-        let guard = index.guard();
+        let index = self.registrations;
+        let retirements = index.retirements();
+        // SAFETY: the pin is neither `Send` nor `Sync`, so this thread alone reaches the cell, and
+        // this is the one place that borrows it: the borrow ends with this function, and nothing
+        // in it calls back into the pin (papaya's reclamation on refresh drops index nodes, plain
+        // data). No `Peer` refers into the index (a peer is a copied `fi_addr_t`), so refreshing
+        // the guard while peers of this pin are alive invalidates nothing they hold.
+        let held = unsafe { &mut *self.index.get() };
+        if held.seen != retirements {
+            held.seen = retirements;
+            if let Some(guard) = &mut held.guard {
+                index::Index::refresh(guard);
+            }
+        }
+        let guard = held.guard.get_or_insert_with(|| index.guard());
         Ok(index
-            .get(&guard, client, identity_len, address)
+            .get(guard, client, identity_len, address)
             .map(|fi_addr| self.peer(fi_addr)))
     }
 
