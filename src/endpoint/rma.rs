@@ -668,21 +668,7 @@ impl LibfabricEndpoint {
             slot: reserved,
             owner,
         } = submission;
-        let (fi_addr, lease) = match target {
-            Target::Leased(lease) => {
-                if !self.peers.owns(lease.peer()) {
-                    return Err(DmaError::InvalidArgument(
-                        "the lease is on another endpoint's cache".into(),
-                    ));
-                }
-                // SAFETY: the lease is of this endpoint's own cache (checked just above), and
-                // every stored lease is dropped before the endpoint drops that cache (module
-                // docs, "Lifetime erasure"), so the counter it points into outlives it.
-                let lease = unsafe { std::mem::transmute::<Lease<'_>, Lease<'static>>(lease) };
-                (lease.fi_addr(), Some(lease))
-            }
-            Target::Unleased(fi_addr) => (fi_addr, None),
-        };
+        let (fi_addr, lease) = self.stored_target(target)?;
         // A peer an earlier completion reported gone (this incarnation of its index): refused
         // at once, nothing posted, rather than retried into `WouldBlock` for the whole timeout.
         // A later part of a joined transfer is not checked: its first part was, for the same
@@ -739,36 +725,81 @@ impl LibfabricEndpoint {
             }
             let retry = code == -(sys::FI_EAGAIN as isize) && !deadline.passed();
             if !retry {
-                // Not posted: the slot is still this thread's. Its lease and buffer go now.
-                // SAFETY: as above, the provider did not take the slot.
-                drop(unsafe { (*slot.operation.get()).take() });
-                slot.posted_at.clear();
-                self.operations.in_flight.fetch_sub(1, Ordering::AcqRel);
-                let error = if code == -(sys::FI_EAGAIN as isize) {
-                    DmaError::WouldBlock
-                } else {
-                    DmaError::fabric(operation.call(), code as i64)
-                };
-                return match join {
-                    Some(part) if !part.first => {
-                        part.join.record(Err(error));
-                        if part.join.finish(part.unposted) {
-                            let completion = part.join.completion(id, operation);
-                            lock(&self.operations.ready).push_back((index, completion));
-                            self.operations.waiter.ring();
-                        } else {
-                            lock(&self.operations.free).push(index);
-                        }
-                        Ok(Posted::Abandoned)
-                    }
-                    _ => {
-                        lock(&self.operations.free).push(index);
-                        Err(error)
-                    }
-                };
+                // SAFETY: `issue` failed, so the provider did not take the slot: still this
+                // thread's.
+                return unsafe { self.unposted(index, code, operation, id, join) };
             }
             self.progress();
             std::thread::yield_now();
+        }
+    }
+
+    /// Where an operation on `target` is posted, and the lease its slot keeps (`'static`: see
+    /// the module docs, "Lifetime erasure").
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for a lease of another endpoint's cache.
+    fn stored_target(
+        &self,
+        target: Target<'_>,
+    ) -> Result<(sys::fi_addr_t, Option<Lease<'static>>), DmaError> {
+        match target {
+            Target::Leased(lease) => {
+                if !self.peers.owns(lease.peer()) {
+                    return Err(DmaError::InvalidArgument(
+                        "the lease is on another endpoint's cache".into(),
+                    ));
+                }
+                // SAFETY: the lease is of this endpoint's own cache (checked just above), and
+                // every stored lease is dropped before the endpoint drops that cache (module
+                // docs, "Lifetime erasure"), so the counter it points into outlives it.
+                let lease = unsafe { std::mem::transmute::<Lease<'_>, Lease<'static>>(lease) };
+                Ok((lease.fi_addr(), Some(lease)))
+            }
+            Target::Unleased(fi_addr) => Ok((fi_addr, None)),
+        }
+    }
+
+    /// Empty slot `index`, whose post `issue` refused with `code`: its lease and buffer go now,
+    /// and the slot goes back to the free list, or, for a later part of a joined transfer,
+    /// carries the joined completion if this part was the last one outstanding.
+    ///
+    /// # Safety
+    /// Slot `index` is this thread's: filled by `submit` and not taken by the provider.
+    unsafe fn unposted(
+        &self,
+        index: usize,
+        code: isize,
+        operation: Operation,
+        id: u64,
+        join: Option<JoinPart>,
+    ) -> Result<Posted, DmaError> {
+        let slot = &self.operations.slots[index];
+        // SAFETY: the slot is this thread's (the caller's promise).
+        drop(unsafe { (*slot.operation.get()).take() });
+        slot.posted_at.clear();
+        self.operations.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let error = if code == -(sys::FI_EAGAIN as isize) {
+            DmaError::WouldBlock
+        } else {
+            DmaError::fabric(operation.call(), code as i64)
+        };
+        match join {
+            Some(part) if !part.first => {
+                part.join.record(Err(error));
+                if part.join.finish(part.unposted) {
+                    let completion = part.join.completion(id, operation);
+                    lock(&self.operations.ready).push_back((index, completion));
+                    self.operations.waiter.ring();
+                } else {
+                    lock(&self.operations.free).push(index);
+                }
+                Ok(Posted::Abandoned)
+            }
+            _ => {
+                lock(&self.operations.free).push(index);
+                Err(error)
+            }
         }
     }
 
