@@ -93,10 +93,11 @@ use std::time::Duration;
 /// The access word of a `Local` region, for the loom models (`loom_tests/`).
 #[cfg(dma_loom)]
 pub use self::access::AccessWord;
-pub use self::buffer::{Exposure, MemoryInterface, PooledBuffer, RegionSlice, StableBuffer};
+pub use self::buffer::{RegionSlice, StableBuffer};
 use self::handles::Handles;
 pub use self::in_flight::OverdueOperation;
-pub use self::memory::{MemoryRegion, RemoteRegion, Segment};
+pub use self::memory::registration::{Exposure, MemoryInterface};
+pub use self::memory::{MemoryRegion, PooledBuffer, RemoteRegion, Segment};
 use self::messaging::read_error_entry;
 use self::receive::ReceiveSlots;
 pub use self::rma::{Completion, MAX_OPERATIONS, Operation};

@@ -59,10 +59,8 @@
 
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
-use std::collections::hash_map::RandomState;
 use std::ffi::c_void;
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,7 +68,9 @@ use super::LibfabricEndpoint;
 use super::completions::Owner;
 use super::deadline::Deadline;
 use super::in_flight::PostedAt;
-use super::memory::{MemoryRegion, OperationHold, Pool, Registration, RemoteRegion, Segment};
+use super::memory::pool::Pool;
+use super::memory::registration::{Keys, OperationHold};
+use super::memory::{RemoteRegion, Segment};
 use super::vectored::{Join, JoinPart, Notifications};
 use super::wait::{Source, Waiter};
 use crate::av::fabric::HandedOut;
@@ -184,15 +184,9 @@ pub(super) struct Operations {
     source: Option<Source>,
     /// The time every slot's `posted_at` counts from.
     pub(super) born: Instant,
-    /// Where the provider does not choose keys (no `FI_MR_PROV_KEY`): each key requested is
-    /// `keys.hash_one(counter)`, a SipHash of a counter under a key `std` drew from the
-    /// operating system's random source (see `memory`, "Keys").
-    keys: RandomState,
-    /// The counter `keys` hashes: a new input for every key drawn.
-    next_key: AtomicU64,
-    /// Keys a test wants requested first, in order.
-    #[cfg(test)]
-    pub(super) forced_keys: Mutex<VecDeque<u64>>,
+    /// The keys registrations request where the provider does not choose them (see `memory`,
+    /// "Keys").
+    pub(super) keys: Keys,
     /// The memory of dropped regions (see `memory`, "parking"): dropped with the slab, after the
     /// endpoint's handles have closed.
     pub(super) pool: Arc<Pool>,
@@ -258,10 +252,7 @@ impl Operations {
             waiter: Waiter::default(),
             source,
             born: Instant::now(),
-            keys: RandomState::new(),
-            next_key: AtomicU64::new(0),
-            #[cfg(test)]
-            forced_keys: Mutex::new(VecDeque::new()),
+            keys: Keys::new(),
             pool: Arc::new(Pool::default()),
             mr_mode,
             enabled,
@@ -269,22 +260,6 @@ impl Operations {
             sends,
             receives_into: AtomicUsize::new(0),
             peers,
-        }
-    }
-
-    /// A fresh random key to request (never `FI_KEY_NOTAVAIL`, `u64::MAX`).
-    pub(super) fn draw_key(&self) -> u64 {
-        #[cfg(test)]
-        if let Some(key) = lock(&self.forced_keys).pop_front() {
-            return key;
-        }
-        loop {
-            let key = self
-                .keys
-                .hash_one(self.next_key.fetch_add(1, Ordering::Relaxed));
-            if u64::MAX != key {
-                return key;
-            }
         }
     }
 
@@ -370,129 +345,6 @@ impl LibfabricEndpoint {
     /// How long dropping an endpoint drives progress for its operations in flight before it
     /// abandons them (see the `rma` module docs).
     pub const DRAIN_PATIENCE: Duration = Duration::from_secs(2);
-
-    /// Register `len` bytes of fresh zeroed memory for RMA, honouring the provider's
-    /// memory-registration mode (see [`MemoryRegion`]). Where the provider does not choose keys,
-    /// the key is a fresh random 64-bit number. The memory comes from the endpoint's parked
-    /// memory when a buffer of its size class is past its quarantine, else from the allocator.
-    ///
-    /// # Errors
-    /// [`DmaError::InvalidArgument`] when the endpoint was opened without
-    /// [`Configuration::rma`](crate::configuration::Configuration::rma), for `len` 0 or above
-    /// [`MAX_REGION_LEN`](crate::endpoint::memory::MAX_REGION_LEN) (naming both), when the
-    /// system cannot allocate `len` bytes, or for a provider that asks for `FI_MR_RAW`;
-    /// [`DmaError::Fabric`] when `fi_mr_reg` (after
-    /// [`KEY_ATTEMPTS`](crate::endpoint::memory::KEY_ATTEMPTS) keys already in use),
-    /// `fi_mr_bind` or `fi_mr_enable` fails. Nothing is left registered on an error.
-    ///
-    /// ```
-    /// use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
-    ///
-    /// let configuration = Configuration { rma: true, ..Configuration::default() };
-    /// let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
-    /// let Err(DmaError::InvalidArgument(reason)) = endpoint.register(1 << 44) else {
-    ///     panic!("16 TiB is above the bound");
-    /// };
-    /// assert!(reason.contains("17592186044416"), "{reason}");
-    /// # Ok::<(), DmaError>(())
-    /// ```
-    pub fn register(&self, len: usize) -> Result<MemoryRegion<'_>, DmaError> {
-        self.check_rma()?;
-        // SAFETY: the domain and the endpoint are open, and stay open until every registration
-        // is dropped: a `MemoryRegion` borrows this endpoint (or holds an `Arc` of it), and the
-        // clones held by operations are dropped by `Drop` before the handles close. The pool is
-        // the slab's, which is dropped after the handles close.
-        let registration = unsafe {
-            Registration::new(
-                self.handles.domain,
-                self.handles.ep,
-                self.operations.mr_mode,
-                len,
-                &self.operations.pool,
-                &mut || self.operations.draw_key(),
-            )
-        }?;
-        Ok(MemoryRegion::new(registration))
-    }
-
-    /// `primary`'s memory (a region of another endpoint) registered in this endpoint's domain
-    /// too: for a rail set, whose region is one buffer registered on every rail. The new region
-    /// holds `primary`'s registration, so the memory lives until both are dropped (and is parked
-    /// by `primary`'s endpoint).
-    ///
-    /// # Safety
-    /// `primary`'s endpoint outlives this one: its pool frees the memory only once it has closed,
-    /// and a peer's transfer admitted under the new registration may reach the memory until this
-    /// endpoint's domain closes.
-    pub(crate) unsafe fn register_alias(
-        &self,
-        primary: &MemoryRegion<'_>,
-    ) -> Result<MemoryRegion<'_>, DmaError> {
-        self.check_rma()?;
-        // SAFETY: this endpoint's domain and endpoint are open and stay open until every
-        // registration of theirs is dropped (as in `register`); `primary`'s endpoint outlives
-        // this one (the caller's promise).
-        let registration = unsafe {
-            Registration::alias(
-                &primary.inner,
-                self.handles.domain,
-                self.handles.ep,
-                self.operations.mr_mode,
-                &self.operations.pool,
-                &mut || self.operations.draw_key(),
-            )
-        }?;
-        Ok(MemoryRegion::new(registration))
-    }
-
-    /// How many bytes of dropped regions' memory the endpoint holds now: memory a peer's
-    /// transfer admitted before the drop may still reach, so it is freed only when the endpoint
-    /// drops, and reused meanwhile by later registrations of the same size class (see the
-    /// [`memory`](crate::endpoint::memory) module docs, "parking"). Bounded by the peak of
-    /// registered memory, plus the quarantine of each size class.
-    ///
-    /// ```
-    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
-    ///
-    /// let configuration = Configuration { rma: true, ..Configuration::default() };
-    /// let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
-    /// assert_eq!(0, endpoint.parked_memory());
-    /// drop(endpoint.register(1 << 20)?);
-    /// assert_eq!(1 << 20, endpoint.parked_memory(), "parked, not freed");
-    /// for _ in 0..100 {
-    ///     drop(endpoint.register(1 << 20)?); // reuses parked memory past the quarantine
-    /// }
-    /// assert!(endpoint.parked_memory() <= 4 << 20, "{}", endpoint.parked_memory());
-    /// # Ok::<(), dma_libfabric::DmaError>(())
-    /// ```
-    pub fn parked_memory(&self) -> usize {
-        self.operations.pool.parked()
-    }
-
-    /// [`register`](Self::register) for an endpoint shared through an `Arc`: the region keeps
-    /// the endpoint alive rather than borrowing it, so it can be stored beside it (a client that
-    /// advertises its memory for as long as it lives).
-    ///
-    /// # Errors
-    /// As `register`.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use dma_libfabric::{Configuration, LibfabricEndpoint, MemoryRegion};
-    ///
-    /// let configuration = Configuration { rma: true, ..Configuration::default() };
-    /// let endpoint = Arc::new(LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?);
-    /// let region: MemoryRegion<'static> = endpoint.register_shared(64)?;
-    /// drop(endpoint); // the region still holds it
-    /// assert_eq!(64, region.len());
-    /// # Ok::<(), dma_libfabric::DmaError>(())
-    /// ```
-    pub fn register_shared(
-        self: &Arc<Self>,
-        len: usize,
-    ) -> Result<MemoryRegion<'static>, DmaError> {
-        Ok(self.register(len)?.owned_by(Arc::clone(self)))
-    }
 
     /// `fi_write` of `source` into the peer's `target`, against `lease`, retrying backpressure
     /// for up to a second. The completion, with `id`, comes from
@@ -816,21 +668,7 @@ impl LibfabricEndpoint {
             slot: reserved,
             owner,
         } = submission;
-        let (fi_addr, lease) = match target {
-            Target::Leased(lease) => {
-                if !self.peers.owns(lease.peer()) {
-                    return Err(DmaError::InvalidArgument(
-                        "the lease is on another endpoint's cache".into(),
-                    ));
-                }
-                // SAFETY: the lease is of this endpoint's own cache (checked just above), and
-                // every stored lease is dropped before the endpoint drops that cache (module
-                // docs, "Lifetime erasure"), so the counter it points into outlives it.
-                let lease = unsafe { std::mem::transmute::<Lease<'_>, Lease<'static>>(lease) };
-                (lease.fi_addr(), Some(lease))
-            }
-            Target::Unleased(fi_addr) => (fi_addr, None),
-        };
+        let (fi_addr, lease) = self.stored_target(target)?;
         // A peer an earlier completion reported gone (this incarnation of its index): refused
         // at once, nothing posted, rather than retried into `WouldBlock` for the whole timeout.
         // A later part of a joined transfer is not checked: its first part was, for the same
@@ -887,36 +725,81 @@ impl LibfabricEndpoint {
             }
             let retry = code == -(sys::FI_EAGAIN as isize) && !deadline.passed();
             if !retry {
-                // Not posted: the slot is still this thread's. Its lease and buffer go now.
-                // SAFETY: as above, the provider did not take the slot.
-                drop(unsafe { (*slot.operation.get()).take() });
-                slot.posted_at.clear();
-                self.operations.in_flight.fetch_sub(1, Ordering::AcqRel);
-                let error = if code == -(sys::FI_EAGAIN as isize) {
-                    DmaError::WouldBlock
-                } else {
-                    DmaError::fabric(operation.call(), code as i64)
-                };
-                return match join {
-                    Some(part) if !part.first => {
-                        part.join.record(Err(error));
-                        if part.join.finish(part.unposted) {
-                            let completion = part.join.completion(id, operation);
-                            lock(&self.operations.ready).push_back((index, completion));
-                            self.operations.waiter.ring();
-                        } else {
-                            lock(&self.operations.free).push(index);
-                        }
-                        Ok(Posted::Abandoned)
-                    }
-                    _ => {
-                        lock(&self.operations.free).push(index);
-                        Err(error)
-                    }
-                };
+                // SAFETY: `issue` failed, so the provider did not take the slot: still this
+                // thread's.
+                return unsafe { self.unposted(index, code, operation, id, join) };
             }
             self.progress();
             std::thread::yield_now();
+        }
+    }
+
+    /// Where an operation on `target` is posted, and the lease its slot keeps (`'static`: see
+    /// the module docs, "Lifetime erasure").
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for a lease of another endpoint's cache.
+    fn stored_target(
+        &self,
+        target: Target<'_>,
+    ) -> Result<(sys::fi_addr_t, Option<Lease<'static>>), DmaError> {
+        match target {
+            Target::Leased(lease) => {
+                if !self.peers.owns(lease.peer()) {
+                    return Err(DmaError::InvalidArgument(
+                        "the lease is on another endpoint's cache".into(),
+                    ));
+                }
+                // SAFETY: the lease is of this endpoint's own cache (checked just above), and
+                // every stored lease is dropped before the endpoint drops that cache (module
+                // docs, "Lifetime erasure"), so the counter it points into outlives it.
+                let lease = unsafe { std::mem::transmute::<Lease<'_>, Lease<'static>>(lease) };
+                Ok((lease.fi_addr(), Some(lease)))
+            }
+            Target::Unleased(fi_addr) => Ok((fi_addr, None)),
+        }
+    }
+
+    /// Empty slot `index`, whose post `issue` refused with `code`: its lease and buffer go now,
+    /// and the slot goes back to the free list, or, for a later part of a joined transfer,
+    /// carries the joined completion if this part was the last one outstanding.
+    ///
+    /// # Safety
+    /// Slot `index` is this thread's: filled by `submit` and not taken by the provider.
+    unsafe fn unposted(
+        &self,
+        index: usize,
+        code: isize,
+        operation: Operation,
+        id: u64,
+        join: Option<JoinPart>,
+    ) -> Result<Posted, DmaError> {
+        let slot = &self.operations.slots[index];
+        // SAFETY: the slot is this thread's (the caller's promise).
+        drop(unsafe { (*slot.operation.get()).take() });
+        slot.posted_at.clear();
+        self.operations.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let error = if code == -(sys::FI_EAGAIN as isize) {
+            DmaError::WouldBlock
+        } else {
+            DmaError::fabric(operation.call(), code as i64)
+        };
+        match join {
+            Some(part) if !part.first => {
+                part.join.record(Err(error));
+                if part.join.finish(part.unposted) {
+                    let completion = part.join.completion(id, operation);
+                    lock(&self.operations.ready).push_back((index, completion));
+                    self.operations.waiter.ring();
+                } else {
+                    lock(&self.operations.free).push(index);
+                }
+                Ok(Posted::Abandoned)
+            }
+            _ => {
+                lock(&self.operations.free).push(index);
+                Err(error)
+            }
         }
     }
 

@@ -1,0 +1,705 @@
+//! Registered memory: buffers a peer may write into or read from, and the descriptor it needs
+//! to do so.
+//!
+//! [`LibfabricEndpoint::register`] allocates a buffer,
+//! registers it with `fi_mr_reg` for local and remote reads and writes, and returns a
+//! [`MemoryRegion`]. Its [`RemoteRegion`] (address, key, length) is what a peer needs to post
+//! `fi_write` or `fi_read` against it; it converts to and from a fixed 24-byte little-endian
+//! layout to be advertised.
+//!
+//! # The provider's memory-registration mode
+//!
+//! Providers differ in what they ask (`domain_attr.mr_mode`); each bit is read from the
+//! `fi_info` the endpoint was opened with, never assumed:
+//!
+//! - `FI_MR_VIRT_ADDR`: a peer addresses the region by its virtual address; otherwise by its
+//!   offset from 0. [`MemoryRegion::remote`] gives whichever the provider wants.
+//! - `FI_MR_PROV_KEY`: the provider chooses the key (read back with `fi_mr_key`); otherwise the
+//!   endpoint requests a random one of its own (see "Keys"), drawing again while the domain
+//!   answers that it is in use.
+//! - `FI_MR_LOCAL`: local buffers of an operation need their descriptor (`fi_mr_desc`). Every
+//!   local buffer of an RMA operation here is a registered region, and its descriptor is always
+//!   passed, so the bit is honoured whether or not it is set.
+//! - `FI_MR_ALLOCATED`: only allocated memory may be registered. The region allocates its own.
+//! - `FI_MR_ENDPOINT`: the region is bound to the endpoint (`fi_mr_bind`) and enabled
+//!   (`fi_mr_enable`) before use.
+//! - `FI_MR_RAW` (keys wider than 64 bits) is not supported: registering fails with a clear
+//!   error.
+//!
+//! # Lifetime
+//!
+//! A [`MemoryRegion`] borrows its endpoint, or (made by
+//! [`register_shared`](LibfabricEndpoint::register_shared)) holds an `Arc` of it, so it
+//! cannot outlive the domain it is registered in.
+//! Its memory and registration are shared (an `Arc`) with every operation in flight on it:
+//! dropping the `MemoryRegion` while this endpoint's own write or read is in flight leaves both
+//! alive until the operation's completion has been read, and only then closes the registration.
+//! Its memory is then *parked* by the endpoint (next section), never freed while the endpoint is
+//! open.
+//!
+//! # Memory a peer may still reach: parking
+//!
+//! A peer's `fi_write` into a region, or `fi_read` from it, completes only at the peer: this
+//! endpoint never sees a completion for it, so no order of drops in this process can wait for
+//! it. What happens to such a transfer when the region's registration is closed is the
+//! provider's:
+//!
+//! - **Software providers** (tcp, sockets, and rxm over either; libfabric 1.17 and 2.6.0) check a
+//!   peer's transfer once, when its header arrives (`ofi_mr_verify`, in
+//!   `prov/tcp/src/xnet_progress.c`'s `xnet_handle_write` and `xnet_handle_read_req`), and keep
+//!   the buffer's address in the transfer (`rx_entry->iov`, the read response's `iov`). The data
+//!   then moves through those raw pointers over later progress calls, for as long as the peer
+//!   keeps sending or receiving. `fi_close` of the registration removes the key from the
+//!   domain's map, which refuses *new* transfers, but touches no transfer already admitted.
+//!   Measured on 1.17 (`tests/rma_edges.rs`, before parking): 8 MiB written by a peer landed in
+//!   an unrelated `Vec` allocated after the region was dropped, and a peer's read was answered
+//!   with unrelated memory.
+//! - **fi_mr(3)** (2.6.0 `man/fi_mr.3.md`, "fi_close") promises no more for any provider:
+//!   "Active or queued operations that reference a memory region being closed may attempt to
+//!   access an invalid memory region and fail [...] Applications are responsible for ensuring
+//!   that a MR is no longer needed prior to closing it." Only *new* accesses from a remote peer
+//!   are promised to fail.
+//! - **Hardware registration** (verbs, efa) would stop the NIC: `ibv_dereg_mr` destroys the
+//!   device's memory key before the kernel unpins the pages. But libfabric puts `fi_mr_reg`
+//!   behind its registration cache on both (2.6.0 `prov/verbs/src/verbs_mr.c`,
+//!   `vrb_mr_cache_reg`; its `fi_close` is `ofi_mr_cache_delete`, which may keep the device
+//!   registration, and so the old key, alive), efa emulates some RMA protocols in software
+//!   through its own copies, and `fi_efa(7)`'s `FI_EFA_TRACK_MR` only *warns* when an MR is
+//!   closed while operations still reference it. No libfabric document guarantees, for any
+//!   provider, that a closed registration's memory is no longer accessed.
+//!
+//! So on every provider the endpoint parks a dropped region's memory: the registration is
+//! closed at once (new transfers under its key fail at the peer), and the buffer goes to the
+//! endpoint's pool, which frees it only when the endpoint itself drops, after its `fid_ep`,
+//! queues, address vector, domain and fabric have been closed (the pool is owned by the
+//! endpoint's operations, a field declared after its handles): with the domain closed, no
+//! transfer of the provider's remains. There is no provider for which the endpoint frees at
+//! once, because none documents that it may.
+//!
+//! ## Reuse, and what it risks
+//!
+//! A server that registers and drops regions in a loop must not grow without bound, so a parked
+//! buffer is reused by a later registration of the same endpoint whose length falls in the
+//! same size class (buffers are allocated at a class's capacity: the length rounded up to a
+//! quarter of its power of two, so at most 25% larger, and at least 64 bytes). The new region
+//! gets the buffer zeroed, registered under a new random key (see "Keys").
+//!
+//! Reuse is sound for *memory*: a transfer admitted under the old registration can reach only
+//! bytes inside that buffer (the provider checked it against the old region, whose length is at
+//! most the capacity; libfabric's unchecked `addr + len`, in the README, is the one exception and
+//! needs a valid key), which the pool owns for as long as the provider may run, and which this
+//! crate only ever touches through byte copies (see "Contents"; the zeroing for the new region is
+//! one more), never through a reference. No allocation outside the pool can be written or
+//! leaked, which is what freeing the buffer at the drop allowed.
+//!
+//! Reuse cannot be argued sound for the *contents* while the endpoint is open: no condition this
+//! process can observe proves that a peer's transfer admitted before the drop has finished (it
+//! finishes when the peer has sent, or drained, all its bytes, which a stalled peer never does).
+//! A stale transfer that is still moving bytes when its buffer is reused writes into, or reads
+//! from, the new region, although its key is not the new region's. As a mitigation, a parked
+//! buffer is reused only after [`QUARANTINE`] more buffers of its class have been parked after
+//! it (a quarantine by count, which needs no progress and no clock), so a drop followed at once
+//! by a registration of the same size never gets the buffer just dropped. That narrows the
+//! window; it does not close it. An application that needs the guarantee keeps a region
+//! registered until its peers have confirmed (on their own messages) that they are done with it.
+//!
+//! What parking costs: [`parked_memory`](LibfabricEndpoint::parked_memory) bytes, until
+//! reused or until the endpoint drops. A buffer is allocated only while its class has at most
+//! [`QUARANTINE`] parked, so a class never holds more buffers (alive and parked together) than
+//! the most regions of that class ever alive at once, plus [`QUARANTINE`]: parked memory is
+//! bounded by the peak of registered memory, plus the quarantine, plus 25% for the classes.
+//!
+//! # Keys
+//!
+//! Where the endpoint chooses the key (no `FI_MR_PROV_KEY`), each registration requests a fresh
+//! random 64-bit key (retrying `-FI_ENOKEY`, a key already in use, up to [`KEY_ATTEMPTS`]
+//! times): one endpoint's descriptor is not valid at another whose regions have the same shape,
+//! and a peer cannot guess a key it was not given. The source is one `std` `RandomState` per
+//! endpoint hashing a counter: a SipHash under a 128-bit key that `std` draws from the operating
+//! system's random source (`getrandom(2)`, once per thread, then stepped for each new
+//! `RandomState`). No new dependency, no file descriptor, no failure path, a few nanoseconds per
+//! key, and the outputs are unpredictable to anyone who does not hold that key, which never
+//! leaves the process. It is a keyed hash (SipHash-1-3 today), not a CSPRNG: the defence it gives
+//! is against guessing, which is what a key is for here. (Reading `/dev/urandom` per key would
+//! cost a file descriptor or three system calls per registration, and can fail; `getrandom(2)`
+//! through `libc` would be a new dependency.)
+//!
+//! # Contents
+//!
+//! A registered buffer is written by peers, and by the provider on behalf of local reads, at
+//! times this process does not choose. So the bytes of a region peers may reach (every region of
+//! `register`, and the application's buffers registered [`Exposure::Remote`]) are only ever
+//! copied in and out ([`MemoryRegion::write_bytes`], [`MemoryRegion::read_bytes`]), never lent
+//! out as a slice in safe code: a copy taken while a transfer lands may mix old and new bytes, and
+//! the application tells a complete record from a torn one (a checksum, a sequence written last),
+//! as it must on any RDMA NIC. A buffer registered [`Exposure::Local`] is reached by no peer, and
+//! lends slices while no operation of this endpoint holds it (see [`buffer`](super::buffer)).
+//!
+//! # Rooms
+//!
+//! This module holds the region types ([`MemoryRegion`], [`Segment`], [`RemoteRegion`]) and
+//! the endpoint's [`register`](LibfabricEndpoint::register) and
+//! [`register_shared`](LibfabricEndpoint::register_shared). Below it, `registration` holds a
+//! registration's life (`fi_mr_reg` under `mr_mode`, the keys, the holds of operations in
+//! flight, [`Exposure`] and [`MemoryInterface`]), and `pool` the parked memory. The
+//! application's own buffers, registered in place, are [`buffer`](super::buffer)'s, which uses
+//! this module and is used by none of it.
+
+use std::marker::PhantomData;
+use std::ptr;
+use std::sync::Arc;
+
+use self::registration::{Exposure, MemoryInterface, Registration};
+use super::LibfabricEndpoint;
+use crate::error::DmaError;
+
+pub(super) mod pool;
+pub(super) mod registration;
+
+pub use self::pool::QUARANTINE;
+pub use self::registration::{KEY_ATTEMPTS, MAX_REGION_LEN};
+
+/// The buffer type of a region made by [`LibfabricEndpoint::register`]: the endpoint's own
+/// memory, which is parked and reused by the endpoint, never handed out.
+#[derive(Debug)]
+pub struct PooledBuffer {
+    _private: (),
+}
+
+impl LibfabricEndpoint {
+    /// Register `len` bytes of fresh zeroed memory for RMA, honouring the provider's
+    /// memory-registration mode (see [`MemoryRegion`]). Where the provider does not choose keys,
+    /// the key is a fresh random 64-bit number. The memory comes from the endpoint's parked
+    /// memory when a buffer of its size class is past its quarantine, else from the allocator.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] when the endpoint was opened without
+    /// [`Configuration::rma`](crate::configuration::Configuration::rma), for `len` 0 or above
+    /// [`MAX_REGION_LEN`] (naming both), when the
+    /// system cannot allocate `len` bytes, or for a provider that asks for `FI_MR_RAW`;
+    /// [`DmaError::Fabric`] when `fi_mr_reg` (after
+    /// [`KEY_ATTEMPTS`] keys already in use),
+    /// `fi_mr_bind` or `fi_mr_enable` fails. Nothing is left registered on an error.
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    /// let Err(DmaError::InvalidArgument(reason)) = endpoint.register(1 << 44) else {
+    ///     panic!("16 TiB is above the bound");
+    /// };
+    /// assert!(reason.contains("17592186044416"), "{reason}");
+    /// # Ok::<(), DmaError>(())
+    /// ```
+    pub fn register(&self, len: usize) -> Result<MemoryRegion<'_>, DmaError> {
+        self.check_rma()?;
+        // SAFETY: the domain and the endpoint are open, and stay open until every registration
+        // is dropped: a `MemoryRegion` borrows this endpoint (or holds an `Arc` of it), and the
+        // clones held by operations are dropped by `Drop` before the handles close. The pool is
+        // the slab's, which is dropped after the handles close.
+        let registration = unsafe {
+            Registration::new(
+                self.handles.domain,
+                self.handles.ep,
+                self.mr_mode(),
+                len,
+                &self.operations.pool,
+                &mut || self.operations.keys.draw(),
+            )
+        }?;
+        Ok(MemoryRegion::new(registration))
+    }
+
+    /// `primary`'s memory (a region of another endpoint) registered in this endpoint's domain
+    /// too: for a rail set, whose region is one buffer registered on every rail. The new region
+    /// holds `primary`'s registration, so the memory lives until both are dropped (and is parked
+    /// by `primary`'s endpoint).
+    ///
+    /// # Safety
+    /// `primary`'s endpoint outlives this one: its pool frees the memory only once it has closed,
+    /// and a peer's transfer admitted under the new registration may reach the memory until this
+    /// endpoint's domain closes.
+    pub(crate) unsafe fn register_alias(
+        &self,
+        primary: &MemoryRegion<'_>,
+    ) -> Result<MemoryRegion<'_>, DmaError> {
+        self.check_rma()?;
+        // SAFETY: this endpoint's domain and endpoint are open and stay open until every
+        // registration of theirs is dropped (as in `register`); `primary`'s endpoint outlives
+        // this one (the caller's promise).
+        let registration = unsafe {
+            Registration::alias(
+                &primary.inner,
+                self.handles.domain,
+                self.handles.ep,
+                self.mr_mode(),
+                &self.operations.pool,
+                &mut || self.operations.keys.draw(),
+            )
+        }?;
+        Ok(MemoryRegion::new(registration))
+    }
+
+    /// How many bytes of dropped regions' memory the endpoint holds now: memory a peer's
+    /// transfer admitted before the drop may still reach, so it is freed only when the endpoint
+    /// drops, and reused meanwhile by later registrations of the same size class (see the
+    /// [`memory`](crate::endpoint::memory) module docs, "parking"). Bounded by the peak of
+    /// registered memory, plus the quarantine of each size class.
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    /// assert_eq!(0, endpoint.parked_memory());
+    /// drop(endpoint.register(1 << 20)?);
+    /// assert_eq!(1 << 20, endpoint.parked_memory(), "parked, not freed");
+    /// for _ in 0..100 {
+    ///     drop(endpoint.register(1 << 20)?); // reuses parked memory past the quarantine
+    /// }
+    /// assert!(endpoint.parked_memory() <= 4 << 20, "{}", endpoint.parked_memory());
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn parked_memory(&self) -> usize {
+        self.operations.pool.parked()
+    }
+
+    /// [`register`](Self::register) for an endpoint shared through an `Arc`: the region keeps
+    /// the endpoint alive rather than borrowing it, so it can be stored beside it (a client that
+    /// advertises its memory for as long as it lives).
+    ///
+    /// # Errors
+    /// As `register`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint, MemoryRegion};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let endpoint = Arc::new(LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?);
+    /// let region: MemoryRegion<'static> = endpoint.register_shared(64)?;
+    /// drop(endpoint); // the region still holds it
+    /// assert_eq!(64, region.len());
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn register_shared(
+        self: &Arc<Self>,
+        len: usize,
+    ) -> Result<MemoryRegion<'static>, DmaError> {
+        Ok(self.register(len)?.owned_by(Arc::clone(self)))
+    }
+}
+
+/// A registered buffer of this process: the local side of this endpoint's RMA operations and,
+/// unless registered [`Exposure::Local`], memory peers may write into and read from.
+///
+/// Made by [`LibfabricEndpoint::register`] (the endpoint's
+/// own memory, `B` = [`PooledBuffer`]) or
+/// [`register_buffer`](LibfabricEndpoint::register_buffer) (the application's buffer `B`,
+/// registered in place); it borrows that endpoint. Dropping it while an operation on it is in
+/// flight is safe: the memory and the registration live until the operation's completion has
+/// been read. Memory a peer may reach is then parked by the endpoint, not freed, since a peer's
+/// transfer may still reach it ([`parked_memory`](LibfabricEndpoint::parked_memory)). See
+/// the [module docs](self) and [`buffer`](super::buffer) for the application's memory.
+///
+/// ```
+/// use dma_libfabric::{Configuration, LibfabricEndpoint, RemoteRegion};
+///
+/// let configuration = Configuration { rma: true, ..Configuration::default() };
+/// let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+/// let region = endpoint.register(64)?;
+/// region.write_bytes(8, b"hello")?;
+/// let mut out = [0; 5];
+/// region.read_bytes(8, &mut out)?;
+/// assert_eq!(b"hello", &out);
+///
+/// let advertised = region.remote().to_bytes(); // what a peer is told
+/// assert_eq!(region.remote(), RemoteRegion::from_bytes(&advertised)?);
+/// # Ok::<(), dma_libfabric::DmaError>(())
+/// ```
+pub struct MemoryRegion<'ep, B = PooledBuffer> {
+    pub(crate) inner: Arc<Registration>,
+    /// The endpoint, for a region made by
+    /// [`register_shared`](LibfabricEndpoint::register_shared): declared after `inner`, so
+    /// the registration goes before the endpoint can. Held for its `Drop`.
+    #[allow(dead_code)]
+    owner: Option<Arc<LibfabricEndpoint>>,
+    endpoint: PhantomData<&'ep ()>,
+    /// The type of the memory, for [`into_buffer`](Self::into_buffer); `fn() -> B` so that the
+    /// region is `Sync` whatever `B` is (no `&B` is ever lent).
+    buffer: PhantomData<fn() -> B>,
+}
+
+impl<B> std::fmt::Debug for MemoryRegion<'_, B> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("MemoryRegion")
+            .field("len", &self.inner.len)
+            .field("exposure", &self.inner.exposure)
+            .field("interface", &self.inner.interface)
+            .field("remote", &self.remote())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryRegion<'_> {
+    /// The same region, keeping `owner` (its endpoint) alive instead of borrowing it.
+    pub(crate) fn owned_by(self, owner: Arc<LibfabricEndpoint>) -> MemoryRegion<'static> {
+        MemoryRegion {
+            inner: self.inner,
+            owner: Some(owner),
+            endpoint: PhantomData,
+            buffer: PhantomData,
+        }
+    }
+}
+
+impl<'ep, B> MemoryRegion<'ep, B> {
+    pub(crate) fn new(registration: Registration) -> Self {
+        Self {
+            inner: Arc::new(registration),
+            owner: None,
+            endpoint: PhantomData,
+            buffer: PhantomData,
+        }
+    }
+
+    /// The same region, its buffer type forgotten: for a rail set, which keeps every rail's
+    /// registration as the library's own type.
+    pub(crate) fn erase(self) -> MemoryRegion<'ep> {
+        MemoryRegion {
+            inner: self.inner,
+            owner: self.owner,
+            endpoint: PhantomData,
+            buffer: PhantomData,
+        }
+    }
+
+    /// The same region, typed again as holding a `C` (checked when the buffer is handed out).
+    pub(crate) fn retype<C>(self) -> MemoryRegion<'ep, C> {
+        MemoryRegion {
+            inner: self.inner,
+            owner: self.owner,
+            endpoint: PhantomData,
+            buffer: PhantomData,
+        }
+    }
+
+    /// Its parts, for [`into_buffer`](Self::into_buffer) and friends.
+    pub(crate) fn into_parts(self) -> (Arc<Registration>, Option<Arc<LibfabricEndpoint>>) {
+        (self.inner, self.owner)
+    }
+
+    /// A region from [`into_parts`](Self::into_parts)' parts.
+    pub(crate) fn from_parts(
+        inner: Arc<Registration>,
+        owner: Option<Arc<LibfabricEndpoint>>,
+    ) -> Self {
+        Self {
+            inner,
+            owner,
+            endpoint: PhantomData,
+            buffer: PhantomData,
+        }
+    }
+
+    /// The same region with its borrow of the endpoint erased: for a rail set's region that keeps
+    /// its rail set alive through an `Arc` instead.
+    ///
+    /// # Safety
+    /// The endpoint this region is registered with outlives the returned region.
+    pub(crate) unsafe fn unbind(self) -> MemoryRegion<'static, B> {
+        MemoryRegion {
+            inner: self.inner,
+            owner: self.owner,
+            endpoint: PhantomData,
+            buffer: PhantomData,
+        }
+    }
+
+    /// The region's length in bytes (never 0).
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    /// Always `false`: an empty region cannot be registered.
+    pub fn is_empty(&self) -> bool {
+        0 == self.inner.len
+    }
+
+    /// Whether peers may reach it ([`Exposure::Remote`]; every region of
+    /// [`register`](LibfabricEndpoint::register)) or only this endpoint's own operations.
+    pub fn exposure(&self) -> Exposure {
+        self.inner.exposure
+    }
+
+    /// Where its memory lives: host memory, or a device's.
+    pub fn interface(&self) -> MemoryInterface {
+        self.inner.interface
+    }
+
+    /// What a peer needs to write into or read from this whole region. A region registered
+    /// [`Exposure::Local`] has no remote access and no key: its key here is `FI_KEY_NOTAVAIL`
+    /// (`u64::MAX`), and the provider refuses a peer's transfer under it.
+    pub fn remote(&self) -> RemoteRegion {
+        RemoteRegion {
+            address: self.inner.remote_base,
+            key: self.inner.key,
+            len: self.inner.len as u64,
+        }
+    }
+
+    /// `len` bytes at `offset`, as the local side of a [`write`](LibfabricEndpoint::write)
+    /// (the source) or a [`read`](LibfabricEndpoint::read) (the destination).
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for an empty segment or one that does not fit the region.
+    pub fn segment(&self, offset: usize, len: usize) -> Result<Segment<'_>, DmaError> {
+        if 0 == len {
+            return Err(DmaError::InvalidArgument("an empty segment".into()));
+        }
+        self.inner.check_range(offset, len)?;
+        Ok(Segment {
+            region: &self.inner,
+            offset,
+            len,
+        })
+    }
+
+    /// Copy `data` into the region at `offset`.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] when it does not fit, for device memory (host code cannot
+    /// copy into it), and for a region registered [`Exposure::Local`] (written through
+    /// [`as_mut_slice`](Self::as_mut_slice), which the borrow checker and the region keep apart
+    /// from slices lent out); nothing is copied.
+    pub fn write_bytes(&self, offset: usize, data: &[u8]) -> Result<(), DmaError> {
+        self.check_copy()?;
+        if self.inner.lends_slices() {
+            return Err(DmaError::InvalidArgument(
+                "a Local region is written through as_mut_slice, not write_bytes".into(),
+            ));
+        }
+        self.inner.check_range(offset, data.len())?;
+        // SAFETY: the range is inside the buffer (checked), which lives as long as `self`; the
+        // bytes are plain `u8` in host memory (checked), a region that lends no slices has none
+        // lent, and a transfer landing meanwhile may only tear them (module docs), which a copy
+        // of bytes tolerates.
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.inner.at(offset), data.len()) };
+        Ok(())
+    }
+
+    /// Copy the region's bytes at `offset` into `out`.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] when the range does not fit, and for device memory; nothing
+    /// is copied.
+    pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<(), DmaError> {
+        self.check_copy()?;
+        self.inner.check_range(offset, out.len())?;
+        // SAFETY: as in `write_bytes`, in the other direction (reading while slices are lent is
+        // reading shared bytes).
+        unsafe { ptr::copy_nonoverlapping(self.inner.at(offset), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Host code copies only host memory.
+    fn check_copy(&self) -> Result<(), DmaError> {
+        if self.inner.interface.is_host() {
+            Ok(())
+        } else {
+            Err(DmaError::InvalidArgument(format!(
+                "the region is device memory ({:?}): host code cannot copy it",
+                self.inner.interface
+            )))
+        }
+    }
+
+    /// How many operations in flight hold this region now.
+    pub fn in_flight(&self) -> usize {
+        Arc::strong_count(&self.inner).saturating_sub(1)
+    }
+}
+
+/// A checked range of a [`MemoryRegion`]: the local side of an RMA operation.
+#[derive(Debug, Clone, Copy)]
+pub struct Segment<'region> {
+    pub(crate) region: &'region Arc<Registration>,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+}
+
+impl Segment<'_> {
+    /// Its length in bytes (never 0).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always `false`: segments are never empty.
+    pub fn is_empty(&self) -> bool {
+        0 == self.len
+    }
+}
+/// What a peer advertises so that others may write into or read from its memory: the address to
+/// post against (the virtual address under `FI_MR_VIRT_ADDR`, else an offset from 0), the key,
+/// and the length.
+///
+/// Encoded as 24 bytes, little-endian: address, key, length.
+///
+/// ```
+/// use dma_libfabric::{DmaError, RemoteRegion};
+///
+/// let remote = RemoteRegion { address: 0x1000, key: 7, len: 64 };
+/// let bytes = remote.to_bytes();
+/// assert_eq!(remote, RemoteRegion::from_bytes(&bytes)?);
+/// assert!(matches!(RemoteRegion::from_bytes(&bytes[..23]), Err(DmaError::InvalidArgument(_))));
+///
+/// let tail = remote.slice(60, 4)?; // the last four bytes
+/// assert_eq!((0x1000 + 60, 4), (tail.address, tail.len));
+/// assert!(remote.slice(61, 4).is_err());
+/// # Ok::<(), DmaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteRegion {
+    /// The address of the first byte, as RMA calls take it.
+    pub address: u64,
+    /// The registration's key.
+    pub key: u64,
+    /// How many bytes may be written or read from `address`.
+    pub len: u64,
+}
+
+impl RemoteRegion {
+    /// The length of [`to_bytes`](Self::to_bytes).
+    pub const ENCODED_LEN: usize = 24;
+
+    /// The fixed little-endian layout: address, key, length.
+    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut bytes = [0; Self::ENCODED_LEN];
+        bytes[0..8].copy_from_slice(&self.address.to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.key.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.len.to_le_bytes());
+        bytes
+    }
+
+    /// Parse [`to_bytes`](Self::to_bytes)'s layout.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for anything but exactly
+    /// [`ENCODED_LEN`](Self::ENCODED_LEN) bytes, an empty region, or one whose end overflows.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, DmaError> {
+        let Ok(bytes) = <&[u8; Self::ENCODED_LEN]>::try_from(bytes) else {
+            return Err(DmaError::InvalidArgument(format!(
+                "a remote region is {} bytes, not {}",
+                Self::ENCODED_LEN,
+                bytes.len()
+            )));
+        };
+        let word = |at: usize| {
+            let mut word = [0; 8];
+            word.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(word)
+        };
+        let remote = Self {
+            address: word(0),
+            key: word(8),
+            len: word(16),
+        };
+        if 0 == remote.len || remote.address.checked_add(remote.len).is_none() {
+            return Err(DmaError::InvalidArgument(format!(
+                "a remote region of {} bytes at {:#x} is empty or overflows",
+                remote.len, remote.address
+            )));
+        }
+        Ok(remote)
+    }
+
+    /// `len` bytes at `offset` of this region.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for an empty range, one that does not fit, or one whose
+    /// address plus length overflows (libfabric's `ofi_mr_map_verify` adds them unchecked; see
+    /// the README's RMA section).
+    ///
+    /// ```
+    /// use dma_libfabric::RemoteRegion;
+    ///
+    /// // Built by hand (the fields are public), so `from_bytes` never checked it.
+    /// let wrapping = RemoteRegion { address: u64::MAX - 15, key: 1, len: 64 };
+    /// assert!(wrapping.slice(0, 8).is_ok(), "ends below 2^64");
+    /// assert!(wrapping.slice(8, 8).is_err(), "ends at 2^64: address + len overflows");
+    /// assert!(wrapping.slice(16, 8).is_err(), "starts past the end of the address space");
+    /// ```
+    pub fn slice(&self, offset: u64, len: u64) -> Result<Self, DmaError> {
+        let end = offset.checked_add(len);
+        let address = self.address.checked_add(offset);
+        match (end, address) {
+            (Some(end), Some(address))
+                if 0 < len && end <= self.len && address.checked_add(len).is_some() =>
+            {
+                Ok(Self {
+                    address,
+                    key: self.key,
+                    len,
+                })
+            }
+            _ => Err(DmaError::InvalidArgument(format!(
+                "{len} bytes at offset {offset} do not fit a {}-byte remote region at {:#x}, or \
+                 their end overflows",
+                self.len, self.address
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests assert by panicking
+
+    use super::*;
+    use crate::configuration::Configuration;
+
+    fn endpoint() -> LibfabricEndpoint {
+        let configuration = Configuration {
+            rma: true,
+            ..Configuration::default()
+        };
+        LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint")
+    }
+
+    /// A dropped region's memory is parked, reused only past the quarantine, and zeroed.
+    #[test]
+    fn dropped_memory_is_parked_then_reused_zeroed_past_the_quarantine() {
+        let endpoint = endpoint();
+        let mut starts = Vec::new();
+        for _ in 0..=QUARANTINE {
+            let region = endpoint.register(4096).expect("registered");
+            region.write_bytes(0, &[0xab; 4096]).expect("fits");
+            starts.push(region.inner.buffer as usize);
+            drop(region);
+        }
+        assert_eq!((QUARANTINE + 1) * 4096, endpoint.parked_memory());
+        let mut sorted = starts.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(
+            starts.len(),
+            sorted.len(),
+            "none reused inside the quarantine"
+        );
+
+        let reused = endpoint.register(4000).expect("registered");
+        assert_eq!(
+            starts[0], reused.inner.buffer as usize,
+            "the oldest is reused"
+        );
+        assert_eq!(QUARANTINE * 4096, endpoint.parked_memory());
+        let mut seen = vec![0xff; 4000];
+        reused.read_bytes(0, &mut seen).expect("in range");
+        assert!(
+            seen.iter().all(|&byte| 0 == byte),
+            "zeroed for its new owner"
+        );
+    }
+}

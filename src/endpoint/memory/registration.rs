@@ -1,0 +1,778 @@
+//! A registration's life: `fi_mr_reg` (or `fi_mr_regattr`) of a region's memory under the
+//! provider's `mr_mode`, the keys it is requested under, the holds of the operations in flight
+//! on it, and its close, after which its memory is parked.
+//!
+//! What each `mr_mode` bit asks, why keys are random and how they are drawn, and why a closed
+//! registration's memory is parked rather than freed are in the [`memory`](super) module docs
+//! ("The provider's memory-registration mode", "Keys", "parking").
+//!
+//! # Bounds
+//!
+//! A registration covers 1 to [`MAX_REGION_LEN`] bytes; one registration tries at most
+//! [`KEY_ATTEMPTS`] keys. [`Keys`] holds one hasher and one counter per endpoint.
+
+use std::any::Any;
+#[cfg(test)]
+use std::collections::VecDeque;
+use std::collections::hash_map::RandomState;
+use std::ffi::c_void;
+use std::hash::BuildHasher;
+use std::ptr;
+use std::sync::Arc;
+#[cfg(test)]
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+#[cfg(doc)] // for the docs' links
+use super::MemoryRegion;
+use super::pool::{Buffer, Pool};
+#[cfg(doc)]
+use crate::endpoint::LibfabricEndpoint;
+use crate::endpoint::access::AccessWord;
+use crate::error::DmaError;
+use dma_libfabric_sys as sys;
+
+/// The longest region [`register`](crate::endpoint::LibfabricEndpoint::register) accepts: 1 TiB.
+///
+/// libfabric's `fi_info` gives no limit on a registration's length: `domain_attr.mr_iov_limit`
+/// counts the pieces of one registration (1 on tcp), and `ep_attr.max_msg_size` bounds one
+/// transfer, not a region (`SIZE_MAX` on tcp;ofi_rxm; a larger region is still used in slices).
+/// So the bound is this documented ceiling, far above any buffer a data-transfer server
+/// registers and far below the sizes whose arithmetic overflows; a length under it that the
+/// system cannot allocate is an error too, never an abort.
+pub const MAX_REGION_LEN: usize = 1 << 40;
+
+/// How many random keys registration tries when the provider answers `-FI_ENOKEY` (the key is
+/// in use in the domain) before it gives up with that error.
+pub const KEY_ATTEMPTS: usize = 8;
+
+/// The keys an endpoint requests where the provider does not choose them (no
+/// `FI_MR_PROV_KEY`): each is `hasher.hash_one(counter)`, a SipHash of a counter under a key
+/// `std` drew from the operating system's random source (see the [`memory`](super) module
+/// docs, "Keys").
+pub(crate) struct Keys {
+    hasher: RandomState,
+    /// The counter `hasher` hashes: a new input for every key drawn.
+    next: AtomicU64,
+    /// Keys a test wants requested first, in order.
+    #[cfg(test)]
+    pub(crate) forced: Mutex<VecDeque<u64>>,
+}
+
+impl Keys {
+    /// A fresh source, under a key of its own.
+    pub(crate) fn new() -> Self {
+        Self {
+            hasher: RandomState::new(),
+            next: AtomicU64::new(0),
+            #[cfg(test)]
+            forced: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// A fresh random key to request (never `FI_KEY_NOTAVAIL`, `u64::MAX`).
+    pub(crate) fn draw(&self) -> u64 {
+        #[cfg(test)]
+        if let Some(key) = crate::sync::lock(&self.forced).pop_front() {
+            return key;
+        }
+        loop {
+            let key = self
+                .hasher
+                .hash_one(self.next.fetch_add(1, Ordering::Relaxed));
+            if u64::MAX != key {
+                return key;
+            }
+        }
+    }
+}
+
+/// Who may reach a buffer registered with [`LibfabricEndpoint::register_buffer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Exposure {
+    /// Only this endpoint's own writes and reads, as their local side: no remote access flag,
+    /// and no key a peer could use. Lends slices when no operation holds it, and gives the
+    /// buffer back ([`MemoryRegion::into_buffer`]).
+    Local,
+    /// Peers may write into it and read from it with the key in
+    /// [`remote`](MemoryRegion::remote): safe code gets only copies, and the buffer is parked on
+    /// drop until the endpoint closes.
+    Remote,
+}
+
+/// Where a buffer's bytes live: libfabric's `fi_hmem_iface` and its device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum MemoryInterface {
+    /// Host memory, registered with `fi_mr_reg`.
+    #[default]
+    Host,
+    /// Host memory registered through libfabric's heterogeneous-memory path (`fi_mr_regattr`
+    /// with `FI_HMEM_SYSTEM`): what a device buffer takes, with host memory.
+    System,
+    /// NVIDIA GPU memory (`FI_HMEM_CUDA`) of CUDA device `device`.
+    Cuda {
+        /// The CUDA device ordinal.
+        device: i32,
+    },
+    /// AMD GPU memory (`FI_HMEM_ROCR`).
+    Rocr,
+    /// Intel GPU memory (`FI_HMEM_ZE`) of `device`, as `fi_hmem_ze_device(driver, device)`
+    /// encodes it.
+    Ze {
+        /// The encoded driver and device.
+        device: i32,
+    },
+    /// AWS Trainium/Inferentia memory (`FI_HMEM_NEURON`) of `device`.
+    Neuron {
+        /// The Neuron device.
+        device: i32,
+    },
+}
+
+impl MemoryInterface {
+    /// Whether host code may read and write the bytes ([`Host`](Self::Host),
+    /// [`System`](Self::System)).
+    pub fn is_host(self) -> bool {
+        matches!(self, Self::Host | Self::System)
+    }
+
+    /// `fi_mr_attr`'s `iface` and `device` for `fi_mr_regattr`, or `None` for plain `fi_mr_reg`.
+    pub(crate) fn hmem(self) -> Option<(sys::fi_hmem_iface, i32)> {
+        match self {
+            Self::Host => None,
+            Self::System => Some((sys::FI_HMEM_SYSTEM, 0)),
+            Self::Cuda { device } => Some((sys::FI_HMEM_CUDA, device)),
+            Self::Rocr => Some((sys::FI_HMEM_ROCR, 0)),
+            Self::Ze { device } => Some((sys::FI_HMEM_ZE, device)),
+            Self::Neuron { device } => Some((sys::FI_HMEM_NEURON, device)),
+        }
+    }
+}
+
+/// The memory a registration covers.
+enum Memory {
+    /// The endpoint's own, from its pool: parked there again on drop.
+    Pooled(Buffer),
+    /// The application's buffer (a `Box<B>` of the `StableBuffer` it handed in), registered in
+    /// place: its bytes never moved, and the box only keeps it, and its `Drop`, alive.
+    Owned(Box<dyn Any + Send>),
+    /// Another registration's memory (`shares`), or none any more (inside `Drop`).
+    None,
+}
+
+/// A registration and the memory it covers, shared by the [`MemoryRegion`] handle and every
+/// operation in flight on it. Dropping the last holder closes the registration and parks the
+/// memory in the endpoint's pool.
+pub(crate) struct Registration {
+    /// The registration; null once closed.
+    mr: AtomicPtr<sys::fid_mr>,
+    /// `fi_mr_desc`, passed with every local buffer.
+    desc: *mut c_void,
+    /// The key a peer uses.
+    pub(super) key: u64,
+    /// What a peer adds an offset to: the virtual address under `FI_MR_VIRT_ADDR`, else 0.
+    pub(super) remote_base: u64,
+    /// The first byte of `memory`.
+    pub(super) buffer: *mut u8,
+    /// The registered length, at most `memory`'s capacity.
+    pub(super) len: usize,
+    /// The memory: the pool's, handed back to `pool` in `Drop`, or the application's (see
+    /// `buffer`); `None` inside `Drop`, and for a registration of another's memory (`shares`).
+    memory: Memory,
+    /// Whether peers may reach the memory (`Remote`), or only this endpoint's own operations.
+    pub(super) exposure: Exposure,
+    /// Where the memory lives: host, or a device.
+    pub(super) interface: MemoryInterface,
+    /// For memory that lends slices (`Local` host memory): the slices lent and the operations
+    /// holding the memory, in one word so that neither can start while the other is there (see
+    /// `access`). Kept by the registration that owns the memory, and reached through `shares`
+    /// from one that registers it again.
+    access: AccessWord,
+    /// The registration whose memory this one registers again in another domain (a rail set's
+    /// region), held for as long as this one lives.
+    shares: Option<Arc<Registration>>,
+    /// The endpoint's pool.
+    pool: Arc<Pool>,
+    /// The domain it is registered in, so an endpoint refuses another endpoint's region.
+    domain: *mut sys::fid_domain,
+}
+
+// SAFETY: the registration is an object of an `FI_THREAD_SAFE` domain, usable from any thread;
+// the memory is only touched through raw copies (`memory` module docs: its bytes are plain `u8`, for which
+// any value is valid) and handed to the pool once, by whichever holder drops last.
+unsafe impl Send for Registration {}
+// SAFETY: as for `Send`; shared access is copies of plain bytes and reads of fields that never
+// change after registration, and `mr` is an atomic.
+unsafe impl Sync for Registration {}
+
+impl Registration {
+    /// Register `len` bytes of zeroed memory from `pool` in `domain`, honouring `mr_mode`, under
+    /// a key from `keys` (unless the provider chooses it), drawing another while the provider
+    /// answers `-FI_ENOKEY`, up to [`KEY_ATTEMPTS`] keys.
+    ///
+    /// # Safety
+    /// `domain` and `ep` are open and belong together; they stay open until the returned
+    /// registration has been dropped, and `pool` frees nothing before they close (the endpoint
+    /// guarantees both: see `rma`).
+    pub(crate) unsafe fn new(
+        domain: *mut sys::fid_domain,
+        ep: *mut sys::fid_ep,
+        mr_mode: i32,
+        len: usize,
+        pool: &Arc<Pool>,
+        keys: &mut dyn FnMut() -> u64,
+    ) -> Result<Self, DmaError> {
+        if 0 == len {
+            return Err(DmaError::InvalidArgument(
+                "a memory region must be at least one byte long".into(),
+            ));
+        }
+        if len > MAX_REGION_LEN {
+            return Err(DmaError::InvalidArgument(format!(
+                "a memory region of {len} bytes is longer than the {MAX_REGION_LEN}-byte bound \
+                 (MAX_REGION_LEN)"
+            )));
+        }
+        refuse_raw_keys(mr_mode)?;
+        let memory = pool.take(len)?;
+        let buffer = memory.start();
+        let registration = Self {
+            mr: AtomicPtr::new(ptr::null_mut()),
+            desc: ptr::null_mut(),
+            key: 0,
+            remote_base: 0,
+            buffer,
+            len,
+            memory: Memory::Pooled(memory),
+            exposure: Exposure::Remote,
+            interface: MemoryInterface::Host,
+            access: AccessWord::new(),
+            shares: None,
+            pool: Arc::clone(pool),
+            domain,
+        };
+        // SAFETY: the caller's promise, and `registration` owns the `len` bytes at `buffer`.
+        unsafe { registration.register(ep, mr_mode, keys) }
+    }
+
+    /// Register the application's `buffer` (a `Box` of its `StableBuffer`) in place: `len` bytes
+    /// at `start`, with `exposure`'s access flags, through `fi_mr_regattr` when `interface` is
+    /// not plain host memory. Otherwise as [`new`](Self::new).
+    ///
+    /// # Safety
+    /// As [`new`](Self::new); and the `len` bytes at `start` are `buffer`'s, valid for as long
+    /// as `buffer` is neither dropped nor touched (a `StableBuffer`'s promise), and `buffer`
+    /// gives nobody else access to them.
+    #[allow(clippy::too_many_arguments)] // one registration's facts, each needed
+    pub(crate) unsafe fn owned(
+        domain: *mut sys::fid_domain,
+        ep: *mut sys::fid_ep,
+        mr_mode: i32,
+        buffer: Box<dyn Any + Send>,
+        (start, len): (*mut u8, usize),
+        (exposure, interface): (Exposure, MemoryInterface),
+        pool: &Arc<Pool>,
+        keys: &mut dyn FnMut() -> u64,
+    ) -> Result<Self, DmaError> {
+        if 0 == len || len > MAX_REGION_LEN {
+            return Err(DmaError::InvalidArgument(format!(
+                "a buffer of {len} bytes cannot be registered: a region is 1 to {MAX_REGION_LEN} \
+                 bytes (MAX_REGION_LEN)"
+            )));
+        }
+        if start.is_null() {
+            return Err(DmaError::InvalidArgument(
+                "the buffer's pointer is null".into(),
+            ));
+        }
+        refuse_raw_keys(mr_mode)?;
+        let registration = Self {
+            mr: AtomicPtr::new(ptr::null_mut()),
+            desc: ptr::null_mut(),
+            key: 0,
+            remote_base: 0,
+            buffer: start,
+            len,
+            memory: Memory::Owned(buffer),
+            exposure,
+            interface,
+            access: AccessWord::new(),
+            shares: None,
+            pool: Arc::clone(pool),
+            domain,
+        };
+        // SAFETY: the caller's promise; `registration` owns `buffer`, so the bytes live until
+        // it drops, which closes the registration first.
+        unsafe { registration.register(ep, mr_mode, keys) }
+    }
+
+    /// `primary`'s memory registered again, in `domain` (another endpoint's): one buffer that
+    /// peers reach through either domain, as a rail set's region is. The new registration holds
+    /// `primary`, so the memory lives (and is parked by `primary`'s endpoint) until both are
+    /// dropped; its own drop closes only its own registration.
+    ///
+    /// # Safety
+    /// As [`new`](Self::new) for `domain`, `ep` and `pool`; and `primary`'s endpoint outlives
+    /// `domain` (its pool frees the memory only once that endpoint has closed, and a transfer
+    /// admitted under this registration may still reach the memory until `domain` closes).
+    pub(crate) unsafe fn alias(
+        primary: &Arc<Registration>,
+        domain: *mut sys::fid_domain,
+        ep: *mut sys::fid_ep,
+        mr_mode: i32,
+        pool: &Arc<Pool>,
+        keys: &mut dyn FnMut() -> u64,
+    ) -> Result<Self, DmaError> {
+        refuse_raw_keys(mr_mode)?;
+        let registration = Self {
+            mr: AtomicPtr::new(ptr::null_mut()),
+            desc: ptr::null_mut(),
+            key: 0,
+            remote_base: 0,
+            buffer: primary.buffer,
+            len: primary.len,
+            memory: Memory::None,
+            exposure: primary.exposure,
+            interface: primary.interface,
+            access: AccessWord::new(),
+            shares: Some(Arc::clone(primary)),
+            pool: Arc::clone(pool),
+            domain,
+        };
+        // SAFETY: the caller's promise; the `len` bytes at `buffer` are `primary`'s, which
+        // `registration` holds until it drops, closing its registration first.
+        unsafe { registration.register(ep, mr_mode, keys) }
+    }
+
+    /// `fi_mr_reg` of this registration's `len` bytes at `buffer` in its domain, and the rest of
+    /// what `mr_mode` asks.
+    ///
+    /// # Safety
+    /// `self.domain` and `ep` are open and belong together, and stay open until `self` drops;
+    /// `self` keeps the `len` bytes at `self.buffer` alive until it drops.
+    unsafe fn register(
+        self,
+        ep: *mut sys::fid_ep,
+        mr_mode: i32,
+        keys: &mut dyn FnMut() -> u64,
+    ) -> Result<Self, DmaError> {
+        let (domain, buffer, len) = (self.domain, self.buffer, self.len);
+        let (exposure, interface) = (self.exposure, self.interface);
+        let mut registration = self;
+        let access = match exposure {
+            Exposure::Remote => {
+                u64::from(sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE)
+            }
+            // The local side of this endpoint's own RMA only: no flag a peer's transfer needs,
+            // so the provider admits none (`-FI_EACCES`). Not FI_SEND or FI_RECV either: rxm
+            // turns them into FI_REMOTE_READ and FI_REMOTE_WRITE, for its rendezvous protocol,
+            // in which the peer reads or writes the buffer.
+            Exposure::Local => u64::from(sys::FI_READ | sys::FI_WRITE),
+        };
+        let provider_keys = 0 != mr_mode & sys::FI_MR_PROV_KEY as i32;
+        let mut mr: *mut sys::fid_mr = ptr::null_mut();
+        let mut requested_key = 0;
+        for attempt in 1..=KEY_ATTEMPTS {
+            requested_key = if provider_keys { 0 } else { keys() };
+            // SAFETY: the domain is open (the caller's promise); `buffer` holds at least `len`
+            // bytes, owned by `registration` until it drops, which closes the registration
+            // first and then only parks them; `mr` receives one object, owned by `registration`
+            // from here on (its `Drop` closes it).
+            let code = unsafe {
+                match interface.hmem() {
+                    None => sys::fi_mr_reg(
+                        domain,
+                        buffer.cast_const().cast(),
+                        len,
+                        access,
+                        0,
+                        requested_key,
+                        0,
+                        &raw mut mr,
+                        ptr::null_mut(),
+                    ),
+                    // `fi_mr_regattr` through the shim, which builds the `fi_mr_attr` (its
+                    // layout differs between libfabric 1.x and 2.x).
+                    Some((iface, device)) => sys::fi_mr_reg_iface(
+                        domain,
+                        buffer.cast_const().cast(),
+                        len,
+                        access,
+                        requested_key,
+                        iface,
+                        device,
+                        &raw mut mr,
+                    ),
+                }
+            };
+            if 0 == code {
+                break;
+            }
+            if code != -(sys::FI_ENOKEY as i32) || provider_keys || KEY_ATTEMPTS == attempt {
+                let call = match interface.hmem() {
+                    None => "fi_mr_reg",
+                    Some(_) => "fi_mr_regattr",
+                };
+                return Err(DmaError::fabric(call, code.into()));
+            }
+        }
+        registration.mr = AtomicPtr::new(mr);
+        if 0 != mr_mode & sys::FI_MR_ENDPOINT as i32 {
+            // SAFETY: `mr` was just registered and `ep` is open in the same domain (the caller's
+            // promise); binding and enabling take no pointers beyond them.
+            unsafe {
+                check("fi_mr_bind", sys::fi_mr_bind(mr, &raw mut (*ep).fid, 0))?;
+                check("fi_mr_enable", sys::fi_mr_enable(mr))?;
+            }
+        }
+        // SAFETY: `mr` is open; both calls read fields of it.
+        let (desc, key) = unsafe { (sys::fi_mr_desc(mr), sys::fi_mr_key(mr)) };
+        registration.desc = desc;
+        registration.key = if provider_keys { key } else { requested_key };
+        if Exposure::Local == exposure {
+            // No key a peer could use: libfabric's own software registration gives none
+            // (FI_KEY_NOTAVAIL) to a registration without remote access.
+            registration.key = u64::MAX;
+        } else if u64::MAX == registration.key {
+            // FI_KEY_NOTAVAIL is `(uint64_t) -1`, a cast bindgen does not evaluate.
+            return Err(DmaError::InvalidArgument(
+                "the provider gave no 64-bit key for the region (FI_KEY_NOTAVAIL)".into(),
+            ));
+        }
+        registration.remote_base = if 0 != mr_mode & sys::FI_MR_VIRT_ADDR as i32 {
+            buffer as u64
+        } else {
+            0
+        };
+        Ok(registration)
+    }
+
+    /// Close the registration now, leaving the memory allocated: for an endpoint that must close
+    /// every registration before itself (`FI_MR_ENDPOINT`) while the provider may still touch the
+    /// memory of an abandoned operation.
+    pub(crate) fn close_registration(&self) {
+        let mr = self.mr.swap(ptr::null_mut(), Ordering::AcqRel);
+        if mr.is_null() {
+            return;
+        }
+        // SAFETY: `mr` was open and the swap above handed it to this call alone, so it is closed
+        // once; its domain is still open (`Registration::new`'s contract).
+        let code = unsafe { sys::fi_close(&raw mut (*mr).fid) };
+        if 0 != code {
+            tracing::warn!(error = %DmaError::fabric("fi_close", code.into()), "closing a memory registration failed");
+        }
+    }
+
+    pub(crate) fn desc(&self) -> *mut c_void {
+        self.desc
+    }
+
+    /// The registration that owns the memory, and so keeps its `access` word.
+    fn keeper(&self) -> &Registration {
+        self.shares.as_deref().unwrap_or(self)
+    }
+
+    /// Whether the memory lends slices (`Local` host memory the application handed in), and so
+    /// counts its operations.
+    pub(crate) fn lends_slices(&self) -> bool {
+        let keeper = self.keeper();
+        Exposure::Local == keeper.exposure
+            && keeper.interface.is_host()
+            && matches!(keeper.memory, Memory::Owned(_))
+    }
+
+    /// Hold the memory for one operation, until the returned hold drops (when the operation's
+    /// completion has been read).
+    ///
+    /// # Errors
+    /// [`DmaError::Busy`] while a slice of the memory is lent out ([`MemoryRegion::as_slice`]):
+    /// nothing is held then.
+    pub(crate) fn hold(self: &Arc<Self>) -> Result<OperationHold, DmaError> {
+        let counted = self.lends_slices();
+        if counted && !self.keeper().access.try_hold() {
+            return Err(DmaError::Busy);
+        }
+        Ok(OperationHold {
+            region: Arc::clone(self),
+            counted,
+        })
+    }
+
+    /// Lend one shared slice: [`DmaError::Busy`] while an operation holds the memory.
+    pub(crate) fn lend_slice(&self) -> Result<(), DmaError> {
+        if self.keeper().access.try_lend() {
+            Ok(())
+        } else {
+            Err(DmaError::Busy)
+        }
+    }
+
+    /// Give back a slice lent by [`lend_slice`](Self::lend_slice).
+    pub(crate) fn return_slice(&self) {
+        self.keeper().access.return_lend();
+    }
+
+    /// Whether an operation holds the memory now (Acquire: when not, every completed
+    /// operation's bytes are visible).
+    pub(crate) fn operations_hold(&self) -> bool {
+        self.keeper().access.held()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Close the registration and hand out the application's buffer, if it is a `B`: for the
+    /// last holder only. Anything else comes back unchanged, registration open.
+    pub(crate) fn into_owned<B: 'static>(mut self) -> Result<B, Self> {
+        match std::mem::replace(&mut self.memory, Memory::None) {
+            Memory::Owned(buffer) => match buffer.downcast::<B>() {
+                Ok(buffer) => {
+                    self.close_registration();
+                    Ok(*buffer)
+                }
+                Err(buffer) => {
+                    self.memory = Memory::Owned(buffer);
+                    Err(self)
+                }
+            },
+            other => {
+                self.memory = other;
+                Err(self)
+            }
+        }
+    }
+
+    pub(crate) fn domain(&self) -> *mut sys::fid_domain {
+        self.domain
+    }
+
+    /// The address of byte `offset`, which the caller checked is inside the buffer.
+    pub(crate) fn at(&self, offset: usize) -> *mut u8 {
+        self.buffer.wrapping_add(offset)
+    }
+
+    /// `offset..offset + len` as a checked range of this buffer.
+    pub(crate) fn check_range(&self, offset: usize, len: usize) -> Result<(), DmaError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(DmaError::InvalidArgument(format!(
+                "{len} bytes at offset {offset} do not fit a {}-byte region",
+                self.len
+            ))),
+        }
+    }
+}
+
+/// Refuse a provider that asks for `FI_MR_RAW`, before any registration.
+fn refuse_raw_keys(mr_mode: i32) -> Result<(), DmaError> {
+    if 0 != mr_mode & sys::FI_MR_RAW as i32 {
+        return Err(DmaError::InvalidArgument(
+            "the provider asks for FI_MR_RAW (keys wider than 64 bits), which this crate does not \
+             support"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.close_registration();
+        // Parked, not freed: a peer's transfer admitted before the close may still move bytes
+        // through it (`memory` module docs); the pool frees it after the endpoint has closed.
+        match std::mem::replace(&mut self.memory, Memory::None) {
+            Memory::Pooled(memory) => self.pool.park(memory),
+            // A peer may still move bytes through it: parked until the endpoint closes.
+            Memory::Owned(buffer) if Exposure::Remote == self.exposure => {
+                self.pool.park_owned(buffer, self.len);
+            }
+            // No peer could reach it (no remote access), and no operation holds it (this is the
+            // last holder): the application's `Drop` runs now.
+            Memory::Owned(buffer) => drop(buffer),
+            Memory::None => {}
+        }
+    }
+}
+
+/// The memory of one operation in flight, held until its completion has been read: the
+/// registration (and so the memory) lives at least that long, and, for memory that lends slices,
+/// no slice can be lent meanwhile.
+pub(crate) struct OperationHold {
+    region: Arc<Registration>,
+    /// Whether the hold is counted in the memory's `access` word.
+    counted: bool,
+}
+
+impl OperationHold {
+    /// One more hold of the same memory, for another part of the same transfer: it cannot be
+    /// refused, since this hold already keeps slices from being lent.
+    pub(crate) fn another(&self) -> Self {
+        if self.counted {
+            self.region.keeper().access.add_hold();
+        }
+        Self {
+            region: Arc::clone(&self.region),
+            counted: self.counted,
+        }
+    }
+}
+
+impl std::ops::Deref for OperationHold {
+    type Target = Registration;
+
+    fn deref(&self) -> &Registration {
+        &self.region
+    }
+}
+
+impl Drop for OperationHold {
+    fn drop(&mut self) {
+        if self.counted {
+            // Release: the operation's bytes (the completion has been read) happen before a
+            // slice lent after this.
+            self.region.keeper().access.release_hold();
+        }
+    }
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Registration")
+            .field("len", &self.len)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check(call: &'static str, code: i32) -> Result<(), DmaError> {
+    if 0 == code {
+        Ok(())
+    } else {
+        Err(DmaError::fabric(call, code.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests assert by panicking
+
+    use super::*;
+    use crate::configuration::Configuration;
+    use crate::endpoint::LibfabricEndpoint;
+
+    fn endpoint() -> LibfabricEndpoint {
+        let configuration = Configuration {
+            rma: true,
+            ..Configuration::default()
+        };
+        LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint")
+    }
+
+    /// Register 64 bytes in `endpoint`'s domain as if the provider had asked for `mr_mode`,
+    /// requesting `key`.
+    fn register(
+        endpoint: &LibfabricEndpoint,
+        mr_mode: i32,
+        key: u64,
+    ) -> Result<Registration, DmaError> {
+        register_len(endpoint, mr_mode, key, 64)
+    }
+
+    fn register_len(
+        endpoint: &LibfabricEndpoint,
+        mr_mode: i32,
+        key: u64,
+        len: usize,
+    ) -> Result<Registration, DmaError> {
+        // SAFETY: the endpoint's domain and endpoint are open, and outlive the registration,
+        // which the caller drops before the endpoint; the pool is the endpoint's.
+        unsafe {
+            Registration::new(
+                endpoint.handles.domain,
+                endpoint.handles.ep,
+                mr_mode,
+                len,
+                &endpoint.operations.pool,
+                &mut || key,
+            )
+        }
+    }
+
+    // tcp asks for none of these bits (mr_mode 0), so the branches for the providers that do
+    // (efa: VIRT_ADDR, PROV_KEY) are checked here against tcp's registration bookkeeping.
+    #[test]
+    fn virt_addr_and_prov_key_follow_the_mode_bits() {
+        let endpoint = endpoint();
+        let both = register(
+            &endpoint,
+            (sys::FI_MR_VIRT_ADDR | sys::FI_MR_PROV_KEY) as i32,
+            1 << 40,
+        )
+        .expect("registered");
+        assert_eq!(
+            both.buffer as u64, both.remote_base,
+            "VIRT_ADDR: the virtual address"
+        );
+        // SAFETY: the registration is open.
+        let provider_key = unsafe { sys::fi_mr_key(both.mr.load(Ordering::Acquire)) };
+        assert_eq!(provider_key, both.key, "PROV_KEY: the key fi_mr_key gives");
+
+        let neither = register(&endpoint, 0, (1 << 40) + 1).expect("registered");
+        assert_eq!(0, neither.remote_base, "offsets from 0");
+        assert_eq!((1 << 40) + 1, neither.key, "the requested key");
+    }
+
+    #[test]
+    fn raw_keys_empty_and_oversized_regions_are_refused_before_registering() {
+        let endpoint = endpoint();
+        assert!(matches!(
+            register(&endpoint, sys::FI_MR_RAW as i32, 1 << 41),
+            Err(DmaError::InvalidArgument(_))
+        ));
+        for len in [0, MAX_REGION_LEN + 1, usize::MAX] {
+            assert!(matches!(
+                register_len(&endpoint, 0, 1 << 41, len),
+                Err(DmaError::InvalidArgument(_))
+            ));
+        }
+        assert_eq!(0, endpoint.parked_memory(), "nothing was allocated");
+        // Nothing was registered under the key: it is still free.
+        register(&endpoint, 0, 1 << 41).expect("the key is free");
+    }
+
+    /// A requested key already in use in the domain is `-FI_ENOKEY`, and registration draws
+    /// another; it gives up after `KEY_ATTEMPTS`.
+    #[test]
+    fn a_key_in_use_is_retried_with_another() {
+        let endpoint = endpoint();
+        let taken = register(&endpoint, 0, 77).expect("registered");
+        endpoint
+            .operations
+            .keys
+            .forced
+            .lock()
+            .expect("not poisoned")
+            .extend([77, 77, 78]);
+        let region = endpoint.register(64).expect("registered on the third key");
+        assert_eq!(78, region.remote().key);
+
+        endpoint
+            .operations
+            .keys
+            .forced
+            .lock()
+            .expect("not poisoned")
+            .extend([77; KEY_ATTEMPTS]);
+        match endpoint.register(64) {
+            Err(DmaError::Fabric { call, code, .. }) => {
+                assert_eq!("fi_mr_reg", call);
+                assert_eq!(-i64::from(sys::FI_ENOKEY), code);
+            }
+            other => panic!("expected -FI_ENOKEY after {KEY_ATTEMPTS} keys: {other:?}"),
+        }
+        drop(taken);
+    }
+}
