@@ -501,12 +501,26 @@ fn no_file_but_lib_rs_names_a_path_through_the_crate_root() {
         let text = std::fs::read_to_string(root.join(&file)).expect("read");
         for (number, line) in text.lines().enumerate() {
             for (at, _) in line.match_indices("crate::") {
-                let name: String = line[at + "crate::".len()..]
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                if root_names.iter().any(|(exported, _)| *exported == name) {
-                    through_root.push(format!("{file}:{}: crate::{name}", number + 1));
+                let rest = &line[at + "crate::".len()..];
+                // `crate::Name`, or each name of `crate::{a::B, Name}` (on this line).
+                let names: Vec<String> = match rest.strip_prefix('{') {
+                    Some(list) => list
+                        .split('}')
+                        .next()
+                        .unwrap_or("")
+                        .split(',')
+                        .map(|part| part.trim().split("::").next().unwrap_or("").to_string())
+                        .collect(),
+                    None => vec![
+                        rest.chars()
+                            .take_while(|c| c.is_alphanumeric() || *c == '_')
+                            .collect(),
+                    ],
+                };
+                for name in names {
+                    if root_names.iter().any(|(exported, _)| *exported == name) {
+                        through_root.push(format!("{file}:{}: crate::{name}", number + 1));
+                    }
                 }
             }
         }

@@ -441,7 +441,8 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::{Configuration, LibfabricEndpoint};
+    use crate::configuration::Configuration;
+    use crate::endpoint::LibfabricEndpoint;
 
     /// Two RMA endpoints on 127.0.0.1 whose waits sleep in `fi_cq_sread` (tcp;ofi_rxm has it
     /// too), as efa's do in libfabric 2.x: the blocking-read path runs here, not only on efa.
