@@ -202,11 +202,11 @@ impl<B: AvBackend> Writer<B> {
                 }) {
                     return Err(DmaError::WouldBlock);
                 }
-            } else if self.entry(fi_addr).is_some_and(|entry| {
-                entry.is_live()
-                    && entry.address.bytes() == address
-                    && entry.holders.contains(client)
-            }) {
+            } else if self
+                .entry(fi_addr)
+                .is_some_and(|entry| entry.is_live() && entry.address.bytes() == address)
+            {
+                // `clients` shows it holding the live entry at `fi_addr`: a holder.
                 return Ok(fi_addr);
             }
         }
@@ -304,9 +304,9 @@ impl<B: AvBackend> Writer<B> {
         let Some(entry) = self.entry_mut(fi_addr).filter(|entry| entry.is_live()) else {
             return;
         };
-        let holders = std::mem::take(&mut entry.holders);
+        let holders = std::mem::take(&mut entry.holders).into_current(&self.clients, fi_addr);
         let evicted = holders.len();
-        for holder in holders.to_vec() {
+        for holder in holders {
             self.unregister(holder, fi_addr);
             self.clients.remove(&holder);
             if holder != asking {
@@ -387,15 +387,21 @@ impl<B: AvBackend> Writer<B> {
 
     /// Publish `client`'s registration on the live entry at `fi_addr`.
     pub(super) fn register(&mut self, client: u64, fi_addr: fi_addr_t) {
+        let held = self
+            .clients
+            .get(&client)
+            .is_some_and(|holding| !holding.is_parked() && holding.fi_addr() == fi_addr);
         let Some(entry) = self.entry_mut(fi_addr) else {
             return;
         };
-        let added = entry.holders.insert(client);
-        let registration = Registration::new(client, entry.address.clone());
-        if added {
-            self.stats.clients += 1;
+        if !held {
+            entry.holders.insert(client);
         }
-        self.clients.insert(client, Holding::live(fi_addr));
+        let registration = Registration::new(client, entry.address.clone());
+        if !held {
+            self.stats.clients += 1;
+            self.clients.insert(client, Holding::live(fi_addr));
+        }
         self.shared.index.publish(registration, fi_addr);
     }
 
@@ -424,13 +430,16 @@ impl<B: AvBackend> Writer<B> {
             }
             return;
         }
-        let Some(entry) = self.entry_mut(fi_addr).filter(|entry| entry.is_live()) else {
+        // `clients` showed it holding the live entry at `fi_addr`: one of its holders.
+        let Some(entry) = usize::try_from(fi_addr)
+            .ok()
+            .and_then(|index| self.entries.get_mut(index))
+            .and_then(Option::as_mut)
+            .filter(|entry| entry.is_live())
+        else {
             return;
         };
-        if !entry.holders.remove(client) {
-            return;
-        }
-        let last = entry.holders.is_empty();
+        let last = entry.holders.remove(client, &self.clients, fi_addr);
         self.unregister(client, fi_addr);
         if last {
             self.stats.entries -= 1;
