@@ -459,3 +459,50 @@ fn holders_released_and_registered_again_are_evicted_once_each_and_kept_bounded(
         "only the newcomer, parked then admitted"
     );
 }
+
+/// An admission publishes its clients' registrations a slice a round (so an unrelated miss waits
+/// for a slice, not for all of them), and a client released before its slice came is never
+/// published: a hit for it would name an entry it no longer holds.
+#[test]
+fn an_admission_in_slices_publishes_only_clients_that_still_hold_the_entry() {
+    let _turn = serial();
+    const CLIENTS: u64 = 5_000;
+    let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Efa))
+        .with_patience(Duration::from_secs(8));
+    let (old, new) = (testkit::efa(1, 7, 1), testkit::efa(1, 7, 2));
+    let lease = cache.lease(0, &old).unwrap();
+    let requests: Vec<(u64, &[u8])> = (1..=CLIENTS).map(|client| (client, &new[..])).collect();
+    assert!(
+        cache
+            .pin()
+            .resolve_all(&requests)
+            .iter()
+            .all(|parked| matches!(parked, Err(DmaError::WouldBlock))),
+        "all parked behind the leased incarnation"
+    );
+    // The admission starts at the drop; the releases land among its slices.
+    drop(lease);
+    for client in (1..=CLIENTS).filter(|client| client % 2 == 1) {
+        cache.release(client);
+    }
+    cache.quiesce();
+    assert_eq!(CLIENTS / 2, cache.stats().clients);
+    let misses = cache.stats().misses;
+    for client in (1..=CLIENTS).filter(|client| client % 2 == 0) {
+        cache.pin().try_resolve(client, &new).unwrap();
+    }
+    assert_eq!(
+        misses,
+        cache.stats().misses,
+        "every holder's registration published"
+    );
+    for client in (1..=CLIENTS).filter(|client| client % 2 == 1) {
+        assert!(
+            matches!(
+                cache.pin().try_resolve(client, &new),
+                Err(DmaError::WouldBlock | DmaError::Busy)
+            ),
+            "client {client} was released, and found by a hit"
+        );
+    }
+}

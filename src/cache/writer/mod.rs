@@ -316,6 +316,9 @@ pub(crate) struct Writer<B> {
     /// Incarnations parked behind a removal, by the index of the removing entry.
     parked: HashMap<fi_addr_t, Box<Parked>, Hasher>,
     clients: HashMap<u64, Holding, Hasher>,
+    /// Admitted clients whose registrations are still to be published, a slice a round: each
+    /// holds its entry in `clients` already (so at most one item per client).
+    unpublished: Vec<u64>,
     /// Evicted clients the eviction hook was not done with (a rail's inbox was full): handed to
     /// it again every round until it is. One item per client, each one this writer held, so it
     /// is bounded by the clients term of the bound.
@@ -412,6 +415,7 @@ impl<B: AvBackend> Writer<B> {
             hasher: Hasher::default(),
             parked: HashMap::default(),
             clients: HashMap::default(),
+            unpublished: Vec::new(),
             deferred_evictions: HashSet::default(),
             deadlines: Deadlines::new(),
             pending: BTreeMap::new(),
