@@ -319,9 +319,9 @@ impl<B: AvBackend> Writer<B> {
         let Some(entry) = self.entry_mut(fi_addr).filter(|entry| entry.is_live()) else {
             return;
         };
-        let holders = std::mem::take(&mut entry.holders).into_current(&self.clients, fi_addr);
+        let holders = std::mem::take(&mut entry.holders);
         let evicted = holders.len();
-        for holder in holders {
+        for holder in holders.to_vec() {
             self.unregister(holder, fi_addr);
             self.clients.remove(&holder);
             if holder != asking {
@@ -484,15 +484,13 @@ impl<B: AvBackend> Writer<B> {
             return;
         }
         // `clients` showed it holding the live entry at `fi_addr`: one of its holders.
-        let Some(entry) = usize::try_from(fi_addr)
-            .ok()
-            .and_then(|index| self.entries.get_mut(index))
-            .and_then(Option::as_mut)
-            .filter(|entry| entry.is_live())
-        else {
+        let Some(entry) = self.entry_mut(fi_addr).filter(|entry| entry.is_live()) else {
             return;
         };
-        let last = entry.holders.remove(client, &self.clients, fi_addr);
+        if !entry.holders.remove(client) {
+            return;
+        }
+        let last = entry.holders.is_empty();
         self.unregister(client, fi_addr);
         if last {
             self.stats.entries -= 1;

@@ -68,13 +68,16 @@
 //! what readers do: `entries`, `slots`, `pending`, `retries`, `parked` and the scratch list hold at
 //! most `C` items each (an entry awaiting removal still occupies its index, and counts against the
 //! capacity); `clients` holds one item per client registered or parked, each on one of those
-//! entries, and is the one record of which entry a client holds (an entry keeps a count of its
-//! holders, and a list of them for its eviction that may name departed clients, compacted past
-//! twice the count: `state::Holders`); a parked incarnation keeps at most one waiter per client
-//! (a newer request from the same client answers the older one `WouldBlock`; the waiter's
-//! deadline is kept once, in `deadlines`); `deferred_evictions` at most one per client this
-//! writer evicted while a rail's inbox was full; `replies` and the quiescers at most one per request of a batch. The tables
-//! shrink once they empty well below their peak.
+//! entries (an entry keeps its holders as a set as well, for its eviction: `state::Holders`);
+//! `unpublished` at most one per client, those an admission has enrolled and not yet published (a
+//! parked incarnation's clients are enrolled as holders when it enters the AV, and their
+//! registrations published a slice of `apply::ADMISSION_SLICE` a round, the waiters' first, so an
+//! unrelated miss waits for a slice rather than the whole admission; `quiesce` waits for the last
+//! slice; the list, 8 B a client, is freed once published); a parked incarnation keeps at most one
+//! waiter per client (a newer request from the same client answers the older one `WouldBlock`; the
+//! waiter's deadline is kept once, in `deadlines`); `deferred_evictions` at most one per client
+//! this writer evicted while a rail's inbox was full; `replies` and the quiescers at most one per
+//! request of a batch. The tables shrink once they empty well below their peak.
 //!
 //! In bytes, one bound for the whole cache, above the empty cache:
 //!
@@ -84,30 +87,30 @@
 //!                               (a chunk counts as its misses: `cache::budget`)
 //! + Failures::BOUND × 240 B     failure records of queued misses (4,096 of them: 960 KiB; an
 //!                               address over 32 bytes adds its length: `cache::failures`)
-//! + per registered client 150 B its place in `clients`, in its entry's holders list, and its
+//! + per registered client 150 B its place in `clients`, in its entry's holders set, and its
 //!                               index registration (papaya's node and table slot)
 //! + per thread                  an epoch handle and a reply channel, registered once
 //! ```
 //!
 //! however long a reader stays pinned (the index's own guard is taken per probe, so a pin holds
-//! back no index memory either) and however many releases, revives, retries and patience
-//! expiries go by. The per-client term, measured with 200,000 clients on 64 entries (112 B a
-//! client: papaya's node 56 B, its table 12 B, the tables it outgrew until its collector frees
-//! them 12 B, `clients` 22 B, the holders lists 10 B) and at the tables' worst load, just after
-//! they grow (144 B a client at 115,000), is not the 64 B issue 29 asks for: a registration that
-//! carries the address it confirms costs 56 B of node and 9 B or more of slot before any of the
-//! writer's own state, so 64 B needs a hit that reads the address from somewhere else (see
+//! back no index memory either) and however many releases, revives, retries and patience expiries
+//! go by. The per-client term, measured with 200,000 clients on 64 entries (113 B a client:
+//! papaya's node 56 B, its table 12 B, the tables it outgrew until its collector frees them 12 B,
+//! `clients` 22 B, the holders sets 12 B) and at the tables' worst load, just after they grow (145
+//! B a client at 115,000), is not the 64 B issue 29 asks for: a registration that carries the
+//! address it confirms costs 56 B of node and 9 B or more of slot before any of the writer's own
+//! state, so 64 B needs a hit that reads the address from somewhere else (see
 //! `docs/guarantees.md`). Once every client is released and the cache quiesced, papaya's table
 //! stays at its largest (2.4 MB after 200,000: 12 B a former client). A thread's epoch state is
 //! kept by crossbeam for an exited thread while any reader stays pinned (4,376 B a thread).
-//! `tests/soak.rs` checks the capacity and inbox terms with a counting allocator (its peaks, at
-//! `C` = 4,096: 795 KB under a long pin over 20,000 revives and churn, against 1.8 MB), and
-//! `tests/cache_bounds.rs` each other term at its worst case: the chunked misses (a storm of
-//! 8,192 behind a slow insert queues at most 4,096), the failure records (4,096 refused clients
-//! on a full 64-entry AV, each refused with a 4 KiB provider text: +934 KB at the peak, 226 B a
-//! record kept, against 1.27 MB), the clients (200,000 on 64 entries: +22.5 MB, against 30 MB
-//! and 120 B a client) and an entry's holders list (100,000 moves away and back keep it
-//! compacted); the `cache_ops` fuzz target checks the first two terms after every step.
+//! `tests/soak.rs` checks the capacity and inbox terms with a counting allocator (its peaks, at `C`
+//! = 4,096: 795 KB under a long pin over 20,000 revives and churn, against 1.8 MB), and
+//! `tests/cache_bounds.rs` each other term at its worst case: the chunked misses (a storm of 8,192
+//! behind a slow insert queues at most 4,096), the failure records (4,096 refused clients on a full
+//! 64-entry AV, each refused with a 4 KiB provider text: +934 KB at the peak, 226 B a record kept,
+//! against 1.27 MB), the clients (200,000 on 64 entries: +22.7 MB, against 30 MB and 120 B a
+//! client) and an entry's holders (100,000 moves away and back keep nothing); the `cache_ops` fuzz
+//! target checks the first two terms after every step.
 //!
 //! # Calls from the writer thread
 //!

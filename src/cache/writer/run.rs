@@ -607,8 +607,8 @@ impl<B: AvBackend> Writer<B> {
             let Some(entry) = self.entry_mut(fi_addr) else {
                 continue;
             };
-            let holders = std::mem::take(&mut entry.holders).into_current(&self.clients, fi_addr);
-            for client in holders {
+            let holders = std::mem::take(&mut entry.holders);
+            for client in holders.to_vec() {
                 self.unregister(client, fi_addr);
             }
             self.stats.entries -= 1;

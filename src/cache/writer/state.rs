@@ -10,104 +10,78 @@ use crate::cache::stored::StoredAddress;
 use crate::error::DmaError;
 use crate::sys::fi_addr_t;
 
-/// The clients that hold a live entry, for enumerating them when it is evicted (or the cache
-/// shuts down). Membership is the writer's `clients` map's alone (a client holds the entry at
-/// `fi_addr` exactly when `clients` says `Holding::live(fi_addr)`), so this keeps only a count and,
-/// once an entry has had two holders, a list that may also name clients that have since gone or
-/// name one twice: a release costs no search of it, and the list is compacted against `clients`
-/// once it is more than twice the count (amortised O(log n) a release), so it stays within
-/// 2 × holders + 16 items. Nearly every entry has one holder, stored inline.
+/// The clients that hold a live entry, as a set: a release removes one by hash, in O(1) with no
+/// pause (a list compacted now and then, tried instead, made an unrelated miss wait behind a
+/// compaction of 20,000 holders). The writer's `clients` map says the same from the client's side.
+/// Nearly every entry has one, so one is stored inline.
 #[derive(Default)]
 pub(super) enum Holders {
     #[default]
     None,
     One(u64),
-    // Boxed so that `Holders` stays 16 bytes in every entry; a list is rare.
-    Many(Box<ManyHolders>),
-}
-
-/// An entry's holders once it has had two: how many hold it, and a list naming each of them,
-/// with possibly some that no longer do.
-pub(super) struct ManyHolders {
-    count: usize,
-    list: Vec<u64>,
+    // Boxed so that `Holders` stays 16 bytes in every entry; a set is rare.
+    #[allow(clippy::box_collection)]
+    Many(Box<HashSet<u64, Hasher>>),
 }
 
 impl Holders {
-    /// Add `client`, which the writer's `clients` map does not show holding this entry.
-    pub(super) fn insert(&mut self, client: u64) {
+    /// Add `client`; whether it was new.
+    pub(super) fn insert(&mut self, client: u64) -> bool {
         match self {
-            Self::None => *self = Self::One(client),
+            Self::None => {
+                *self = Self::One(client);
+                true
+            }
+            Self::One(held) if *held == client => false,
             Self::One(held) => {
-                *self = Self::Many(Box::new(ManyHolders {
-                    count: 2,
-                    list: vec![*held, client],
-                }))
+                let mut many = HashSet::with_capacity_and_hasher(2, Hasher::default());
+                many.insert(*held);
+                many.insert(client);
+                *self = Self::Many(Box::new(many));
+                true
             }
-            Self::Many(many) => {
-                many.count += 1;
-                many.list.push(client);
-            }
+            Self::Many(many) => many.insert(client),
         }
     }
 
-    /// Drop `client`, which held this entry at `at` and no longer does (`clients` no longer
-    /// shows it here); whether none is left.
-    pub(super) fn remove(
-        &mut self,
-        client: u64,
-        clients: &HashMap<u64, Holding, Hasher>,
-        at: fi_addr_t,
-    ) -> bool {
+    /// Drop `client`; whether it was there.
+    pub(super) fn remove(&mut self, client: u64) -> bool {
         match self {
-            Self::None => true,
-            Self::One(held) => {
-                debug_assert_eq!(*held, client);
+            Self::None => false,
+            Self::One(held) if *held == client => {
                 *self = Self::None;
                 true
             }
+            Self::One(_) => false,
             Self::Many(many) => {
-                many.count = many.count.saturating_sub(1);
-                if 0 == many.count {
-                    *self = Self::None;
-                    return true;
+                let removed = many.remove(&client);
+                if many.len() <= 1 {
+                    *self = many.iter().next().map_or(Self::None, |&one| Self::One(one));
                 }
-                if many.list.len() > 2 * many.count + 16 {
-                    current(&mut many.list, clients, at);
-                    many.list.shrink_to(2 * many.count);
-                }
-                false
+                removed
             }
         }
     }
 
-    /// The clients that hold the entry at `at`, each once, as `clients` shows them.
-    pub(super) fn into_current(
-        self,
-        clients: &HashMap<u64, Holding, Hasher>,
-        at: fi_addr_t,
-    ) -> Vec<u64> {
+    pub(super) fn is_empty(&self) -> bool {
+        matches!(self, Self::None)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Self::None => 0,
+            Self::One(_) => 1,
+            Self::Many(many) => many.len(),
+        }
+    }
+
+    pub(super) fn to_vec(&self) -> Vec<u64> {
         match self {
             Self::None => Vec::new(),
-            Self::One(held) => vec![held],
-            Self::Many(many) => {
-                let mut list = many.list;
-                current(&mut list, clients, at);
-                list
-            }
+            Self::One(held) => vec![*held],
+            Self::Many(many) => many.iter().copied().collect(),
         }
     }
-}
-
-/// Keep in `list` the clients that `clients` shows holding the entry at `at`, each once.
-fn current(list: &mut Vec<u64>, clients: &HashMap<u64, Holding, Hasher>, at: fi_addr_t) {
-    list.retain(|client| {
-        clients
-            .get(client)
-            .is_some_and(|holding| !holding.is_parked() && holding.fi_addr() == at)
-    });
-    list.sort_unstable();
-    list.dedup();
 }
 
 /// The ticket of an entry that is published, not awaiting removal.
