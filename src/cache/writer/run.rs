@@ -393,8 +393,10 @@ impl<B: AvBackend> Writer<B> {
     pub(super) fn round(&mut self) {
         for quiescer in &mut self.quiescing {
             let waiting_on = self.pending.range(..quiescer.watermark).count();
+            // Publishing an admission's slices is progress too.
             if waiting_on < quiescer.waiting_on
                 || self.deferrals_returned != quiescer.deferrals_seen
+                || !self.unpublished.is_empty()
             {
                 quiescer.deferrals_seen = self.deferrals_returned;
                 quiescer.stalled = 0;
