@@ -12,7 +12,8 @@ use super::state::{
 use super::{Reply, Request, Writer};
 
 /// How many registrations of an admission the writer publishes a round: at about 0.1 µs each,
-/// some tens of µs, which is what an unrelated miss may wait for behind an admission.
+/// some tens of µs. An unrelated miss behind an admission waits for the enrolment of every
+/// client (one lookup and one insert each, about 0.7 ms for 20,000) and one slice.
 pub(super) const ADMISSION_SLICE: usize = 256;
 use crate::av::AvBackend;
 use crate::cache::index::{Registration, RegistrationIndex};

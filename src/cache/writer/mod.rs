@@ -72,12 +72,12 @@
 //! `unpublished` at most one per client, those an admission has enrolled and not yet published (a
 //! parked incarnation's clients are enrolled as holders when it enters the AV, and their
 //! registrations published a slice of `apply::ADMISSION_SLICE` a round, the waiters' first, so an
-//! unrelated miss waits for a slice rather than the whole admission; `quiesce` waits for the last
-//! slice; the list, 8 B a client, is freed once published); a parked incarnation keeps at most one
-//! waiter per client (a newer request from the same client answers the older one `WouldBlock`; the
-//! waiter's deadline is kept once, in `deadlines`); `deferred_evictions` at most one per client
-//! this writer evicted while a rail's inbox was full; `replies` and the quiescers at most one per
-//! request of a batch. The tables shrink once they empty well below their peak.
+//! unrelated miss waits for the enrolment and a slice rather than every registration; `quiesce`
+//! waits for the last slice; the list, 8 B a client, is freed once published); a parked incarnation
+//! keeps at most one waiter per client (a newer request from the same client answers the older one
+//! `WouldBlock`; the waiter's deadline is kept once, in `deadlines`); `deferred_evictions` at most
+//! one per client this writer evicted while a rail's inbox was full; `replies` and the quiescers at
+//! most one per request of a batch. The tables shrink once they empty well below their peak.
 //!
 //! In bytes, one bound for the whole cache, above the empty cache:
 //!
