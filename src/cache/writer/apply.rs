@@ -10,17 +10,17 @@ use super::state::{
     Entry, Holders, Holding, LIVE, Parked, Pending, Wait, Waiter, entry_in, identity_at,
 };
 use super::{Reply, Request, Writer};
-
-/// How many registrations of an admission the writer publishes a round: at about 0.1 µs each,
-/// some tens of µs. An unrelated miss behind an admission waits for the enrolment of every
-/// client (one lookup and one insert each, about 0.7 ms for 20,000) and one slice.
-pub(super) const ADMISSION_SLICE: usize = 256;
 use crate::av::AvBackend;
 use crate::cache::index::{Registration, RegistrationIndex};
 use crate::cache::reply::Answer;
 use crate::cache::stored::StoredAddress;
 use crate::error::DmaError;
 use crate::sys::fi_addr_t;
+
+/// How many registrations of an admission the writer publishes a round: at about 0.1 µs each,
+/// some tens of µs. An unrelated miss behind an admission waits for the enrolment of every
+/// client (one lookup and one insert each, about 0.7 ms for 20,000) and one slice.
+pub(super) const ADMISSION_SLICE: usize = 256;
 
 impl<B: AvBackend> Writer<B> {
     pub(super) fn apply(&mut self, request: Request) {
