@@ -19,8 +19,13 @@ use crate::sys::fi_addr_t;
 
 /// How many registrations of an admission the writer publishes a round: at about 0.1 µs each,
 /// some tens of µs. An unrelated miss behind an admission waits for the enrolment of every
-/// client (one lookup and one insert each, about 0.7 ms for 20,000) and one slice.
+/// client (one lookup and one insert each, about 0.7 ms for 20,000) and one slice. One under
+/// loom, so that the models' few parked clients are published across rounds too.
+#[cfg(not(dma_loom))]
 pub(super) const ADMISSION_SLICE: usize = 256;
+/// How many registrations of an admission the writer publishes a round.
+#[cfg(dma_loom)]
+pub(super) const ADMISSION_SLICE: usize = 1;
 
 impl<B: AvBackend> Writer<B> {
     pub(super) fn apply(&mut self, request: Request) {
@@ -639,6 +644,9 @@ impl<B: AvBackend> Writer<B> {
                         .iter()
                         .filter(|client| !parked.waiters.contains_key(client)),
                 );
+                // The set's order is the hasher's: loom needs the same publishes in every run.
+                #[cfg(dma_loom)]
+                self.unpublished.sort_unstable();
                 self.publish_admitted();
                 for (_, waiter) in parked.waiters {
                     self.replies.push((waiter.answer, Ok(fi_addr)));
