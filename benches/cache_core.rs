@@ -6,14 +6,17 @@
 //!    (`resolve_all`, 64 to a request); four threads wait in blocking `lease` calls on it too.
 //!    Timed: parking them, admitting them all once the lease is dropped, and releasing them all
 //!    (to the `quiesce` that follows). Meanwhile another thread's miss for an unrelated client is
-//!    timed: the writer's work on the waiters is what it waits behind.
+//!    timed, once as the lease is dropped (behind the admission) and once halfway through the
+//!    releases (behind the queued releases): the writer's work on the waiters is what it waits
+//!    behind. Its least, median and most of the five runs are shown, since where in the queue it
+//!    lands varies from run to run.
 //! 2. **The hit's latency tail under churn.** One thread pins, hits and unpins, timing each hit,
 //!    first alone, then while another thread churns (resolve and release cycles of other
 //!    clients, so entries are retired and index nodes reclaimed). It prints p50, p99.9, p99.99 and
 //!    max, and how many frees (and of how many bytes) ran inside `resolve()` on the hit thread:
 //!    papaya's reclamation of the writer's retired index nodes, run by a reader's guard.
 //!
-//! Each parked-waiter figure is the least of five runs. `cargo bench --bench cache_core` (about
+//! Each other parked-waiter figure is the least of five runs. `cargo bench --bench cache_core` (about
 //! 40 s). The figures go to stdout and to
 //! `target/bench-results/cache_core.tsv`.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -73,9 +76,35 @@ fn ms(duration: Duration) -> String {
     format!("{:.2} ms", duration.as_secs_f64() * 1e3)
 }
 
+/// What one `parked` run measures.
+struct Parked {
+    park: Duration,
+    admit: Duration,
+    release: Duration,
+    /// An unrelated client's miss, sent as the lease is dropped: behind the admission.
+    miss_during_admission: Duration,
+    /// An unrelated client's miss, sent halfway through the releases.
+    miss_during_release: Duration,
+}
+
+/// Time an unrelated client's miss once `go` says so.
+fn unrelated_miss(
+    cache: &AddressCache<ModelAv>,
+    client: u64,
+    gid: u8,
+    go: &std::sync::mpsc::Receiver<()>,
+) -> Duration {
+    // Blocked, not spinning: the writer needs the core.
+    go.recv().unwrap();
+    let started = Instant::now();
+    cache.pin().resolve(client, &efa(gid, 1, 1)).unwrap();
+    started.elapsed()
+}
+
 /// Park `n` clients and four blocking waiters behind a leased old incarnation, admit them,
-/// release them; the durations, and the unrelated miss's latency during the release.
-fn parked(n: u64) -> (Duration, Duration, Duration, Duration) {
+/// release them; the durations, and an unrelated miss's latency during the admission and
+/// during the release.
+fn parked(n: u64) -> Parked {
     let av = ModelAv::new(AddressFormat::Efa);
     let cache = AddressCache::with_backend(av).with_patience(Duration::from_secs(60));
     let old = cache.lease(0, &efa(1, 7, 1)).unwrap();
@@ -90,41 +119,52 @@ fn parked(n: u64) -> (Duration, Duration, Duration, Duration) {
     let park = started.elapsed();
     assert!(parked, "all parked");
     let (go, ready) = std::sync::mpsc::channel::<()>();
-    let (admit, release, miss) = std::thread::scope(|scope| {
-        let cache = &cache;
-        let new = &new;
-        let waiters: Vec<_> = (0..4)
-            .map(|waiter| scope.spawn(move || cache.lease(n + 1 + waiter, new).map(|_| ())))
-            .collect();
-        // The waiters have asked once the writer has answered a later request.
-        cache.quiesce_with_patience(Duration::ZERO);
-        let started = Instant::now();
-        drop(old);
-        for waiter in waiters {
-            waiter.join().unwrap().unwrap();
-        }
-        cache.quiesce_with_patience(Duration::ZERO);
-        let admit = started.elapsed();
-        let unrelated = scope.spawn(move || {
-            // Blocked, not spinning: the writer needs the core.
-            ready.recv().unwrap();
+    let (admitting, admission_ready) = std::sync::mpsc::channel::<()>();
+    let (admit, release, miss_during_admission, miss_during_release) =
+        std::thread::scope(|scope| {
+            let cache = &cache;
+            let new = &new;
+            let waiters: Vec<_> = (0..4)
+                .map(|waiter| scope.spawn(move || cache.lease(n + 1 + waiter, new).map(|_| ())))
+                .collect();
+            let during_admission =
+                scope.spawn(move || unrelated_miss(cache, u64::MAX - 1, 201, &admission_ready));
+            // The waiters have asked once the writer has answered a later request.
+            cache.quiesce_with_patience(Duration::ZERO);
             let started = Instant::now();
-            cache.pin().resolve(u64::MAX, &efa(200, 1, 1)).unwrap();
-            started.elapsed()
+            drop(old);
+            admitting.send(()).unwrap();
+            for waiter in waiters {
+                waiter.join().unwrap().unwrap();
+            }
+            cache.quiesce_with_patience(Duration::ZERO);
+            let admit = started.elapsed();
+            let miss_during_admission = during_admission.join().unwrap();
+            let unrelated = scope.spawn(move || unrelated_miss(cache, u64::MAX, 200, &ready));
+            let started = Instant::now();
+            for client in 1..=n / 2 {
+                cache.release(client);
+            }
+            go.send(()).unwrap();
+            for client in n / 2 + 1..=n + 4 {
+                cache.release(client);
+            }
+            cache.quiesce_with_patience(Duration::ZERO);
+            let release = started.elapsed();
+            (
+                admit,
+                release,
+                miss_during_admission,
+                unrelated.join().unwrap(),
+            )
         });
-        let started = Instant::now();
-        for client in 1..=n / 2 {
-            cache.release(client);
-        }
-        go.send(()).unwrap();
-        for client in n / 2 + 1..=n + 4 {
-            cache.release(client);
-        }
-        cache.quiesce_with_patience(Duration::ZERO);
-        let release = started.elapsed();
-        (admit, release, unrelated.join().unwrap())
-    });
-    (park, admit, release, miss)
+    Parked {
+        park,
+        admit,
+        release,
+        miss_during_admission,
+        miss_during_release,
+    }
 }
 
 /// Park `n` clients behind a leased old incarnation, then time the one request that turns them
@@ -228,22 +268,36 @@ fn main() {
         // The least of five runs of each figure: on a shared machine a preemption lands in
         // some run, and the least is the writer's own work.
         let runs: Vec<_> = (0..RUNS).map(|_| parked(n)).collect();
-        let least = |at: fn(&(Duration, Duration, Duration, Duration)) -> Duration| {
-            runs.iter().map(at).min().unwrap_or_default()
+        let least = |at: fn(&Parked) -> Duration| runs.iter().map(at).min().unwrap_or_default();
+        // A miss's latency depends on where in the queue it lands, so the least of five is the
+        // luckiest: all three of least, median and most are shown.
+        let spread = |at: fn(&Parked) -> Duration| {
+            let mut all: Vec<Duration> = runs.iter().map(at).collect();
+            all.sort_unstable();
+            format!(
+                "{} / {} / {}",
+                ms(all[0]),
+                ms(all[all.len() / 2]),
+                ms(all[all.len() - 1])
+            )
         };
-        let (park, admit, release, miss) = (
-            least(|run| run.0),
-            least(|run| run.1),
-            least(|run| run.2),
-            least(|run| run.3),
+        let (park, admit, release) = (
+            least(|run| run.park),
+            least(|run| run.admit),
+            least(|run| run.release),
         );
         report(&mut rows, &format!("park {n}"), ms(park));
         report(&mut rows, &format!("admit {n}"), ms(admit));
+        report(
+            &mut rows,
+            &format!("unrelated miss during admission of {n} (least / median / most)"),
+            spread(|run| run.miss_during_admission),
+        );
         report(&mut rows, &format!("release {n}"), ms(release));
         report(
             &mut rows,
-            &format!("unrelated miss during release of {n}"),
-            ms(miss),
+            &format!("unrelated miss during release of {n} (least / median / most)"),
+            spread(|run| run.miss_during_release),
         );
         figures.push((park, admit, release));
     }

@@ -1,7 +1,8 @@
 //! The cache's bounds at their worst cases (issue 29, "Bounds"): the inbox counts misses, not
 //! requests, so a storm of `resolve_all` chunks behind one slow insert queues at most
-//! `AddressCache::INBOX_BOUND` misses, however many threads send them; and the failure records
-//! of 4,096 refused clients stay within their term of the byte bound.
+//! `AddressCache::INBOX_BOUND` misses, however many threads send them; the failure records of
+//! 4,096 refused clients, each record at its largest, stay within their term of the byte bound;
+//! and 200,000 clients on 64 entries within the per-client term.
 //!
 //! Its own binary, with a counting allocator; the tests take turns ([`serial`]) so each count is
 //! its own.
@@ -204,20 +205,61 @@ fn a_sender_past_the_budget_gets_in_once_the_writer_makes_room() {
     drop(cache);
 }
 
+/// An efa AV whose table is full from the provider's side while the cache still sees room
+/// (another user of the AV filled it): every insert past its `slots` fails with a provider's
+/// text as long as `message`, the largest a failure record can be asked to keep.
+struct FullProvider {
+    av: FixedAv,
+    message: String,
+}
+
+impl AvBackend for FullProvider {
+    fn format(&self) -> AddressFormat {
+        AddressFormat::Efa
+    }
+    fn address_len(&self) -> usize {
+        32
+    }
+    fn capacity(&self) -> usize {
+        // Room, as far as the cache can tell: the provider refuses each insert itself.
+        2 * self.av.capacity()
+    }
+    fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
+        self.av.insert(address).map_err(|_| DmaError::Fabric {
+            call: "fi_av_insert",
+            code: -28,
+            message: self.message.clone(),
+        })
+    }
+    fn remove(&mut self, fi_addr: fi_addr_t) -> Result<(), DmaError> {
+        self.av.remove(fi_addr)
+    }
+}
+
+/// 4,096 new clients' `try_resolve` against a full 64-entry AV, every one refused by the
+/// provider with a 4 KiB text: the records' largest shape (an efa address and an error whose text
+/// the record cuts to `MESSAGE_LIMIT`). Before the records were bounded in bytes (`6095657`),
+/// each kept the provider's whole text: 4,096 × 4 KiB, over 16 MB, against the 960 KiB term. Kills
+/// the mutation of `cache::failures` that stores the error as given instead of `cut(error)`.
 #[test]
 fn failure_records_of_4096_refused_clients_stay_within_their_term() {
     let _turn = serial();
     const CAPACITY: usize = 64;
-    let cache =
-        AddressCache::with_backend(ModelAv::with_layout(AddressFormat::Opaque, 16, CAPACITY));
+    const REFUSED: u32 = 4_096;
+    let cache = AddressCache::with_backend(FullProvider {
+        av: FixedAv::new(CAPACITY),
+        message: "the provider's address vector is full; ".repeat(4_096 / 40 + 1),
+    });
     for client in 0..CAPACITY as u32 {
         cache
             .pin()
-            .resolve(u64::from(client), &address(client))
+            .resolve(u64::from(client), &testkit::efa_numbered(client + 1))
             .unwrap();
     }
     // Addresses made before the count starts: only the cache's bytes move after it.
-    let refused: Vec<Vec<u8>> = (0..4_096).map(|n| address(1_000 + n)).collect();
+    let refused: Vec<Vec<u8>> = (0..REFUSED)
+        .map(|n| testkit::efa_numbered(1_000 + n))
+        .collect();
     cache.quiesce();
     let empty = heap::Baseline::take(CAPACITY).expect("the counting allocator is installed");
     for (n, address) in refused.iter().enumerate() {
@@ -230,26 +272,33 @@ fn failure_records_of_4096_refused_clients_stay_within_their_term() {
         }
     }
     cache.quiesce();
-    let grown = empty.peak();
+    let (grown, kept) = (empty.peak(), empty.now());
     // The bound the writer's module docs state: the cache's term, and each failure record's.
-    let bound = heap::cache_bound(CAPACITY) + FAILURE_RECORD as isize * 4_096;
+    let bound = heap::cache_bound(CAPACITY) + (FAILURE_RECORD * REFUSED as usize) as isize;
+    println!(
+        "failure records: +{grown} B at the peak, +{kept} B kept for {REFUSED} refused clients, bound {bound} B"
+    );
     assert!(
         grown <= bound,
-        "4,096 failure records: the heap grew {grown} B, past {bound} B"
+        "{REFUSED} failure records: the heap grew {grown} B, past {bound} B"
     );
-    let record = cache
-        .pin()
-        .try_resolve(1_000, &refused[0])
-        .map(|peer| peer.fi_addr());
-    assert!(
-        matches!(record, Err(DmaError::Capacity { .. })),
-        "{record:?}"
-    );
-    println!("failure records: +{grown} B for 4,096 refused clients, bound {bound} B");
+    // Every record is there, and says what the provider said, cut.
+    for (n, address) in refused.iter().enumerate().rev() {
+        match cache.pin().try_resolve(1_000 + n as u64, address) {
+            Err(DmaError::Fabric { code, message, .. }) => {
+                assert_eq!(-28, code);
+                assert!(
+                    message.len() <= 96 && message.starts_with("the provider's"),
+                    "{message:?}"
+                );
+            }
+            other => panic!("client {}: the record, not {other:?}", 1_000 + n),
+        }
+    }
 }
 
 /// What one failure record may cost, as the writer's module docs and `cache::failures` state it.
-const FAILURE_RECORD: usize = 256;
+const FAILURE_RECORD: usize = 240;
 
 #[test]
 fn evictions_driven_on_one_rail_with_the_rail_set_never_called_keep_nothing() {
@@ -295,4 +344,165 @@ fn evictions_driven_on_one_rail_with_the_rail_set_never_called_keep_nothing() {
         "every evicted client released on the other rail"
     );
     assert_eq!(u64::from(EVICTIONS + 99), rail.stats().evicted_clients);
+}
+
+/// What a registered client may cost at any number of them, as the writer's module docs and
+/// `docs/guarantees.md` state it: its place in the writer's `clients` map, in its entry's holders
+/// set and in the index (papaya's node and table slot, and tables papaya has outgrown until its
+/// collector frees them). The tables' slack makes it vary with the count: 145 B a client at the
+/// peak of 115,000 (just after they grew), 113 B at 200,000. Not the issue's 64 B: see
+/// `docs/guarantees.md`.
+const REGISTERED_CLIENT: usize = 150;
+
+/// What 200,000 clients cost each, as the docs state it (113 B measured).
+const REGISTERED_CLIENT_AT_200K: usize = 120;
+
+#[test]
+fn two_hundred_thousand_clients_on_64_entries_stay_within_the_per_client_term() {
+    let _turn = serial();
+    const CAPACITY: usize = 64;
+    const CLIENTS: u64 = 200_000;
+    let cache = AddressCache::with_backend(FixedAv::new(CAPACITY));
+    let peers: Vec<Vec<u8>> = (0..CAPACITY as u32)
+        .map(|n| testkit::efa_numbered(n + 1))
+        .collect();
+    cache.quiesce();
+    let empty = heap::Baseline::take(CAPACITY).expect("the counting allocator is installed");
+    let pinned = cache.pin();
+    for client in 0..CLIENTS {
+        let peer = &peers[(client % CAPACITY as u64) as usize];
+        loop {
+            match pinned.resolve(client, peer) {
+                Ok(_) => break,
+                Err(DmaError::Busy | DmaError::WouldBlock) => std::thread::yield_now(),
+                Err(other) => panic!("client {client}: {other:?}"),
+            }
+        }
+    }
+    drop(pinned);
+    cache.quiesce();
+    let (grown, peak) = (empty.now(), empty.peak());
+    let bound = heap::cache_bound(CAPACITY) + (REGISTERED_CLIENT as isize) * CLIENTS as isize;
+    println!(
+        "{CLIENTS} clients: +{grown} B held ({} B a client), peak +{peak} B, bound {bound} B",
+        grown / CLIENTS as isize
+    );
+    for client in 0..CLIENTS {
+        cache.release(client);
+    }
+    cache.quiesce();
+    let kept = empty.now();
+    println!("after every release: +{kept} B kept");
+    // papaya's table for 200,000 registrations (262,144 slots of 9 B), which does not shrink:
+    // not yet within the issue's 16 B a former entry.
+    assert!(
+        kept <= 12 * CLIENTS as isize,
+        "{CLIENTS} clients released: {kept} B kept"
+    );
+    assert!(
+        peak <= bound,
+        "{CLIENTS} clients: the heap grew {peak} B at its peak, past {bound} B"
+    );
+    assert!(
+        grown <= (REGISTERED_CLIENT_AT_200K as isize) * CLIENTS as isize,
+        "{CLIENTS} clients: {grown} B held, past {REGISTERED_CLIENT_AT_200K} B a client"
+    );
+}
+
+/// A holder released and registered again, or moved away and back, over and over, keeps no
+/// memory and is evicted once.
+#[test]
+fn holders_released_and_registered_again_are_evicted_once_each_and_kept_bounded() {
+    let _turn = serial();
+    const CAPACITY: usize = 64;
+    const ROUNDS: u64 = 100_000;
+    let cache = AddressCache::with_backend(FixedAv::new(CAPACITY));
+    let (old, new) = (testkit::efa(1, 7, 1), testkit::efa(1, 7, 2));
+    let other = testkit::efa(2, 9, 1);
+    // Client 0 keeps the entry live throughout; clients 1 to 3 come and go.
+    cache.pin().resolve(0, &old).unwrap();
+    for client in 1..=3 {
+        cache.pin().resolve(client, &old).unwrap();
+    }
+    cache.quiesce();
+    let steady = heap::Baseline::take(CAPACITY).expect("the counting allocator is installed");
+    for round in 0..ROUNDS {
+        // A holder moves to another entry and back (each a miss the writer applies before it
+        // answers). Now and then one is released.
+        let client = 1 + round % 3;
+        cache.pin().resolve(client, &other).unwrap();
+        cache.pin().resolve(client, &old).unwrap();
+        if 0 == round % 1_000 {
+            cache.release(client);
+            cache.quiesce();
+            cache.pin().resolve(client, &old).unwrap();
+        }
+    }
+    cache.quiesce();
+    let kept = steady.now();
+    // The epoch collectors' garbage comes and goes (up to 115 KB measured); a record kept per
+    // move would be over 780 KiB.
+    println!("{ROUNDS} cycles: +{kept} B kept");
+    assert!(kept <= 512 << 10, "{ROUNDS} cycles kept {kept} B more");
+    assert_eq!(4, cache.stats().clients);
+    // A new incarnation evicts the four holders, each once.
+    let evicted = cache.stats().evicted_clients;
+    assert!(matches!(
+        cache.pin().try_resolve(9, &new),
+        Err(DmaError::WouldBlock)
+    ));
+    cache.quiesce();
+    assert_eq!(4, cache.stats().evicted_clients - evicted);
+    assert_eq!(
+        1,
+        cache.stats().clients,
+        "only the newcomer, parked then admitted"
+    );
+}
+
+/// An admission publishes its clients' registrations a slice a round (so an unrelated miss waits
+/// for a slice, not for all of them), and a client released before its slice came is never
+/// published: a hit for it would name an entry it no longer holds.
+#[test]
+fn an_admission_in_slices_publishes_only_clients_that_still_hold_the_entry() {
+    let _turn = serial();
+    const CLIENTS: u64 = 5_000;
+    let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Efa))
+        .with_patience(Duration::from_secs(8));
+    let (old, new) = (testkit::efa(1, 7, 1), testkit::efa(1, 7, 2));
+    let lease = cache.lease(0, &old).unwrap();
+    let requests: Vec<(u64, &[u8])> = (1..=CLIENTS).map(|client| (client, &new[..])).collect();
+    assert!(
+        cache
+            .pin()
+            .resolve_all(&requests)
+            .iter()
+            .all(|parked| matches!(parked, Err(DmaError::WouldBlock))),
+        "all parked behind the leased incarnation"
+    );
+    // The admission starts at the drop; the releases land among its slices.
+    drop(lease);
+    for client in (1..=CLIENTS).filter(|client| client % 2 == 1) {
+        cache.release(client);
+    }
+    cache.quiesce();
+    assert_eq!(CLIENTS / 2, cache.stats().clients);
+    let misses = cache.stats().misses;
+    for client in (1..=CLIENTS).filter(|client| client % 2 == 0) {
+        cache.pin().try_resolve(client, &new).unwrap();
+    }
+    assert_eq!(
+        misses,
+        cache.stats().misses,
+        "every holder's registration published"
+    );
+    for client in (1..=CLIENTS).filter(|client| client % 2 == 1) {
+        assert!(
+            matches!(
+                cache.pin().try_resolve(client, &new),
+                Err(DmaError::WouldBlock | DmaError::Busy)
+            ),
+            "client {client} was released, and found by a hit"
+        );
+    }
 }

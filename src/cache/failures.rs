@@ -7,11 +7,15 @@
 //! answers `WouldBlock` until the writer has tried, and then the writer's verdict.
 //!
 //! Memory is bounded: at most one record per client, at most [`Failures::BOUND`] in all (the
-//! oldest goes first), each at most 256 B with the tables' slack (its map entry at hashbrown's
-//! worst load and twice the capacity it needs, the address's box, the error with its text cut
-//! to [`MESSAGE_LIMIT`] bytes, its place in the order queue; `tests/cache_bounds.rs` checks
-//! 4,096 records against it); a record goes when its client resolves again through
-//! the writer, is released, or reads it. Readers touch the lock only on a miss and only while
+//! oldest goes first), each within 240 B with the tables' slack, for an address of up to 32 bytes
+//! (a longer one adds its length): its map bucket at the map's largest (8,192 buckets of 17 B
+//! for 4,096 records: 34 B), the boxed record (88 B: the address inline and the error), the
+//! error's text cut to [`MESSAGE_LIMIT`] bytes, and its place in the order queue (whose buffer
+//! stays within 8,192 clients: 16 B). `tests/cache_bounds.rs` checks it at the worst case: 4,096
+//! refused clients on a full AV, each refused with a 4 KiB provider text (+926 KB kept, 226 B a
+//! record; the records of `6095657` kept the whole text, over 16 MB, and those of the 256 B
+//! statement before this one took 282 B a record). A record goes when its client resolves again
+//! through the writer, is released, or reads it. Readers touch the lock only on a miss and only while
 //! some record exists.
 
 use std::collections::{HashMap, VecDeque};
@@ -20,17 +24,21 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::stored::StoredAddress;
 use crate::error::DmaError;
 use crate::sync::lock;
 
+/// One record: 88 B, boxed so that the map's slack costs 16 B a bucket rather than a record's
+/// size (`a_record_is_88_bytes`).
 struct Failure {
-    address: Box<[u8]>,
+    /// Inline up to 32 bytes (efa's, a `sockaddr_in6`'s), as the cache stores every address.
+    address: StoredAddress,
     error: DmaError,
 }
 
 #[derive(Default)]
 struct Records {
-    by_client: HashMap<u64, Failure>,
+    by_client: HashMap<u64, Box<Failure>>,
     /// Clients in the order their records were made, for dropping the oldest.
     order: VecDeque<u64>,
 }
@@ -50,10 +58,10 @@ impl Failures {
     /// Writer: the queued miss of `client` for `address` failed with `error`.
     pub(crate) fn record(&self, client: u64, address: &[u8], error: DmaError) {
         let mut records = lock(&self.records);
-        let failure = Failure {
-            address: address.into(),
+        let failure = Box::new(Failure {
+            address: StoredAddress::new(address, address.len()),
             error: cut(error),
-        };
+        });
         if records.by_client.insert(client, failure).is_none() {
             records.order.push_back(client);
         }
@@ -88,7 +96,7 @@ impl Failures {
         if records
             .by_client
             .get(&client)
-            .is_none_or(|failure| *failure.address != *address)
+            .is_none_or(|failure| failure.address.bytes() != address)
         {
             return None;
         }
@@ -97,9 +105,11 @@ impl Failures {
         Some(failure.error)
     }
 
-    /// Keep `order` from outgrowing the records, and publish the count.
+    /// Keep `order` within half as many again as the records (so its buffer stays within 8,192
+    /// clients, 64 KiB, at [`Self::BOUND`]), at an amortised O(1) a record, and publish the count.
     fn settle(&self, records: &mut Records) {
-        if records.order.len() > 2 * records.by_client.len() + 64 {
+        let records_now = records.by_client.len();
+        if records.order.len() > records_now + records_now / 2 + 64 {
             let Records { by_client, order } = records;
             order.retain(|client| by_client.contains_key(client));
         }
@@ -161,5 +171,11 @@ mod tests {
         assert!(kept.len() <= MESSAGE_LIMIT && kept.len() >= MESSAGE_LIMIT - 1);
         assert!(kept.chars().all(|c| c == 'é'));
         assert_eq!(DmaError::Closed, cut(DmaError::Closed));
+    }
+
+    /// What the per-record term of the byte bound counts on (the module docs).
+    #[test]
+    fn a_record_is_88_bytes() {
+        assert_eq!(88, std::mem::size_of::<Failure>());
     }
 }

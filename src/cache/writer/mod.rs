@@ -68,11 +68,16 @@
 //! what readers do: `entries`, `slots`, `pending`, `retries`, `parked` and the scratch list hold at
 //! most `C` items each (an entry awaiting removal still occupies its index, and counts against the
 //! capacity); `clients` holds one item per client registered or parked, each on one of those
-//! entries; a parked incarnation keeps at most one waiter per client (a newer request from the
-//! same client answers the older one `WouldBlock`; the waiter's deadline is kept once, in
-//! `deadlines`); `deferred_evictions` at most one per client this writer evicted while a rail's
-//! inbox was full; `replies` and the quiescers at most one per request of a batch. The tables
-//! shrink once they empty well below their peak.
+//! entries (an entry keeps its holders as a set as well, for its eviction: `state::Holders`);
+//! `unpublished` at most one per client, those an admission has enrolled and not yet published (a
+//! parked incarnation's clients are enrolled as holders when it enters the AV, and their
+//! registrations published a slice of `apply::ADMISSION_SLICE` a round, the waiters' first, so an
+//! unrelated miss waits for the enrolment and a slice rather than every registration; `quiesce`
+//! waits for the last slice; the list, 8 B a client, is freed once published); a parked incarnation
+//! keeps at most one waiter per client (a newer request from the same client answers the older one
+//! `WouldBlock`; the waiter's deadline is kept once, in `deadlines`); `deferred_evictions` at most
+//! one per client this writer evicted while a rail's inbox was full; `replies` and the quiescers at
+//! most one per request of a batch. The tables shrink once they empty well below their peak.
 //!
 //! In bytes, one bound for the whole cache, above the empty cache:
 //!
@@ -80,25 +85,33 @@
 //! C × 384 B                     entries, slots, pending removals, parked incarnations
 //! + INBOX_BOUND × 64 B          queued requests, with at most INBOX_BOUND misses in chunks
 //!                               (a chunk counts as its misses: `cache::budget`)
-//! + Failures::BOUND × 256 B     failure records of queued misses (4,096 of them: 1 MiB)
-//! + per registered client       its place in `clients` and its index registration
+//! + Failures::BOUND × 240 B     failure records of queued misses (4,096 of them: 960 KiB; an
+//!                               address over 32 bytes adds its length: `cache::failures`)
+//! + per registered client 150 B its place in `clients`, in its entry's holders set, and its
+//!                               index registration (papaya's node and table slot)
 //! + per thread                  an epoch handle and a reply channel, registered once
 //! ```
 //!
 //! however long a probing reader stays pinned (a pin refreshes its guard on the index whenever
 //! the writer has changed it; an idle pin holds the index nodes retired until its next probe, a
 //! per-pin cost: `cache::index`) and however many releases, revives, retries and patience
-//! expiries go by. Two terms are per use rather than per capacity, and left out of the figures
-//! the tests check: a registered client (200,000 clients on 64 entries: +22.8 MB, 113 B a client,
-//! and 2.4 MB still held once all were released and the cache quiesced, which is about the size
-//! of papaya's table for 200,000 registrations: not yet brought within 64 B a client and 16 B a
-//! former entry), and a thread's epoch state, which crossbeam keeps for an exited
-//! thread while any reader stays pinned (4,376 B a thread, measured the same way). `tests/soak.rs`
-//! checks the capacity and inbox terms with a counting allocator (its peaks, at `C` = 4,096:
-//! 795 KB under a long pin over 20,000 revives and churn, against 1.8 MB), `tests/cache_bounds.rs`
-//! the chunked misses (a storm of 8,192 behind a slow insert queues at most 4,096) and the
-//! failure records (4,096 refused clients at `C` = 64: +987 KB, against 1.34 MB), and the
-//! `cache_ops` fuzz target the first two terms after every step.
+//! expiries go by. The per-client term, measured with 200,000 clients on 64 entries (113 B a client:
+//! papaya's node 56 B, its table 12 B, the tables it outgrew until its collector frees them 12 B,
+//! `clients` 22 B, the holders sets 12 B) and at the tables' worst load, just after they grow (145
+//! B a client at 115,000), is not the 64 B issue 29 asks for: a registration that carries the
+//! address it confirms costs 56 B of node and 9 B or more of slot before any of the writer's own
+//! state, so 64 B needs a hit that reads the address from somewhere else (see
+//! `docs/guarantees.md`). Once every client is released and the cache quiesced, papaya's table
+//! stays at its largest (2.4 MB after 200,000: 12 B a former client). A thread's epoch state is
+//! kept by crossbeam for an exited thread while any reader stays pinned (4,376 B a thread).
+//! `tests/soak.rs` checks the capacity and inbox terms with a counting allocator (its peaks, at `C`
+//! = 4,096: 795 KB under a long pin over 20,000 revives and churn, against 1.8 MB), and
+//! `tests/cache_bounds.rs` each other term at its worst case: the chunked misses (a storm of 8,192
+//! behind a slow insert queues at most 4,096), the failure records (4,096 refused clients on a full
+//! 64-entry AV, each refused with a 4 KiB provider text: +934 KB at the peak, 226 B a record kept,
+//! against 1.27 MB), the clients (200,000 on 64 entries: +22.7 MB, against 30 MB and 120 B a
+//! client) and an entry's holders (100,000 moves away and back keep nothing); the `cache_ops` fuzz
+//! target checks the first two terms after every step.
 //!
 //! # Calls from the writer thread
 //!
@@ -307,6 +320,9 @@ pub(crate) struct Writer<B> {
     /// Incarnations parked behind a removal, by the index of the removing entry.
     parked: HashMap<fi_addr_t, Box<Parked>, Hasher>,
     clients: HashMap<u64, Holding, Hasher>,
+    /// Admitted clients whose registrations are still to be published, a slice a round: each
+    /// holds its entry in `clients` already (so at most one item per client).
+    unpublished: Vec<u64>,
     /// Evicted clients the eviction hook was not done with (a rail's inbox was full): handed to
     /// it again every round until it is. One item per client, each one this writer held, so it
     /// is bounded by the clients term of the bound.
@@ -403,6 +419,7 @@ impl<B: AvBackend> Writer<B> {
             hasher: Hasher::default(),
             parked: HashMap::default(),
             clients: HashMap::default(),
+            unpublished: Vec::new(),
             deferred_evictions: HashSet::default(),
             deadlines: Deadlines::new(),
             pending: BTreeMap::new(),

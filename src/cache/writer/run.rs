@@ -79,16 +79,18 @@ impl<B: AvBackend> Writer<B> {
             let removed = self.collect();
             self.expire_waiters();
             self.retry_evictions();
+            self.publish_admitted();
             if removed || !self.replies.is_empty() {
                 self.finish_batch();
             }
             self.answer_quiescers();
             // Quiescing, the first rounds run back to back; once they suspect a pinned reader or
             // a lease, the writer sleeps between rounds so that reader gets the core to finish on.
-            let hurry = self
-                .quiescing
-                .iter()
-                .any(|quiescer| quiescer.stalled < STALLED_ROUNDS)
+            let hurry = !self.unpublished.is_empty()
+                || self
+                    .quiescing
+                    .iter()
+                    .any(|quiescer| quiescer.stalled < STALLED_ROUNDS)
                 || cfg!(dma_loom) && !self.quiescing.is_empty()
                 // Under loom the writer blocks on its inbox, which has no timeout: a waiter whose
                 // deadline has come is answered by the next round instead.
@@ -391,8 +393,10 @@ impl<B: AvBackend> Writer<B> {
     pub(super) fn round(&mut self) {
         for quiescer in &mut self.quiescing {
             let waiting_on = self.pending.range(..quiescer.watermark).count();
+            // Publishing an admission's slices is progress too.
             if waiting_on < quiescer.waiting_on
                 || self.deferrals_returned != quiescer.deferrals_seen
+                || !self.unpublished.is_empty()
             {
                 quiescer.deferrals_seen = self.deferrals_returned;
                 quiescer.stalled = 0;
@@ -416,7 +420,8 @@ impl<B: AvBackend> Writer<B> {
         let mut index = 0;
         while index < self.quiescing.len() {
             let quiescer = &self.quiescing[index];
-            let done = oldest.is_none_or(|oldest| quiescer.watermark <= oldest);
+            let done = oldest.is_none_or(|oldest| quiescer.watermark <= oldest)
+                && self.unpublished.is_empty();
             let gave_up = quiescer.stalled >= STALLED_ROUNDS
                 && (cfg!(dma_loom) || quiescer.progress_at.elapsed() >= quiescer.patience);
             if done || gave_up {
