@@ -851,11 +851,13 @@ impl<'cache> Pinned<'cache> {
     }
 
     /// The peer at `fi_addr` as this pin sees it: for the fuzz driver (`testkit`), which
-    /// rebuilds the peers it resolved under a pin it still holds. Not part of the API.
+    /// rebuilds the peers it resolved under a pin it still holds. Not part of the API (feature
+    /// `model`, as every test hook: the default build's surface has none).
     ///
     /// # Safety
     /// `fi_addr` was resolved through this very pin. Any other index may have been removed, or
     /// handed to another peer, and posting to it writes into someone else's memory.
+    #[cfg(feature = "model")]
     #[doc(hidden)]
     pub unsafe fn peer_unchecked(&self, fi_addr: fi_addr_t) -> Peer<'_> {
         self.peer(fi_addr)
