@@ -25,6 +25,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// How many inserts have reached a [`Gated`] AV's gate, in this process.
+static INSERTS_ENTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// A model AV whose inserts wait while its gate is shut: a slow `fi_av_insert` that holds the
 /// writer up.
 struct Gated {
@@ -43,6 +46,7 @@ impl AvBackend for Gated {
         self.av.capacity()
     }
     fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
+        INSERTS_ENTERED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let (shut, opened) = &*self.gate;
         let mut shut = shut.lock().unwrap();
         while *shut {
@@ -192,6 +196,14 @@ fn a_sender_past_the_budget_gets_in_once_the_writer_makes_room() {
     std::thread::scope(|scope| {
         let cache = &cache;
         let requests = &requests;
+        // A miss that holds the writer role, stuck in the shut gate: the sender's chunks queue
+        // behind it (a sender that found the role free would apply its own chunks instead).
+        let blocker = address(u32::MAX);
+        let entered = INSERTS_ENTERED.load(std::sync::atomic::Ordering::SeqCst);
+        let holder = scope.spawn(move || cache.pin().resolve(u64::MAX, &blocker).is_ok());
+        while INSERTS_ENTERED.load(std::sync::atomic::Ordering::SeqCst) == entered {
+            std::thread::yield_now();
+        }
         let sender = scope.spawn(move || cache.pin().resolve_all(requests).len());
         while cache.queued_chunk_misses() < bound {
             std::thread::yield_now();
@@ -200,6 +212,7 @@ fn a_sender_past_the_budget_gets_in_once_the_writer_makes_room() {
         *shut.lock().unwrap() = false;
         opened.notify_all();
         assert_eq!(requests.len(), sender.join().unwrap());
+        assert!(holder.join().unwrap());
     });
     drop(cache);
 }
