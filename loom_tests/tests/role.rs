@@ -19,6 +19,9 @@ struct Model {
     role: Role,
     inbox: Mutex<Vec<u32>>,
     reported: AtomicBool,
+    /// A holder handed the rest to the background thread (`Role::serve`'s `wake`): the real
+    /// thread is unparked and serves again; the model does that once every thread is done.
+    woken: AtomicBool,
     applied: UnsafeCell<Vec<u32>>,
     reports_taken: UnsafeCell<u32>,
 }
@@ -44,7 +47,12 @@ impl Model {
     fn miss(&self, request: u32) -> Served {
         self.role.queue();
         self.inbox.lock().expect("inbox").push(request);
-        self.role.serve(|| self.round(), || {})
+        self.role.serve(|| self.round(), || self.wake())
+    }
+
+    /// What `wake` does in the model: note that the background thread must serve again.
+    fn wake(&self) {
+        self.woken.store(true, Ordering::Release);
     }
 }
 
@@ -55,6 +63,7 @@ fn two_missing_threads_and_the_background_thread_race_for_the_role() {
             role: Role::new(),
             inbox: Mutex::new(Vec::new()),
             reported: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
             applied: UnsafeCell::new(Vec::new()),
             reports_taken: UnsafeCell::new(0),
         });
@@ -70,13 +79,18 @@ fn two_missing_threads_and_the_background_thread_race_for_the_role() {
         // The background thread, rung by that drop or by nothing: one round if the role is free.
         let background = {
             let model = Arc::clone(&model);
-            loom::thread::spawn(move || model.role.serve(|| model.round(), || {}))
+            loom::thread::spawn(move || model.role.serve(|| model.round(), || model.wake()))
         };
         let first = model.miss(1);
         let second = second.join().expect("the second thread");
         let _ = background.join().expect("the background thread");
         assert_ne!(Served::Poisoned, first);
         assert_ne!(Served::Poisoned, second);
+        // A holder that served its rounds and left requests counted woke the background thread,
+        // which serves again once it runs: here, now that every thread is done.
+        if model.woken.load(Ordering::Acquire) {
+            assert_eq!(Served::Done, model.role.serve(|| model.round(), || {}));
+        }
 
         // No request stranded: both applied, once each, and nothing counted as queued.
         assert!(

@@ -17,12 +17,14 @@
 //!   Everything the writer keeps (`writer::WriterCell`) is touched only by the holder, and the
 //!   holder's `Acquire` take pairs with the previous holder's `Release` give-back, so each
 //!   holder sees everything the one before it did.
-//! - **No request stranded.** A requester counts its request as queued ([`Role::queue`]) before it
-//!   tries the role; a holder releases the role and then looks at that count. Both are `SeqCst`,
-//!   so of the requester's take and the holder's release one comes first in their single total
-//!   order: either the requester's take finds the role free (and it serves itself), or the
-//!   holder's look finds the request (and it serves again, or hands the rest to the background
-//!   thread). `loom_tests/tests/role.rs` checks both halves: mutations **K** (a release with no
+//! - **No request stranded.** A requester counts its request as queued ([`Role::queue`]), issues a
+//!   `SeqCst` fence and tries the role; a holder releases the role, issues a `SeqCst` fence and
+//!   looks at that count. Of the two fences one comes first: either the requester's take finds
+//!   the role free (and it serves itself), or the holder's look finds the request (and it serves
+//!   again, or hands the rest to the background thread). Fences, not `SeqCst` accesses alone:
+//!   that is the Dekker pattern as the memory model (and loom, which models `SeqCst` accesses as
+//!   `AcqRel`) guarantees it; on x86 the fences cost little beside the locked instructions next
+//!   to them. `loom_tests/tests/role.rs` checks both halves: mutations **K** (a release with no
 //!   second look) and **H** (a role taken with a plain load and store) fail it.
 //! - **Bounded service.** A holder serves at most [`Role::ROUNDS`] rounds in a row; whatever is
 //!   queued after that is handed to the background thread (`wake`), so one unlucky caller does
@@ -32,7 +34,7 @@
 //!   `Closed`, as when the writer thread died.
 //! - **Nothing on the hit path.** A hit never looks at the role.
 
-use crate::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicU8, AtomicUsize, Ordering, fence};
 
 /// The role is held.
 const HELD: u8 = 1;
@@ -161,6 +163,8 @@ impl Role {
     /// role (it panicked). `wake` is called when the background thread must take over: it asked
     /// for the role, or requests are left after [`Role::ROUNDS`] rounds.
     pub fn serve(&self, mut round: impl FnMut() -> bool, wake: impl Fn()) -> Served {
+        // The requester's half of the second-look argument: its count (`queue`) before its take.
+        fence(Ordering::SeqCst);
         for _ in 0..Self::ROUNDS {
             match self.try_take() {
                 Take::Taken => {}
@@ -174,7 +178,8 @@ impl Role {
                 wake();
             }
             // The second look: a request queued while the role was held finds it free, or is
-            // found here.
+            // found here (the holder's half: its release before its look).
+            fence(Ordering::SeqCst);
             if !self.has_queued() {
                 return Served::Done;
             }

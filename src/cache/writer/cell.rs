@@ -157,6 +157,7 @@ pub(crate) fn background<B: AvBackend>(cell: Arc<WriterCell<B>>) {
         };
         role.release();
         // The second look (see `role`): a caller that found the role held left its request here.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if role.has_queued() || timeout == Some(Duration::ZERO) {
             continue;
         }
