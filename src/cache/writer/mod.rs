@@ -6,8 +6,8 @@
 //! One thread at a time holds the cache's writer role ([`crate::cache::role`]), and only the
 //! holder touches the writer's state ([`WriterCell`]). Who may hold it:
 //!
-//! - **A caller whose miss found the role free.** `resolve`, `lease`, `resolve_all` and
-//!   `lease_all` queue their request as always, then try to take the role with one
+//! - **A caller whose miss found the role free.** `resolve`, `lease`, `resolve_all`, `lease_all`
+//!   and `release` queue their request as always, then try to take the role with one
 //!   compare-and-swap. The winner applies one batch inline (its own request and whatever else is
 //!   queued, up to [`BATCH`]), publishes, hands its retirements to the collector, answers, gives
 //!   the role back, and looks at the inbox again; after [`Role::ROUNDS`](crate::cache::role::Role)
@@ -18,10 +18,12 @@
 //! - **The background thread** (`dma-av-writer`, one per cache), for the work no caller brings:
 //!   epoch advances while a deferral is out, removals as readers unpin and leases drop, failed
 //!   removals' retries, `quiesce`, waiters' deadlines, the eviction hook's leftovers, and the
-//!   requests of callers that do not wait (`try_resolve`, `release`), which ring its
+//!   requests of callers that do not serve (`try_resolve`, `quiesce`, a rail set's queued
+//!   releases), which ring its
 //!   [`Doorbell`]. It takes the role the same way, and asks the holder to wake it when it finds
 //!   the role held. A holder that leaves it work it does not know of (a new deferral, a quiescer,
-//!   an earlier deadline) wakes it.
+//!   an earlier deadline) wakes it. (`release` was first left to the background thread too: in
+//!   the mixed bench every release then cost the thread a wake-up and a context switch.)
 //!
 //! Why one holder at a time keeps every invariant the single writer thread kept: each invariant
 //! is about the order in which the writer's state changes and its calls into the AV happen, never
