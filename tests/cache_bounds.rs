@@ -26,6 +26,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// How many inserts have reached a [`Gated`] AV's gate, in this process.
+static INSERTS_ENTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// A model AV whose inserts wait while its gate is shut: a slow `fi_av_insert` that holds the
 /// writer up.
 struct Gated {
@@ -44,6 +47,7 @@ impl AvBackend for Gated {
         self.av.capacity()
     }
     fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
+        INSERTS_ENTERED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let (shut, opened) = &*self.gate;
         let mut shut = shut.lock().unwrap();
         while *shut {
@@ -193,6 +197,14 @@ fn a_sender_past_the_budget_gets_in_once_the_writer_makes_room() {
     std::thread::scope(|scope| {
         let cache = &cache;
         let requests = &requests;
+        // A miss that holds the writer role, stuck in the shut gate: the sender's chunks queue
+        // behind it (a sender that found the role free would apply its own chunks instead).
+        let blocker = address(u32::MAX);
+        let entered = INSERTS_ENTERED.load(std::sync::atomic::Ordering::SeqCst);
+        let holder = scope.spawn(move || cache.pin().resolve(u64::MAX, &blocker).is_ok());
+        while INSERTS_ENTERED.load(std::sync::atomic::Ordering::SeqCst) == entered {
+            std::thread::yield_now();
+        }
         let sender = scope.spawn(move || cache.pin().resolve_all(requests).len());
         while cache.queued_chunk_misses() < bound {
             std::thread::yield_now();
@@ -201,6 +213,7 @@ fn a_sender_past_the_budget_gets_in_once_the_writer_makes_room() {
         *shut.lock().unwrap() = false;
         opened.notify_all();
         assert_eq!(requests.len(), sender.join().unwrap());
+        assert!(holder.join().unwrap());
     });
     drop(cache);
 }
@@ -303,7 +316,7 @@ const FAILURE_RECORD: usize = 240;
 #[test]
 fn evictions_driven_on_one_rail_with_the_rail_set_never_called_keep_nothing() {
     let _turn = serial();
-    const EVICTIONS: u32 = 10_000;
+    const EVICTIONS: u32 = 100_000;
     // AVs that allocate nothing after they are built (the model AV logs every call).
     let rails = dma_libfabric::RailCaches::new(
         (0..2)
@@ -333,9 +346,12 @@ fn evictions_driven_on_one_rail_with_the_rail_set_never_called_keep_nothing() {
     }
     rails.quiesce();
     let kept = steady.now();
-    // Nothing is queued per eviction: the releases went straight into rail 1's inbox.
+    // Nothing is queued per eviction: the releases went straight into rail 1's inbox. (A queue
+    // of one `u64` an eviction would keep 800 KB. The 128 KiB allowed is noise that does not
+    // grow with the evictions: up to 77 KB measured when another test of this binary ran just
+    // before, none when this test runs alone; not yet traced.)
     assert!(
-        kept <= 16 << 10,
+        kept <= 128 << 10,
         "{EVICTIONS} evictions: the heap kept {kept} B more"
     );
     assert_eq!(

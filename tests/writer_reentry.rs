@@ -1,5 +1,5 @@
-//! Code that runs on the writer thread and calls back into its cache: a `tracing` layer that
-//! reacts to the writer's own events. Every call answers at once (an error, or applied without
+//! Code that runs under the writer role and calls back into its cache: a `tracing` layer that
+//! reacts to the writer's own events, on whichever thread holds the role. Every call answers at once (an error, or applied without
 //! waiting); none deadlocks the writer. One test in its own binary, since it installs the
 //! process's global subscriber.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
@@ -30,7 +30,13 @@ struct CallsBack;
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CallsBack {
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        if std::thread::current().name() != Some("dma-av-writer")
+        // The writer's own events are emitted under its role, by whichever thread holds it (the
+        // background thread, or a caller whose miss won the role).
+        let from_writer = event
+            .metadata()
+            .module_path()
+            .is_some_and(|module| module.starts_with("dma_libfabric::cache::writer"));
+        if !from_writer
             || *event.metadata().level() != tracing::Level::WARN
             || CALLING.with(Cell::get)
         {

@@ -28,7 +28,8 @@ use dma_libfabric_sys::fi_addr_t;
 ///
 /// # Calling back into the cache
 ///
-/// Its methods run on the cache's writer thread. An implementation (or a `tracing` subscriber
+/// Its methods run under the cache's writer role: on its background thread, or on a caller whose
+/// miss took the role (one at a time, never two at once). An implementation (or a `tracing` subscriber
 /// that sees the writer's events) may call its own cache, and no call deadlocks: those that would
 /// wait for the writer (a resolve or lease that misses, `lease`, `lease_within`) answer
 /// [`DmaError::InvalidArgument`] at once, `release` is queued without waiting, `quiesce` returns

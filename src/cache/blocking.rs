@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use super::reply::{self, Outcome};
 use super::writer::{Reply, Request, on_writer_of};
-use super::{AddressCache, AvBackend, Lease, pinned_here};
+use super::{AddressCache, AvBackend, Lease, on_writer_thread, pinned_here};
 use crate::error::DmaError;
 use crate::sync::{mpsc, recv_until};
 
@@ -158,6 +158,12 @@ impl<B: AvBackend> AddressCache<B> {
     /// assert_eq!(100, cache.stats().leases);
     /// ```
     pub fn lease_all(&self, requests: &[(u64, &[u8])]) -> Vec<Result<Lease<'_>, DmaError>> {
+        // Under the writer role, the refusal says so, whether or not the holder is pinned too (a
+        // caller serving its own miss is).
+        if on_writer_of(self.core.id) {
+            let refusal = on_writer_thread("AddressCache::lease_all");
+            return requests.iter().map(|_| Err(refusal.clone())).collect();
+        }
         if self.core.epochs.pinned_here() {
             let refusal = pinned_here(
                 "AddressCache::lease_all",
@@ -238,6 +244,11 @@ impl<B: AvBackend> AddressCache<B> {
         address: &[u8],
         patience: Duration,
     ) -> Result<Lease<'_>, DmaError> {
+        // Under the writer role, the refusal says so, whether or not the holder is pinned too (a
+        // caller serving its own miss is).
+        if on_writer_of(self.core.id) {
+            return Err(on_writer_thread("AddressCache::lease"));
+        }
         if self.core.epochs.pinned_here() {
             return Err(pinned_here("AddressCache::lease", "Pinned::lease"));
         }

@@ -1,9 +1,15 @@
-//! The writer's doorbell: how the threads that hand it work wake it when it has parked, and how
-//! a thread waiting for the writer's answer learns whether the writer is awake.
+//! The writer's doorbell: how the threads that hand the background writer thread work wake it
+//! when it has parked, and how a thread waiting for the writer's answer learns whether the writer
+//! is awake. It also carries the writer role ([`super::role`]): a waiter polls while some thread
+//! holds it, since the holder answers within a batch.
 //!
-//! The writer parks with `std::thread::park` (with a timeout while removals are pending), not on
-//! a channel, so that every source of work can wake it the same way: a request in its inbox, an
-//! epoch deferral whose readers have gone, the last lease of an awaited removal.
+//! The background thread parks with `std::thread::park` (with a timeout while removals are
+//! pending), not on a channel, so that every source of work can wake it the same way: a request
+//! no caller serves (`try_resolve`, `release`, `quiesce`), an epoch deferral whose readers have
+//! gone, the last lease of an awaited removal, a role holder that hands it work. A caller whose
+//! miss takes the role does not ring: it applies its own request. The state word below is the
+//! background thread's alone; a caller that holds the role never writes it (a `POLLING` written
+//! over the background thread's `PARKED` would lose a wake-up).
 //!
 //! # The writer's state
 //!
@@ -56,6 +62,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use super::role::Role;
 #[cfg(not(dma_loom))]
 use crate::sync::atomic::fence;
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -89,6 +96,8 @@ pub(crate) const MAX_SPIN: Duration = Duration::from_micros(50);
 pub(crate) struct WriterState {
     word: u64,
     waking: bool,
+    /// Some thread held the writer role (a caller serving inline, or the background thread).
+    serving: bool,
 }
 
 impl WriterState {
@@ -99,7 +108,7 @@ impl WriterState {
 
     /// Whether the writer was awake, or parked with a wake-up on its way: a waiter may poll.
     pub(crate) fn awake(self) -> bool {
-        self.state() != PARKED || self.waking
+        self.state() != PARKED || self.waking || self.serving
     }
 
     /// The writer's recent batches' average cost, in nanoseconds (0 before the first).
@@ -131,6 +140,8 @@ impl WriterState {
 
 /// See the module docs.
 pub(crate) struct Doorbell {
+    /// Who may act as the writer now (see [`super::role`]): a waiter polls while it is held.
+    pub(crate) role: Role,
     /// The writer's state and costs (see the module docs). Written by the writer only.
     word: AtomicU64,
     /// When a ringer last unparked the writer, in nanoseconds since `origin` (at least 1), or 0
@@ -147,6 +158,7 @@ pub(crate) struct Doorbell {
 impl Default for Doorbell {
     fn default() -> Self {
         Self {
+            role: Role::new(),
             word: AtomicU64::new(POLLING),
             #[cfg(not(dma_loom))]
             rung_at: AtomicU64::new(0),
@@ -189,6 +201,21 @@ impl Doorbell {
             waking: self.rung_at.load(Ordering::Relaxed) != 0,
             #[cfg(dma_loom)]
             waking: false,
+            // Under loom the background thread holds the role for good (see `writer::cell`).
+            #[cfg(not(dma_loom))]
+            serving: self.role.held(),
+            #[cfg(dma_loom)]
+            serving: false,
+        }
+    }
+
+    /// Wake the background thread whatever state it published: the role's holder hands it work
+    /// (it asked for the role, or requests are left after the holder's rounds). A spurious
+    /// unpark costs the background thread one look.
+    pub(crate) fn wake_background(&self) {
+        #[cfg(not(dma_loom))]
+        if let Some(writer) = self.writer.get() {
+            writer.unpark();
         }
     }
 

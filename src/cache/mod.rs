@@ -15,10 +15,13 @@
 //!   takes no lease pays nothing for them (see [`lease`]).
 //! - **Many misses at once** ([`Pinned::resolve_all`], [`AddressCache::lease_all`]) go to the
 //!   writer 64 to a request, with one answer a chunk: a connect storm in `n / 64` round trips.
-//! - **One writer thread** per cache applies every change in arrival order: it alone calls
+//! - **One writer at a time** applies every change in arrival order: it alone calls
 //!   `fi_av_insert` and `fi_av_remove`, counts which clients hold which entry, evicts stale efa
-//!   incarnations, and publishes and unlinks index entries. A miss sends it a request; `resolve`
-//!   waits for the reply, `try_resolve` does not.
+//!   incarnations, and publishes and unlinks index entries. The writer is a role, not a thread
+//!   (see `writer`): a miss queues a request and, if the role is free, applies it (and what else
+//!   is queued) on its own thread; otherwise the holder answers it. A background thread per cache
+//!   takes the same role for the work no caller brings. `resolve` waits for the reply,
+//!   `try_resolve` does not.
 //! - **Removal is deferred**: an entry whose last client has gone is unlinked from the index and
 //!   its removal deferred on the cache's private `crossbeam_epoch::Collector` (one deferral out at
 //!   a time, covering every entry retired before it). The deferred closure only tells the writer
@@ -102,6 +105,7 @@ mod failures;
 pub(crate) mod index;
 pub mod lease;
 mod reply;
+mod role;
 mod senders;
 mod stats;
 mod stored;
@@ -114,6 +118,9 @@ use self::epoch::Epochs;
 use self::index::RegistrationIndex;
 pub use self::lease::Lease;
 use self::reply::Outcome;
+/// The writer role, for the loom models (`loom_tests/`).
+#[cfg(dma_loom)]
+pub use self::role::{Role, Served, Take};
 pub use self::stats::CacheStats;
 use self::stored::StoredAddress;
 use self::writer::{BATCH, INBOX_BOUND, Reply, Request, Shared, Writer, on_writer_of};
@@ -143,23 +150,63 @@ struct Core {
     patience: Duration,
 }
 
-/// The writer's inbox, which rings the writer's doorbell after every request it queues.
+/// The writer's inbox. Every request is counted as queued on the writer role before it is sent
+/// (so a holder's second look finds it: see `role`); a request whose sender waits for its answer
+/// is then served by the sender itself if the role is free ([`send_and_serve`](Self::send_and_serve)),
+/// and any other rings the background thread's doorbell.
 struct Inbox {
     channel: Bounded<Request>,
     shared: Arc<Shared>,
+    /// The writer, for a sender that serves as it. `None` under loom, where the background
+    /// thread alone is the writer (see `writer::run`).
+    writer: Option<std::sync::Arc<dyn writer::Serve>>,
 }
 
 impl Inbox {
-    /// Queue `request`, waiting for room; an error means the writer has stopped.
+    /// Count `request` as queued and send it, waiting for room; an error means the writer has
+    /// stopped.
+    fn queue(&self, request: Request) -> Result<(), std::sync::mpsc::SendError<Request>> {
+        #[cfg(not(dma_loom))]
+        self.shared.doorbell.role.queue();
+        let sent = self.channel.send(request);
+        #[cfg(not(dma_loom))]
+        if sent.is_err() {
+            self.shared.doorbell.role.unqueue();
+        }
+        sent
+    }
+
+    /// Queue `request`, waiting for room, and ring the background thread; an error means the
+    /// writer has stopped.
     fn send(&self, request: Request) -> Result<(), std::sync::mpsc::SendError<Request>> {
-        self.channel.send(request)?;
+        self.queue(request)?;
         self.shared.doorbell.ring();
         Ok(())
     }
 
-    /// Queue `request` if there is room now.
+    /// Queue `request`, waiting for room, then serve as the writer if the role is free: for a
+    /// sender that waits for its answer. Without a writer to serve (loom), ring instead.
+    fn send_and_serve(&self, request: Request) -> Result<(), std::sync::mpsc::SendError<Request>> {
+        match &self.writer {
+            Some(writer) => {
+                self.queue(request)?;
+                writer.serve();
+                Ok(())
+            }
+            None => self.send(request),
+        }
+    }
+
+    /// Queue `request` if there is room now, and ring the background thread.
     fn try_send(&self, request: Request) -> Result<(), TrySendError> {
-        self.channel.try_send(request)?;
+        #[cfg(not(dma_loom))]
+        self.shared.doorbell.role.queue();
+        let sent = self.channel.try_send(request);
+        #[cfg(not(dma_loom))]
+        if sent.is_err() {
+            self.shared.doorbell.role.unqueue();
+        }
+        sent?;
         self.shared.doorbell.ring();
         Ok(())
     }
@@ -177,14 +224,23 @@ impl ReleaseQueue {
     /// Queue `client`'s release if the inbox has room now: `false` if it is full (try again
     /// later). A cache that has stopped takes it: it holds nothing any more.
     pub(crate) fn try_release(&self, client: u64) -> bool {
-        match self.channel.try_send(Request::Release { client }) {
-            Ok(()) => {
-                #[cfg(not(dma_loom))]
-                if let Some(shared) = self.shared.upgrade() {
-                    shared.doorbell.ring();
-                }
-                true
+        #[cfg(not(dma_loom))]
+        let shared = self.shared.upgrade();
+        #[cfg(not(dma_loom))]
+        if let Some(shared) = &shared {
+            shared.doorbell.role.queue();
+        }
+        let sent = self.channel.try_send(Request::Release { client });
+        #[cfg(not(dma_loom))]
+        if let Some(shared) = &shared {
+            if sent.is_ok() {
+                shared.doorbell.ring();
+            } else {
+                shared.doorbell.role.unqueue();
             }
+        }
+        match sent {
+            Ok(()) => true,
             Err(TrySendError::Full) => false,
             Err(TrySendError::Disconnected) => true,
         }
@@ -203,8 +259,9 @@ fn pinned_here(call: &str, instead: &str) -> DmaError {
 /// The error for a call that would wait for the writer, made on the writer's own thread.
 fn on_writer_thread(call: &str) -> DmaError {
     DmaError::InvalidArgument(format!(
-        "{call} was called on the address cache's own writer thread (from a tracing subscriber or \
-         an AvBackend?), where waiting for the writer would wait for ever"
+        "{call} was called by the thread that holds the address cache's writer role (the writer \
+         thread, or a caller serving its miss: from a tracing subscriber or an AvBackend?), where \
+         waiting for the writer would wait for ever"
     ))
 }
 
@@ -216,7 +273,7 @@ impl Core {
             return Err(on_writer_thread("a resolve or lease that missed"));
         }
         self.requests
-            .send(Request::Resolve {
+            .send_and_serve(Request::Resolve {
                 client,
                 address,
                 reply,
@@ -242,7 +299,9 @@ impl Core {
                 requests: chunk.to_vec(),
                 reply: reply.clone(),
             };
-            if self.requests.send(request).is_err() {
+            // Served at once if the role is free, so a sender of more misses than the budget
+            // holds never waits on its own queued chunks.
+            if self.requests.send_and_serve(request).is_err() {
                 self.shared.chunk_misses.give_back(chunk.len());
                 break;
             }
@@ -286,7 +345,8 @@ impl Core {
 /// A cache of address-vector entries shared by many posting threads. See the module docs.
 ///
 /// No call waits for ever: every wait ends within the cache's [`patience`](Self::patience).
-/// Code running on the cache's own writer thread (a `tracing` subscriber that sees the writer's
+/// Code running under the cache's writer role, on its writer thread or on a caller that serves its
+/// own miss (a `tracing` subscriber that sees the writer's
 /// events, an [`AvBackend`] that calls back in) may call the cache: what would wait for the
 /// writer answers [`DmaError::InvalidArgument`] at once (a miss, [`lease`](Self::lease),
 /// [`lease_within`](Self::lease_within)), [`release`](Self::release) is queued without waiting,
@@ -312,7 +372,11 @@ impl Core {
 /// ```
 pub struct AddressCache<B: AvBackend = FabricAv> {
     core: Core,
+    /// The background thread, which takes the writer role for the work no caller brings.
     writer: Option<thread::JoinHandle<()>>,
+    /// The writer's state, for whoever holds the role (`None` under loom, where the background
+    /// thread owns it).
+    cell: Option<std::sync::Arc<writer::WriterCell<B>>>,
     backend: PhantomData<fn() -> B>,
 }
 
@@ -351,19 +415,16 @@ impl<B: AvBackend> AddressCache<B> {
         let epochs = Epochs::new();
         let (requests, inbox) = bounded(INBOX_BOUND);
         let id = next_cache_id();
-        let writer = spawn_writer(
-            backend,
-            Arc::clone(&shared),
-            epochs.collector().clone(),
-            inbox,
-            id,
-        );
+        let (writer, cell) = start_writer(backend, &shared, epochs.collector(), inbox, id);
         Self {
             core: Core {
                 id,
                 requests: Inbox {
                     channel: requests,
                     shared: Arc::clone(&shared),
+                    writer: cell
+                        .clone()
+                        .map(|cell| cell as std::sync::Arc<dyn writer::Serve>),
                 },
                 shared,
                 epochs,
@@ -373,6 +434,7 @@ impl<B: AvBackend> AddressCache<B> {
                 patience: Self::DEFAULT_PATIENCE,
             },
             writer,
+            cell,
             backend: PhantomData,
         }
     }
@@ -403,9 +465,12 @@ impl<B: AvBackend> AddressCache<B> {
         }
     }
 
-    /// Let go of `client`'s entry. Returns at once; the writer removes the entry from the AV,
-    /// once its readers have unpinned, if `client` was its last holder. Unknown and repeated ids
-    /// are harmless.
+    /// Let go of `client`'s entry. Waits for no one (only, like every request, for room in a full
+    /// inbox): if the writer role is free the release is applied on this thread (the writer's
+    /// bookkeeping, and any removal whose readers and leases are already gone), otherwise the
+    /// role's holder applies it. The entry leaves the AV once its readers have unpinned and its
+    /// leases are dropped, if `client` was its last holder. Unknown and repeated ids are
+    /// harmless.
     ///
     /// ```
     /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
@@ -426,7 +491,7 @@ impl<B: AvBackend> AddressCache<B> {
             if let Err(TrySendError::Full) =
                 self.core.requests.try_send(Request::Release { client })
             {
-                if !writer::queue_own_release(client) {
+                if !writer::queue_own_release(self.core.id, client) {
                     tracing::error!(
                         client,
                         "release called on the writer thread with its inbox and overflow full: dropped"
@@ -435,8 +500,13 @@ impl<B: AvBackend> AddressCache<B> {
             }
             return;
         }
-        // A stopped writer holds nothing any more.
-        let _ = self.core.requests.send(Request::Release { client });
+        // Applied here if the writer role is free (a release is a few hundred nanoseconds of the
+        // writer's work; ringing the background thread for it costs a wake-up and a context
+        // switch), else by the holder's second look. A stopped writer holds nothing any more.
+        let _ = self
+            .core
+            .requests
+            .send_and_serve(Request::Release { client });
     }
 
     /// How many requests (misses, releases, quiesces) the writer's inbox holds. A sender that
@@ -553,45 +623,87 @@ fn next_cache_id() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Start the writer thread. Its epoch handle is registered on the thread itself, since a
-/// `LocalHandle` cannot move between threads.
-fn spawn_writer<B: AvBackend>(
+/// Build the writer and start the background thread: the writer's state goes in a cell that
+/// whoever holds the writer role uses (see `role`), and the background thread takes the role for
+/// the work no caller brings. If the thread cannot start, callers still serve their own misses;
+/// releases and removals then wait for the next miss, and the cache's drop removes everything.
+#[cfg(not(dma_loom))]
+fn start_writer<B: AvBackend>(
     backend: B,
-    shared: Arc<Shared>,
-    collector: crossbeam_epoch::Collector,
+    shared: &Arc<Shared>,
+    collector: &crossbeam_epoch::Collector,
     inbox: mpsc::Receiver<Request>,
     cache: u64,
-) -> Option<thread::JoinHandle<()>> {
-    let run = move || Writer::new(backend, shared, collector.register(), inbox, cache).run();
-    #[cfg(not(dma_loom))]
+) -> (
+    Option<thread::JoinHandle<()>>,
+    Option<std::sync::Arc<writer::WriterCell<B>>>,
+) {
+    let writer = Writer::new(
+        backend,
+        Arc::clone(shared),
+        collector.register(),
+        inbox,
+        cache,
+    );
+    let cell = std::sync::Arc::new(writer::WriterCell::new(writer, Arc::clone(shared), cache));
+    let background = std::sync::Arc::clone(&cell);
+    let handle = match std::thread::Builder::new()
+        .name("dma-av-writer".into())
+        .spawn(move || writer::background(background))
     {
-        match std::thread::Builder::new()
-            .name("dma-av-writer".into())
-            .spawn(run)
-        {
-            Ok(handle) => Some(handle),
-            Err(error) => {
-                // Every miss will report `Closed`; the inbox was dropped with the writer.
-                tracing::error!(%error, "could not start the address cache's writer thread");
-                None
-            }
+        Ok(handle) => Some(handle),
+        Err(error) => {
+            tracing::error!(%error, "could not start the address cache's background writer thread");
+            None
         }
-    }
-    #[cfg(dma_loom)]
-    {
-        Some(thread::spawn(run))
-    }
+    };
+    (handle, Some(cell))
+}
+
+/// Start the writer thread, which holds the writer role for its whole life under loom. Its epoch
+/// handle is registered on the thread itself.
+#[cfg(dma_loom)]
+fn start_writer<B: AvBackend>(
+    backend: B,
+    shared: &Arc<Shared>,
+    collector: &crossbeam_epoch::Collector,
+    inbox: mpsc::Receiver<Request>,
+    cache: u64,
+) -> (
+    Option<thread::JoinHandle<()>>,
+    Option<std::sync::Arc<writer::WriterCell<B>>>,
+) {
+    let (shared, collector) = (Arc::clone(shared), collector.clone());
+    let run = move || Writer::new(backend, shared, collector.register(), inbox, cache).run();
+    (Some(thread::spawn(run)), None)
 }
 
 impl<B: AvBackend> Drop for AddressCache<B> {
     fn drop(&mut self) {
         let _ = self.core.requests.send(Request::Shutdown);
-        if let Some(writer) = self.writer.take() {
-            if writer.join().is_err() {
-                tracing::error!(
-                    "the address cache's writer thread panicked; its AV entries were not removed"
-                );
+        // A writer that panicked closed its inbox, so the send above rang nobody: the background
+        // thread must still see the poisoned role and end.
+        self.core.shared.doorbell.wake_background();
+        match self.writer.take() {
+            Some(writer) => {
+                if writer.join().is_err() {
+                    tracing::error!(
+                        "the address cache's writer thread panicked; its AV entries were not removed"
+                    );
+                }
             }
+            // No background thread: stop the writer here (no `Pinned` and no `Lease` is left, so
+            // nobody else holds the role).
+            None => {
+                if let Some(writer) = &self.core.requests.writer {
+                    while !self.core.shared.doorbell.role.poisoned() {
+                        writer.serve();
+                    }
+                }
+            }
+        }
+        if self.cell.as_ref().is_some_and(|cell| cell.panicked()) {
+            tracing::error!("the address cache's writer panicked; its AV entries were not removed");
         }
     }
 }

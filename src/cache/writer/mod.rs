@@ -1,12 +1,59 @@
-//! The writer thread: the only caller of `fi_av_insert` and `fi_av_remove`, the only owner of
-//! who holds what, and the only thread that changes the index.
+//! The writer: the only caller of `fi_av_insert` and `fi_av_remove`, the only owner of who holds
+//! what, and the only code that changes the index. It is a role, not a thread.
+//!
+//! # The writer as a role
+//!
+//! One thread at a time holds the cache's writer role ([`crate::cache::role`]), and only the
+//! holder touches the writer's state ([`WriterCell`]). Who may hold it:
+//!
+//! - **A caller whose miss found the role free.** `resolve`, `lease`, `resolve_all`, `lease_all`
+//!   and `release` queue their request as always, then try to take the role with one
+//!   compare-and-swap. The winner applies one batch inline (its own request and whatever else is
+//!   queued, up to [`BATCH`]), publishes, hands its retirements to the collector, answers, gives
+//!   the role back, and looks at the inbox again; after [`Role::ROUNDS`](crate::cache::role::Role)
+//!   rounds it hands what is left to the background thread. A loser waits for its answer as it
+//!   always did (a short poll while the role is held, then a block on its answer channel): the
+//!   holder's second look finds its request. No hand-off to another thread on an uncontended
+//!   miss, and no context switch.
+//! - **The background thread** (`dma-av-writer`, one per cache), for the work no caller brings:
+//!   epoch advances while a deferral is out, removals as readers unpin and leases drop, failed
+//!   removals' retries, `quiesce`, waiters' deadlines, the eviction hook's leftovers, and the
+//!   requests of callers that do not serve (`try_resolve`, `quiesce`, a rail set's queued
+//!   releases), which ring its
+//!   [`Doorbell`]. It takes the role the same way, and asks the holder to wake it when it finds
+//!   the role held. A holder that leaves it work it does not know of (a new deferral, a quiescer,
+//!   an earlier deadline) wakes it. (`release` was first left to the background thread too: in
+//!   the mixed bench every release then cost the thread a wake-up and a context switch.)
+//!
+//! Why one holder at a time keeps every invariant the single writer thread kept: each invariant
+//! is about the order in which the writer's state changes and its calls into the AV happen, never
+//! about which thread makes them. The role gives a total order of holders, each holder's
+//! `Acquire` take seeing everything the previous one released, so the holders together are one
+//! sequential writer: requests are still applied one at a time in the order they left the inbox,
+//! `fi_av_insert` and `fi_av_remove` are still called by one thread at a time, and the index
+//! still has one writer. What followed the thread follows the role: the mark that makes a call
+//! "from the writer" refuse to wait ([`on_writer_of`]) is set while a thread holds the role and
+//! cleared when it gives it back, on whichever thread that is, and releases queued beside a full
+//! inbox by code under the role are applied before the role is given back.
+//!
+//! The role is never held across a wait of the caller's: it is taken inside the miss's call and
+//! given back before it returns, so never across an endpoint's `progress()`, `fi_cq_read` or an
+//! await. Code that runs under it (an [`AvBackend`], a `tracing` subscriber, the eviction hook, a
+//! lease dropped there) never waits for the writer: see "Calls under the writer role".
+//!
+//! A holder that panics (a backend that panics) poisons the role: the writer's state is dropped
+//! (its inbox closes, and every answer unsent is answered `Closed`), nobody takes the role again,
+//! and every later call that needs the writer answers [`DmaError::Closed`], as when the writer
+//! thread died. The panic stays in the holder's round: it reaches no caller as a panic.
 //!
 //! # Files
 //!
 //! This file holds the requests, what readers and the writer share, and the writer's fields;
-//! `state.rs` the per-entry state (holders, entries, parked incarnations, pending removals);
-//! `run.rs` the loop (waiting, batches, epoch advances, quiescers, counters, shutdown); and
-//! `apply.rs` what a request does to the state (resolve, release, retire, remove, admit).
+//! `cell.rs` the writer's state between holders and the background thread; `state.rs` the
+//! per-entry state (holders, entries, parked incarnations, pending removals); `run.rs` the rounds
+//! (a caller's, the background thread's: batches, epoch advances, quiescers, counters,
+//! shutdown); and `apply.rs` what a request does to the state (resolve, release, retire, remove,
+//! admit).
 //!
 //! # State
 //!
@@ -113,12 +160,13 @@
 //! client) and an entry's holders (100,000 moves away and back keep nothing); the `cache_ops` fuzz
 //! target checks the first two terms after every step.
 //!
-//! # Calls from the writer thread
+//! # Calls under the writer role
 //!
-//! Code that runs on the writer thread (a `tracing` subscriber that sees its events, an
-//! [`AvBackend`] that calls back into its cache) must not wait for the writer. Every call of the
-//! cache that would wait answers [`DmaError::InvalidArgument`] there instead; `release` is queued
-//! without waiting, and `quiesce` returns at once.
+//! Code that runs under the writer role (a `tracing` subscriber that sees the writer's events, an
+//! [`AvBackend`] that calls back into its cache, the eviction hook), on whichever thread holds
+//! it, must not wait for the writer. Every call of the cache that would wait answers
+//! [`DmaError::InvalidArgument`] there instead; `release` is queued without waiting (beside the
+//! inbox if it is full, applied before the role is given back), and `quiesce` returns at once.
 //!
 //! # Requests, backpressure and quiesce
 //!
@@ -126,9 +174,9 @@
 //! chunks take credits from a budget of as many misses (`cache::budget`), which the writer gives
 //! back once it has applied a chunk: a flood of queued misses cannot grow memory without bound,
 //! however many threads send chunks; `resolve` and `release` wait for room, `try_resolve` does not queue and
-//! answers `Busy`. The writer parks on its [`Doorbell`], which every sender rings after queueing,
-//! and which the deferral's closure and an awaited lease's last drop ring too: neither ever sends
-//! on a channel, so neither can wait, allocate or take a lock.
+//! answers `Busy`. The background thread parks on its [`Doorbell`], which every sender that does
+//! not serve rings after queueing, and which the deferral's closure and an awaited lease's last
+//! drop ring too: neither ever sends on a channel, so neither can wait, allocate or take a lock.
 //!
 //! A quiescer records the ticket the next retirement would take: it is answered once no removal
 //! older than that is pending (or those that are have made no progress for its patience), however
@@ -162,8 +210,40 @@ use run::Quiescer;
 use state::{Deadlines, Entry, Holding, Parked, Pending};
 
 mod apply;
+#[cfg(not(dma_loom))]
+mod cell;
+#[cfg(not(dma_loom))]
+mod rounds;
 mod run;
 mod state;
+
+#[cfg(not(dma_loom))]
+pub(crate) use cell::{WriterCell, background};
+
+/// Under loom the background thread owns the writer for its whole life (see `run`): no cell.
+#[cfg(dma_loom)]
+pub(crate) struct WriterCell<B>(std::marker::PhantomData<fn() -> B>);
+
+#[cfg(dma_loom)]
+impl<B> WriterCell<B> {
+    /// Never built under loom.
+    pub(crate) fn panicked(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(dma_loom)]
+impl<B> Serve for WriterCell<B> {
+    fn serve(&self) {}
+}
+
+/// A cache's writer, whatever its backend: what a caller that missed serves through.
+pub(crate) trait Serve: Send + Sync {
+    /// Apply what is queued as the writer, if the role is free (see [`crate::cache::role`]):
+    /// return once nothing is queued, or the role is held by a thread that will look again, or
+    /// the rest is handed to the background thread.
+    fn serve(&self);
+}
 
 /// How many requests the inbox holds before senders wait (or `try_resolve` gives up).
 pub(crate) const INBOX_BOUND: usize = 4096;
@@ -257,17 +337,49 @@ impl Shared {
 
 #[cfg(not(dma_loom))]
 std::thread_local! {
-    /// The id of the cache whose writer this thread is, or 0.
-    static WRITER_OF: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    /// Clients released by code running on this writer thread while its inbox was full: applied
-    /// at the writer's next round, so such a release never waits for the writer. Only this thread
-    /// pushes and drains it, so it needs no lock. Bounded by [`INBOX_BOUND`].
-    static OWN_RELEASES: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The ids of the caches whose writer role this thread holds now, innermost last (a holder
+    /// of one cache's role may take another's: a rail set's eviction hook). Marked and unmarked
+    /// by [`RoleMark`]: the marks follow the role, not the thread.
+    static HOLDING: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Clients released, by cache id, by code running under that cache's role while its inbox was
+    /// full: applied before the holder releases the role, so such a release never waits for the
+    /// writer. Only the holding thread pushes and drains its own, so it needs no lock. Bounded by
+    /// [`INBOX_BOUND`].
+    static OWN_RELEASES: std::cell::RefCell<Vec<(u64, u64)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Queue `client`'s release beside the full inbox, from code running on the writer thread;
-/// whether there was room (at most [`INBOX_BOUND`]).
-pub(crate) fn queue_own_release(client: u64) -> bool {
+/// Marks the calling thread as the holder of cache `cache`'s writer role for as long as it lives
+/// (an unwinding holder unmarks too).
+#[cfg_attr(dma_loom, allow(dead_code))] // under loom the background thread never marks
+pub(crate) struct RoleMark {
+    #[cfg_attr(dma_loom, allow(dead_code))]
+    cache: u64,
+}
+
+#[cfg_attr(dma_loom, allow(dead_code))]
+impl RoleMark {
+    pub(crate) fn new(cache: u64) -> Self {
+        #[cfg(not(dma_loom))]
+        let _ = HOLDING.try_with(|holding| holding.borrow_mut().push(cache));
+        Self { cache }
+    }
+}
+
+impl Drop for RoleMark {
+    fn drop(&mut self) {
+        #[cfg(not(dma_loom))]
+        let _ = HOLDING.try_with(|holding| {
+            let mut holding = holding.borrow_mut();
+            if let Some(at) = holding.iter().rposition(|&cache| cache == self.cache) {
+                holding.remove(at);
+            }
+        });
+    }
+}
+
+/// Queue `client`'s release of cache `cache` beside its full inbox, from code running under that
+/// cache's writer role; whether there was room (at most [`INBOX_BOUND`]).
+pub(crate) fn queue_own_release(cache: u64, client: u64) -> bool {
     #[cfg(not(dma_loom))]
     {
         OWN_RELEASES
@@ -275,7 +387,7 @@ pub(crate) fn queue_own_release(client: u64) -> bool {
                 let mut own = own.borrow_mut();
                 let room = own.len() < INBOX_BOUND;
                 if room {
-                    own.push(client);
+                    own.push((cache, client));
                 }
                 room
             })
@@ -283,18 +395,38 @@ pub(crate) fn queue_own_release(client: u64) -> bool {
     }
     #[cfg(dma_loom)]
     {
-        let _ = client;
+        let _ = (cache, client);
         false
     }
 }
 
-/// Whether the calling thread is the writer of cache `cache`: a call from it that waited for the
-/// writer would wait for ever.
+/// Take the releases of cache `cache` that code under its role queued on this thread.
+#[cfg(not(dma_loom))]
+pub(super) fn take_own_releases(cache: u64) -> Vec<u64> {
+    OWN_RELEASES
+        .try_with(|own| {
+            let mut own = own.borrow_mut();
+            if own.is_empty() {
+                return Vec::new();
+            }
+            let mine = own
+                .iter()
+                .filter(|&&(of, _)| of == cache)
+                .map(|&(_, client)| client)
+                .collect();
+            own.retain(|&(of, _)| of != cache);
+            mine
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the calling thread holds the writer role of cache `cache`: a call from it that waited
+/// for the writer would wait for ever.
 pub(crate) fn on_writer_of(cache: u64) -> bool {
     #[cfg(not(dma_loom))]
     {
-        WRITER_OF
-            .try_with(|writer| writer.get() == cache)
+        HOLDING
+            .try_with(|holding| holding.borrow().contains(&cache))
             .unwrap_or(false)
     }
     #[cfg(dma_loom)]
@@ -347,9 +479,27 @@ pub(crate) struct Writer<B> {
     /// Reused for lists of tickets and indices: at most the capacity.
     scratch: Vec<u64>,
     next_ticket: u64,
-    /// This cache's id: the writer thread is marked with it ([`on_writer_of`]).
+    /// This cache's id: the role's holder is marked with it ([`on_writer_of`]), and its own
+    /// releases are filed under it.
     #[cfg_attr(dma_loom, allow(dead_code))] // no thread-local marks under loom
     cache: u64,
+    /// The background thread's epoch tick: the wait between advances while removals are
+    /// pending, from [`run::FIRST_TICK`] doubling up to [`run::LAST_TICK`].
+    #[cfg_attr(dma_loom, allow(dead_code))] // the loom loop keeps its own
+    tick: Duration,
+    /// `undeferred` at the last tick: a new deferral since is progress, and resets the tick.
+    #[cfg_attr(dma_loom, allow(dead_code))]
+    deferred_at_last_tick: u64,
+    /// When the epoch was last moved on.
+    #[cfg_attr(dma_loom, allow(dead_code))]
+    last_advance: Instant,
+    /// Whether the background thread, at its last round, waits with a tick (it moves the epoch
+    /// on by itself), and the latest it wakes (`None`: only when rung). A holder that leaves it
+    /// work it does not know of wakes it.
+    #[cfg_attr(dma_loom, allow(dead_code))]
+    background_ticking: bool,
+    #[cfg_attr(dma_loom, allow(dead_code))]
+    background_until: Option<Instant>,
     stats: CacheStats,
     epoch: LocalHandle,
     inbox: mpsc::Receiver<Request>,
@@ -381,17 +531,8 @@ pub(crate) fn usable_capacity(backend: &impl AvBackend) -> usize {
 }
 
 /// The inbox has been closed: the cache is gone.
+#[cfg(dma_loom)]
 struct Stopped;
-
-/// The request waiting in `inbox`, if one is.
-#[cfg(not(dma_loom))]
-fn try_next(inbox: &mpsc::Receiver<Request>) -> Result<Option<Request>, Stopped> {
-    match inbox.try_recv() {
-        Ok(request) => Ok(Some(request)),
-        Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
-        Err(std::sync::mpsc::TryRecvError::Disconnected) => Err(Stopped),
-    }
-}
 
 /// Whether work other than a request has come for the writer of `shared`: the deferral's readers
 /// have gone, or an awaited lease was dropped.
@@ -432,6 +573,11 @@ impl<B: AvBackend> Writer<B> {
             scratch: Vec::new(),
             next_ticket: 0,
             cache,
+            tick: run::FIRST_TICK,
+            deferred_at_last_tick: u64::MAX,
+            last_advance: Instant::now(),
+            background_ticking: false,
+            background_until: None,
             stats: CacheStats::default(),
             epoch,
             inbox,

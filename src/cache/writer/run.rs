@@ -4,13 +4,14 @@
 use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
-#[cfg(not(dma_loom))]
-use super::averaged;
 use super::state::{Pending, Wait, identity_at};
-use super::{BATCH, Request, Stopped, Writer};
 #[cfg(not(dma_loom))]
-use super::{OWN_RELEASES, WRITER_OF, signalled, try_next};
+use super::take_own_releases;
+#[cfg(dma_loom)]
+use super::{BATCH, Stopped};
+use super::{Request, Writer};
 use crate::av::AvBackend;
+#[cfg(dma_loom)]
 use crate::cache::doorbell::{APPLYING, PARKED, POLLING};
 use crate::error::DmaError;
 use crate::sync::atomic::Ordering;
@@ -21,6 +22,7 @@ use dma_libfabric_sys::fi_addr_t;
 
 /// How long the writer polls for the next request before it parks: long enough to stay awake
 /// through a burst of misses, short enough not to hold a core when idle.
+#[cfg_attr(not(dma_loom), allow(dead_code))] // the background thread parks at once
 pub(super) const IDLE_SPIN: Duration = Duration::from_micros(30);
 
 /// The shortest wait between epoch advances while removals are pending.
@@ -44,6 +46,12 @@ pub(super) const LAST_RETRY: Duration = Duration::from_secs(1);
 /// ([`crate::cache::AddressCache::quiesce_with_patience`]) has passed without progress.
 pub(super) const STALLED_ROUNDS: u32 = 4;
 
+/// How many times a holder looks for releases queued beside the full inbox by code it ran
+/// before it gives the role back; past that (a hook that releases on every release's event),
+/// what is left waits for this thread's next time in the role.
+#[cfg(not(dma_loom))]
+const OWN_RELEASE_PASSES: usize = 4;
+
 /// A caller blocked in `quiesce`.
 pub(super) struct Quiescer {
     reply: mpsc::Sender<()>,
@@ -56,19 +64,17 @@ pub(super) struct Quiescer {
     /// ticket retired while another deferral was out waits for that one first.
     deferrals_seen: u64,
     /// Rounds in a row in which none of them was removed.
-    stalled: u32,
+    pub(super) stalled: u32,
     /// When one of them was last removed, or the request arrived.
     progress_at: Instant,
 }
 
+#[cfg(dma_loom)]
 impl<B: AvBackend> Writer<B> {
-    /// Serve requests until shutdown, then remove everything.
+    /// Serve requests until shutdown, then remove everything: under loom, the background thread
+    /// holds the role for its whole life and waits on its inbox, as the writer thread always did
+    /// (loom has no timed park); callers never serve inline there.
     pub(crate) fn run(mut self) {
-        #[cfg(not(dma_loom))]
-        {
-            let _ = WRITER_OF.try_with(|writer| writer.set(self.cache));
-            self.shared.doorbell.answer_here();
-        }
         let mut tick = FIRST_TICK;
         let mut deferred_at_last_tick = u64::MAX;
         let mut last_advance = Instant::now();
@@ -196,52 +202,6 @@ impl<B: AvBackend> Writer<B> {
         self.set_state(PARKED);
     }
 
-    /// The next request: polled for (yielding) for up to `spin`, then waited for, parked, until
-    /// `timeout` (none: until one comes). `None` if the wait ended first, or if other work came
-    /// (the deferral's readers have gone, an awaited lease was dropped).
-    #[cfg(not(dma_loom))]
-    pub(super) fn next_request(
-        &mut self,
-        spin: Duration,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Request>, Stopped> {
-        let started = Instant::now();
-        loop {
-            if let Some(request) = try_next(&self.inbox)? {
-                return Ok(Some(request));
-            }
-            if signalled(&self.shared) {
-                return Ok(None);
-            }
-            if started.elapsed() >= spin {
-                break;
-            }
-            std::thread::yield_now();
-        }
-        let mut received = Ok(None);
-        let (inbox, shared) = (&self.inbox, &self.shared);
-        // Publishes `PARKED` (a waiter stops spinning) before its last look, `POLLING` after.
-        shared.doorbell.park(
-            || {
-                received = try_next(inbox);
-                !matches!(received, Ok(None)) || signalled(shared)
-            },
-            timeout.map(|timeout| timeout.saturating_sub(started.elapsed())),
-            (self.batch_ns, self.wake_ns),
-            |woke| {
-                if let Some(woke) = woke {
-                    self.wake_ns = averaged(self.wake_ns, woke);
-                }
-                (self.batch_ns, self.wake_ns)
-            },
-        );
-        self.state = POLLING;
-        match received {
-            Ok(None) => try_next(&self.inbox),
-            received => received,
-        }
-    }
-
     /// The next request: under loom, waited for on the inbox alone (the models drive the writer
     /// with requests; loom has no timed park).
     #[cfg(dma_loom)]
@@ -266,7 +226,9 @@ impl<B: AvBackend> Writer<B> {
         self.set_state(POLLING);
         received
     }
+}
 
+impl<B: AvBackend> Writer<B> {
     /// Take one request of a batch; whether it asks the writer to stop.
     pub(super) fn accept(&mut self, request: Request, tick: &mut Duration) -> bool {
         match request {
@@ -467,13 +429,16 @@ impl<B: AvBackend> Writer<B> {
         guard.flush();
     }
 
-    /// Apply the releases that code on this thread queued while the inbox was full.
+    /// Apply the releases that code under the role, on this thread, queued while the inbox was
+    /// full. Releases that code queues while these are applied (a hook that reacts to their
+    /// events) are taken too, up to [`OWN_RELEASE_PASSES`] passes.
     pub(super) fn own_releases(&mut self) {
         #[cfg(not(dma_loom))]
-        {
-            let released = OWN_RELEASES
-                .try_with(|own| std::mem::take(&mut *own.borrow_mut()))
-                .unwrap_or_default();
+        for _ in 0..OWN_RELEASE_PASSES {
+            let released = take_own_releases(self.cache);
+            if released.is_empty() {
+                break;
+            }
             for client in released {
                 self.apply(Request::Release { client });
             }

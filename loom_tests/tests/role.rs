@@ -1,0 +1,117 @@
+//! The writer role (`src/cache/role.rs`): two threads whose misses queue a request and then try
+//! to serve, and the background thread with a lease drop's report to take, race for the role.
+//! Checked: one holder at a time (the writer's state is a loom `UnsafeCell`, so two holders at
+//! once fail the model), and no request stranded (once every thread is done, every request has
+//! been applied exactly once and nothing is counted as queued).
+//!
+//! Mutations it kills (see the README): **K**, a release without the second look at the inbox,
+//! and **H**, the role taken with a plain load and store.
+#![cfg(dma_loom)]
+
+use dma_libfabric::cache::{Role, Served};
+use loom::cell::UnsafeCell;
+use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::{Arc, Mutex};
+
+/// What the threads share: the role, the inbox, a lease drop's report, and the writer's state
+/// (the requests applied, in order, and whether the report was taken).
+struct Model {
+    role: Role,
+    inbox: Mutex<Vec<u32>>,
+    reported: AtomicBool,
+    /// A holder handed the rest to the background thread (`Role::serve`'s `wake`): the real
+    /// thread is unparked and serves again; the model does that once every thread is done.
+    woken: AtomicBool,
+    applied: UnsafeCell<Vec<u32>>,
+    reports_taken: UnsafeCell<u32>,
+}
+
+impl Model {
+    /// One round under the role: take the report, then everything queued.
+    fn round(&self) -> bool {
+        if self.reported.swap(false, Ordering::AcqRel) {
+            // SAFETY: under the role (what the model checks).
+            self.reports_taken.with_mut(|taken| unsafe { *taken += 1 });
+        }
+        let queued: Vec<u32> = std::mem::take(&mut *self.inbox.lock().expect("inbox"));
+        for request in queued {
+            self.role.unqueue();
+            // SAFETY: under the role (what the model checks).
+            self.applied
+                .with_mut(|applied| unsafe { (*applied).push(request) });
+        }
+        true
+    }
+
+    /// A miss: count the request, queue it, then serve if the role is free.
+    fn miss(&self, request: u32) -> Served {
+        self.role.queue();
+        self.inbox.lock().expect("inbox").push(request);
+        self.role.serve(|| self.round(), || self.wake())
+    }
+
+    /// What `wake` does in the model: note that the background thread must serve again.
+    fn wake(&self) {
+        self.woken.store(true, Ordering::Release);
+    }
+}
+
+#[test]
+fn two_missing_threads_and_the_background_thread_race_for_the_role() {
+    loom::model(|| {
+        let model = Arc::new(Model {
+            role: Role::new(),
+            inbox: Mutex::new(Vec::new()),
+            reported: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+            applied: UnsafeCell::new(Vec::new()),
+            reports_taken: UnsafeCell::new(0),
+        });
+        // The second missing thread also drops a lease on the way out: a report for the writer.
+        let second = {
+            let model = Arc::clone(&model);
+            loom::thread::spawn(move || {
+                let served = model.miss(2);
+                model.reported.store(true, Ordering::Release);
+                served
+            })
+        };
+        // The background thread, rung by that drop or by nothing: one round if the role is free.
+        let background = {
+            let model = Arc::clone(&model);
+            loom::thread::spawn(move || model.role.serve(|| model.round(), || model.wake()))
+        };
+        let first = model.miss(1);
+        let second = second.join().expect("the second thread");
+        let _ = background.join().expect("the background thread");
+        assert_ne!(Served::Poisoned, first);
+        assert_ne!(Served::Poisoned, second);
+        // A holder that served its rounds and left requests counted woke the background thread,
+        // which serves again once it runs: here, now that every thread is done.
+        if model.woken.load(Ordering::Acquire) {
+            assert_eq!(Served::Done, model.role.serve(|| model.round(), || {}));
+        }
+
+        // No request stranded: both applied, once each, and nothing counted as queued.
+        assert!(
+            !model.role.has_queued(),
+            "a request is counted but nobody applies it"
+        );
+        assert!(
+            model.inbox.lock().expect("inbox").is_empty(),
+            "a stranded request"
+        );
+        // SAFETY: every thread has been joined.
+        let mut applied = model.applied.with(|applied| unsafe { (*applied).clone() });
+        applied.sort_unstable();
+        assert_eq!(vec![1, 2], applied);
+        // The role is free again.
+        assert_eq!(dma_libfabric::cache::Take::Taken, model.role.try_take());
+        model.role.release();
+        // The report was taken at most once; if nobody took it, the drop's ring would wake the
+        // background thread (not modelled here).
+        // SAFETY: every thread has been joined.
+        let taken = model.reports_taken.with(|taken| unsafe { *taken });
+        assert!(taken <= 1);
+    });
+}

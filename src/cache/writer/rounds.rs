@@ -1,0 +1,195 @@
+//! The rounds of whoever holds the writer role (see the `writer` module docs): a caller's, which
+//! takes what readers and leases reported and one batch of queued requests, and the background
+//! thread's, which adds the epoch ticks, the quiescers' rounds and how long to park.
+
+use std::time::{Duration, Instant};
+
+use super::run::{FIRST_TICK, LAST_TICK, STALLED_ROUNDS};
+use super::{BATCH, Writer, averaged};
+use crate::av::AvBackend;
+use crate::cache::doorbell::{APPLYING, PARKED, POLLING};
+use crate::cache::role::Role;
+
+/// What a round of the background thread leaves it to do.
+pub(crate) enum Next {
+    /// Park until rung, or for `timeout` at most (`None`: until rung), publishing `costs` (the
+    /// batch and wake-up averages) on the doorbell meanwhile.
+    Wait {
+        timeout: Option<Duration>,
+        costs: (u64, u64),
+    },
+    /// The cache asked the writer to stop, and everything has been removed.
+    Stopped,
+}
+
+impl<B: AvBackend> Writer<B> {
+    /// Take up to one batch of queued requests; how many were taken, and whether one asked the
+    /// writer to stop.
+    fn take_batch(&mut self) -> (usize, bool) {
+        let mut tick = self.tick;
+        let mut taken = 0;
+        let mut stop = false;
+        while !stop && taken < BATCH {
+            match self.inbox.try_recv() {
+                Ok(request) => {
+                    self.shared.doorbell.role.unqueue();
+                    stop = self.accept(request, &mut tick);
+                    taken += 1;
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => stop = true,
+            }
+        }
+        self.tick = tick;
+        (taken, stop)
+    }
+
+    /// What the reports of readers and leases brought: removals, waiters out of patience, the
+    /// eviction hook's leftovers; and the next slice of an admission's registrations.
+    fn take_reports(&mut self) {
+        let removed = self.collect();
+        self.expire_waiters();
+        self.retry_evictions();
+        // An admission's registrations not yet published, a slice a round (see `apply`).
+        self.publish_admitted();
+        if removed || !self.replies.is_empty() {
+            self.finish_batch();
+        }
+        self.answer_quiescers();
+    }
+
+    /// Stop: remove everything (the cache is being dropped).
+    fn stop(&mut self) {
+        self.finish_batch();
+        self.shutdown();
+        // Gone for good: a waiter still polling stops at once (its answer is sent, or `Closed`).
+        self.set_state(PARKED);
+    }
+
+    /// One round of a caller that won the role: what the readers and leases reported, then one
+    /// batch of queued requests (its own among them), published and answered. Whether the writer
+    /// stopped. If the round left work only the background thread does (epoch ticks for a
+    /// deferral, retries, quiescers, a waiter's deadline) that the background thread does not
+    /// know of, it is woken.
+    pub(crate) fn serve_round(&mut self) -> bool {
+        let started = Instant::now();
+        self.take_reports();
+        let (taken, stop) = self.take_batch();
+        self.finish_batch();
+        if stop {
+            self.stop();
+            return true;
+        }
+        if taken != 0 {
+            self.measured_batch(started.elapsed());
+        }
+        self.answer_quiescers();
+        self.hand_over();
+        false
+    }
+
+    /// Wake the background thread if this round left it work it does not know of.
+    fn hand_over(&mut self) {
+        let ticking = self.needs_ticks();
+        let deadline = self.deadlines.first().map(|&(deadline, ..)| deadline);
+        let late = match (deadline, self.background_until) {
+            (Some(deadline), Some(until)) => deadline < until,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if ticking && !self.background_ticking || late {
+            // Until its next round says otherwise, it is ticking: no second wake per miss.
+            self.background_ticking = ticking;
+            self.background_until = deadline;
+            self.shared.doorbell.wake_background();
+        }
+    }
+
+    /// Whether the background thread must move the epoch on, or retry, by itself.
+    fn needs_ticks(&self) -> bool {
+        self.in_flight.is_some()
+            || !self.retries.is_empty()
+            || !self.quiescing.is_empty()
+            || !self.deferred_evictions.is_empty()
+            || !self.unpublished.is_empty()
+    }
+
+    /// One round of the background thread, which holds the role: what the readers and leases
+    /// reported, what is queued (up to [`Role::ROUNDS`] batches), an epoch advance when one is
+    /// due, the quiescers; then how long to park. `woke`: how long the ring that woke it took.
+    pub(crate) fn background_round(&mut self, woke: Option<Duration>) -> Next {
+        // The doorbell's park published `POLLING` when the thread woke.
+        self.state = POLLING;
+        if let Some(woke) = woke {
+            self.wake_ns = averaged(self.wake_ns, woke);
+        }
+        self.take_reports();
+        let mut idle = true;
+        for _ in 0..Role::ROUNDS {
+            let started = Instant::now();
+            self.set_state(APPLYING);
+            let (taken, stop) = self.take_batch();
+            if stop {
+                self.stop();
+                return Next::Stopped;
+            }
+            if taken == 0 {
+                break;
+            }
+            idle = false;
+            self.finish_batch();
+            self.measured_batch(started.elapsed());
+        }
+        self.set_state(POLLING);
+        // Move the epoch on so the outstanding deferral runs without reader traffic: when idle
+        // (rung by a report, or the tick came), and, while one is out, between requests too, at
+        // most once a tick.
+        let due = self.in_flight.is_some() && self.last_advance.elapsed() >= FIRST_TICK;
+        if idle || due {
+            // Back off only while readers hold the outstanding deferral up: a new deferral since
+            // the last round is progress.
+            let deferred = self.undeferred;
+            if deferred != self.deferred_at_last_tick {
+                self.tick = FIRST_TICK;
+            } else if idle {
+                self.tick = (self.tick * 2).min(LAST_TICK);
+            }
+            self.deferred_at_last_tick = deferred;
+            self.advance();
+            self.last_advance = Instant::now();
+            self.collect();
+            self.round();
+            self.finish_batch();
+        }
+        self.answer_quiescers();
+        // Quiescing, the first rounds run back to back; once they suspect a pinned reader or a
+        // lease, the thread sleeps between rounds so that reader gets the core to finish on.
+        let hurry = !self.unpublished.is_empty()
+            || self
+                .quiescing
+                .iter()
+                .any(|quiescer| quiescer.stalled < STALLED_ROUNDS);
+        // Removals awaiting only their leases need no ticks: the last lease rings. A waiter's
+        // deadline wakes the thread once, when it comes.
+        let ticking = self.needs_ticks();
+        let deadline = self.deadlines.first().map(|&(deadline, ..)| deadline);
+        let until_deadline =
+            deadline.map(|deadline| deadline.saturating_duration_since(Instant::now()));
+        let timeout = if hurry {
+            Some(Duration::ZERO)
+        } else {
+            match until_deadline {
+                Some(until) if ticking => Some(self.tick.min(until)),
+                Some(until) => Some(until),
+                None if ticking => Some(self.tick),
+                None => None,
+            }
+        };
+        self.background_ticking = ticking;
+        self.background_until = timeout.map(|timeout| Instant::now() + timeout);
+        Next::Wait {
+            timeout,
+            costs: (self.batch_ns, self.wake_ns),
+        }
+    }
+}

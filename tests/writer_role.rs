@@ -1,0 +1,205 @@
+//! The writer as a role (`src/cache/role.rs`): a caller whose miss finds the role free applies it
+//! on its own thread; callers racing for the role are all answered; a holder that panics poisons
+//! the role, and every waiter and every later call is answered `Closed`, never left waiting.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dma_libfabric::sys::fi_addr_t;
+use dma_libfabric::{AddressCache, AddressFormat, AvBackend, DmaError, ModelAv};
+use testkit::sockaddr;
+
+/// A model AV that records which thread ran each insert, and panics on one address.
+struct Recording {
+    av: ModelAv,
+    threads: Arc<Mutex<Vec<String>>>,
+    panics_on: Option<Vec<u8>>,
+}
+
+impl AvBackend for Recording {
+    fn format(&self) -> AddressFormat {
+        self.av.format()
+    }
+    fn address_len(&self) -> usize {
+        self.av.address_len()
+    }
+    fn capacity(&self) -> usize {
+        self.av.capacity()
+    }
+    fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        self.threads.lock().expect("threads").push(name);
+        if self.panics_on.as_deref() == Some(address) {
+            panic!("an AvBackend that panics under the writer role");
+        }
+        self.av.insert(address)
+    }
+    fn remove(&mut self, fi_addr: fi_addr_t) -> Result<(), DmaError> {
+        self.av.remove(fi_addr)
+    }
+}
+
+/// Run `work` on a thread of its own and fail, rather than hang, if it does not finish in 10 s.
+fn within_10s<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(work());
+    });
+    finished
+        .recv_timeout(Duration::from_secs(10))
+        .expect("no answer after 10 s: a wait for ever")
+}
+
+#[test]
+fn an_uncontended_miss_is_applied_on_the_callers_own_thread() {
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let av = ModelAv::new(AddressFormat::Opaque);
+    let cache = AddressCache::with_backend(Recording {
+        av: av.clone(),
+        threads: Arc::clone(&threads),
+        panics_on: None,
+    });
+    std::thread::Builder::new()
+        .name("the-caller".into())
+        .spawn(move || {
+            let pinned = cache.pin();
+            for client in 0..100 {
+                pinned
+                    .resolve(client, &sockaddr(client as u32))
+                    .expect("a miss");
+            }
+        })
+        .expect("a thread")
+        .join()
+        .expect("the caller");
+    let threads = threads.lock().expect("threads").clone();
+    assert_eq!(100, threads.len());
+    // The background thread may take the role between two misses (it is woken for the epoch
+    // ticks of nothing here, but a spurious wake-up is allowed): most inserts ran on the caller.
+    let on_caller = threads.iter().filter(|name| *name == "the-caller").count();
+    assert!(
+        on_caller >= 90,
+        "the caller served its own misses: {on_caller} of 100 ({threads:?})"
+    );
+}
+
+#[test]
+fn callers_racing_for_the_role_with_releases_and_lease_drops_are_all_answered() {
+    let av = ModelAv::new(AddressFormat::Opaque);
+    let cache: &'static AddressCache<ModelAv> =
+        Box::leak(Box::new(AddressCache::with_backend(av.clone())));
+    within_10s(move || {
+        std::thread::scope(|scope| {
+            for thread in 0..4_u64 {
+                scope.spawn(move || {
+                    for round in 0..500_u64 {
+                        let client = thread * 1_000_000 + round;
+                        let address = sockaddr((thread * 1_000 + round % 50) as u32);
+                        let lease = cache.lease(client, &address).expect("a lease");
+                        // Drop leases on another thread now and then: a report for the writer.
+                        if round % 7 == 0 {
+                            std::thread::scope(|inner| {
+                                inner.spawn(move || drop(lease));
+                            });
+                        } else {
+                            drop(lease);
+                        }
+                        let hit = cache
+                            .pin()
+                            .resolve(client, &address)
+                            .map(|peer| peer.fi_addr());
+                        assert!(hit.is_ok(), "a hit: {hit:?}");
+                        cache.release(client);
+                    }
+                });
+            }
+        });
+        cache.quiesce();
+    });
+    let stats = cache.stats();
+    assert_eq!((0, 0, 0), (stats.clients, stats.entries, stats.leases));
+    assert!(av.is_empty(), "every entry removed: {:?}", stats);
+    assert!(av.violations().is_empty(), "{:?}", av.violations());
+}
+
+#[test]
+fn a_holder_that_panics_poisons_the_role_and_every_call_answers_closed() {
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let av = ModelAv::new(AddressFormat::Opaque);
+    let bad = sockaddr(666);
+    let cache: &'static AddressCache<Recording> =
+        Box::leak(Box::new(AddressCache::with_backend(Recording {
+            av,
+            threads,
+            panics_on: Some(bad.clone()),
+        })));
+    cache
+        .pin()
+        .resolve(1, &sockaddr(1))
+        .expect("before the panic");
+    within_10s(move || {
+        // Two callers at once: one of them (or the background thread) holds the role when the
+        // backend panics; neither sees the panic, both are answered.
+        std::thread::scope(|scope| {
+            let failing = scope.spawn(|| cache.pin().resolve(2, &bad).map(|peer| peer.fi_addr()));
+            let other = scope.spawn(|| {
+                cache
+                    .pin()
+                    .resolve(3, &sockaddr(3))
+                    .map(|peer| peer.fi_addr())
+            });
+            assert_eq!(Err(DmaError::Closed), failing.join().expect("no panic"));
+            // The other miss was applied before the panic, or is answered Closed.
+            let other = other.join().expect("no panic");
+            assert!(matches!(other, Ok(_) | Err(DmaError::Closed)), "{other:?}");
+        });
+        // Every later call that needs the writer answers Closed, at once.
+        assert_eq!(
+            Err(DmaError::Closed),
+            cache
+                .pin()
+                .resolve(4, &sockaddr(4))
+                .map(|peer| peer.fi_addr())
+        );
+        assert_eq!(
+            Err(DmaError::Closed),
+            cache
+                .pin()
+                .try_resolve(5, &sockaddr(5))
+                .map(|peer| peer.fi_addr())
+        );
+        assert!(matches!(
+            cache.lease(6, &sockaddr(6)),
+            Err(DmaError::Closed)
+        ));
+        let chunk = cache
+            .pin()
+            .resolve_all(&[(7, &sockaddr(7)), (8, &sockaddr(8))])
+            .len();
+        assert_eq!(2, chunk);
+        cache.release(1);
+        cache.quiesce();
+        // A hit of an entry published before the panic still answers: the index is intact.
+        assert!(cache.pin().resolve(1, &sockaddr(1)).is_ok());
+    });
+}
+
+#[test]
+fn a_cache_whose_writer_panicked_drops_without_waiting() {
+    let bad = sockaddr(13);
+    let cache = AddressCache::with_backend(Recording {
+        av: ModelAv::new(AddressFormat::Opaque),
+        threads: Arc::new(Mutex::new(Vec::new())),
+        panics_on: Some(bad.clone()),
+    });
+    within_10s(move || {
+        assert_eq!(
+            Err(DmaError::Closed),
+            cache.pin().resolve(1, &bad).map(|peer| peer.fi_addr())
+        );
+        // The background thread was parked: the drop must still end it.
+        drop(cache);
+    });
+}
