@@ -13,7 +13,9 @@ use testkit::{PATIENCE, rma_tcp, with_progress};
 #[test]
 fn writes_to_a_peer_that_closed_complete_with_peer_unreachable() {
     let server = rma_tcp();
-    let len = 64 << 10;
+    // 127 writes of 256 KiB (32 MB) posted while the client reads nothing: more than loopback's
+    // socket buffers hold, so some are still queued in the provider when the client closes.
+    let len = 256 << 10;
     let source = server.register(len).unwrap();
     let client = rma_tcp();
     let target = client.register(128 * len).unwrap();
@@ -35,16 +37,17 @@ fn writes_to_a_peer_that_closed_complete_with_peer_unreachable() {
             .expect("connected")
             .result
             .unwrap();
-        // More than the socket buffers hold without a reader: some are in flight at the close.
-        for id in 1..128 {
-            let lease = server.peers().lease(1, &address).unwrap();
-            let slot = remote.slice(id * len as u64, len as u64).unwrap();
-            server
-                .write(lease, source.segment(0, len).unwrap(), slot, id)
-                .unwrap();
-        }
         fi_addr
     });
+    // Posted once the client has stopped reading (a write completes when sent, not when
+    // landed): more than the socket buffers hold, so some are in flight at the close.
+    for id in 1..128 {
+        let lease = server.peers().lease(1, &address).unwrap();
+        let slot = remote.slice(id * len as u64, len as u64).unwrap();
+        server
+            .write(lease, source.segment(0, len).unwrap(), slot, id)
+            .unwrap();
+    }
     drop(target);
     drop(client);
     let mut unreachable = 0;
