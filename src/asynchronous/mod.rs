@@ -61,7 +61,7 @@
 
 use std::future::{Future, poll_fn};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -439,7 +439,7 @@ struct Pending {
 
 impl CompletionOwner for Pending {
     fn completed(&self, completion: Completion) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = crate::sync::lock(&self.state);
         state.0 = Some(completion);
         let waker = state.1.take();
         drop(state);
@@ -459,11 +459,7 @@ struct Completed<'endpoint> {
 
 impl Completed<'_> {
     fn take(&self, context: &std::task::Context<'_>) -> Option<Completion> {
-        let mut state = self
-            .pending
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut state = crate::sync::lock(&self.pending.state);
         let completion = state.0.take();
         if completion.is_none() {
             match &mut state.1 {

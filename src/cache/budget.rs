@@ -1,6 +1,6 @@
 //! The misses queued in chunks: the inbox's bound counts misses, not requests.
 //!
-//! The writer's inbox holds at most [`INBOX_BOUND`](super::writer::INBOX_BOUND) requests, and its
+//! The writer's inbox holds at most [`INBOX_BOUND`] requests, and its
 //! slots are allocated with it. A chunk of `resolve_all` or `lease_all` carries up to 64 misses
 //! in a vector of its own, so requests alone would let 4,096 queued chunks hold 262,144 misses
 //! (12.6 MB measured behind one slow insert). So a chunk's misses also take credits from a budget
@@ -20,6 +20,11 @@
 //!   sender never waits on a closed budget (its send then fails, and it answers `Closed`).
 //! - Under loom the budget is unbounded, as the inbox is: backpressure, not part of the protocol
 //!   the models check.
+
+/// How many requests the writer's inbox holds before senders wait (or `try_resolve` gives up):
+/// the bound the queued requests, the misses queued in chunks and the failure records all count
+/// against.
+pub(crate) const INBOX_BOUND: usize = 4096;
 
 #[cfg(not(dma_loom))]
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,7 +55,7 @@ pub(crate) struct MissBudget {
 impl MissBudget {
     /// The most misses queued in chunks at once: as many as the inbox holds requests.
     #[cfg_attr(dma_loom, allow(dead_code))]
-    pub(crate) const BOUND: usize = super::writer::INBOX_BOUND;
+    pub(crate) const BOUND: usize = INBOX_BOUND;
 
     /// Take `misses` credits (at most [`BOUND`](Self::BOUND)), waiting while too few are left.
     pub(crate) fn take(&self, misses: usize) {

@@ -53,7 +53,7 @@ pub(crate) struct Failures {
 
 impl Failures {
     /// The most records kept at once: the inbox's bound, as many misses as may be queued.
-    pub(crate) const BOUND: usize = super::writer::INBOX_BOUND;
+    pub(crate) const BOUND: usize = super::budget::INBOX_BOUND;
 
     /// Writer: the queued miss of `client` for `address` failed with `error`.
     pub(crate) fn record(&self, client: u64, address: &[u8], error: DmaError) {

@@ -104,9 +104,11 @@ pub(crate) mod epoch;
 mod failures;
 pub(crate) mod index;
 pub mod lease;
+mod lease_counts;
 mod reply;
 mod role;
 mod senders;
+mod shared;
 mod stats;
 mod stored;
 pub(crate) mod writer;
@@ -606,7 +608,7 @@ impl<B: AvBackend> AddressCache<B> {
     /// The most leases one entry may have out at once: [`Pinned::lease`] refuses past it, and
     /// `Lease::clone` aborts the process past it (as `Arc::clone` does), so a lease counter never
     /// wraps.
-    pub const LEASE_LIMIT: u32 = lease::LEASE_LIMIT;
+    pub const LEASE_LIMIT: u32 = lease_counts::LEASE_LIMIT;
 }
 
 /// The identity's length of every address of `address_len` bytes in `format`, if the format takes

@@ -439,19 +439,28 @@ impl LibfabricEndpoint {
     /// # Errors
     /// As [`try_receive`](Self::try_receive).
     pub fn receive(&self, timeout: Duration) -> Result<Option<Vec<u8>>, DmaError> {
+        self.receive_with(timeout, || self.try_receive())
+    }
+
+    /// Wait up to `timeout` for what `take` finds (a message, or a message with its sender),
+    /// sleeping on the queues between attempts and driving progress when it finds nothing; its
+    /// error ends the wait.
+    pub(super) fn receive_with<T>(
+        &self,
+        timeout: Duration,
+        mut take: impl FnMut() -> Result<Option<T>, DmaError>,
+    ) -> Result<Option<T>, DmaError> {
         let mut failed = None;
-        let received = self.wait_until(Deadline::after(timeout), || {
-            match self.try_receive() {
-                Ok(Some(message)) => Some(Some(message)),
-                Ok(None) => {
-                    // Reading the transmit queue too is what moves a manual-progress provider.
-                    self.progress();
-                    None
-                }
-                Err(error) => {
-                    failed = Some(error);
-                    Some(None)
-                }
+        let received = self.wait_until(Deadline::after(timeout), || match take() {
+            Ok(Some(found)) => Some(Some(found)),
+            Ok(None) => {
+                // Reading the transmit queue too is what moves a manual-progress provider.
+                self.progress();
+                None
+            }
+            Err(error) => {
+                failed = Some(error);
+                Some(None)
             }
         });
         match failed {

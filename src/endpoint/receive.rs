@@ -13,8 +13,8 @@
 use std::alloc::Layout;
 use std::cell::UnsafeCell;
 use std::ptr;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
 
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
@@ -95,11 +95,7 @@ impl ReceiveSlots {
     /// Keep slot `index`, whose re-post failed, for a later attempt. The caller owned it (it read
     /// its completion, or took it from this list) and hands it over.
     pub(super) fn defer_post(&self, index: usize) {
-        let mut unposted = self
-            .unposted
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut unposted = crate::sync::lock(&self.unposted.slots);
         unposted.push(index);
         self.unposted.count.store(unposted.len(), Ordering::Release);
     }
@@ -109,11 +105,7 @@ impl ReceiveSlots {
         if 0 == self.unposted.count.load(Ordering::Acquire) {
             return Vec::new();
         }
-        let mut unposted = self
-            .unposted
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut unposted = crate::sync::lock(&self.unposted.slots);
         self.unposted.count.store(0, Ordering::Release);
         std::mem::take(&mut *unposted)
     }
@@ -121,11 +113,7 @@ impl ReceiveSlots {
     /// Keep the slot of `arrival`, whose completion the caller read, for the next
     /// [`take_arrived`](Self::take_arrived). The caller hands the slot over.
     pub(super) fn set_aside(&self, arrival: SlotArrival) {
-        let mut arrived = self
-            .arrived
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut arrived = crate::sync::lock(&self.arrived.slots);
         arrived.push_back(arrival);
         self.arrived.count.store(arrived.len(), Ordering::Release);
     }
@@ -135,11 +123,7 @@ impl ReceiveSlots {
         if 0 == self.arrived.count.load(Ordering::Acquire) {
             return None;
         }
-        let mut arrived = self
-            .arrived
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut arrived = crate::sync::lock(&self.arrived.slots);
         let taken = arrived.pop_front();
         self.arrived.count.store(arrived.len(), Ordering::Release);
         taken

@@ -44,7 +44,6 @@
 use std::time::Duration;
 
 use super::LibfabricEndpoint;
-use super::deadline::Deadline;
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
 
@@ -116,25 +115,7 @@ impl LibfabricEndpoint {
     /// # Errors
     /// As [`receive`](Self::receive).
     pub fn receive_from(&self, timeout: Duration) -> Result<Option<Received>, DmaError> {
-        let mut failed = None;
-        let received = self.wait_until(Deadline::after(timeout), || {
-            match self.take_received() {
-                Ok(Some(received)) => Some(Some(received)),
-                Ok(None) => {
-                    // Reading the transmit queue too is what moves a manual-progress provider.
-                    self.progress();
-                    None
-                }
-                Err(error) => {
-                    failed = Some(error);
-                    Some(None)
-                }
-            }
-        });
-        match failed {
-            Some(error) => Err(error),
-            None => Ok(received.flatten()),
-        }
+        self.receive_with(timeout, || self.take_received())
     }
 }
 

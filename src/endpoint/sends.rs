@@ -33,7 +33,7 @@
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use super::messaging::ErrorEntry;
 use crate::av::fabric::HandedOut;
@@ -188,11 +188,7 @@ impl Sends {
                 return None;
             }
         }
-        let taken = self
-            .free
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
+        let taken = crate::sync::lock(&self.free).pop();
         let Some(index) = taken else {
             if let Some(counter) = counter {
                 counter.fetch_sub(1, Ordering::AcqRel);
@@ -229,10 +225,7 @@ impl Sends {
         if let Some(counter) = self.counter(self.slots[index].fi_addr.load(Ordering::Relaxed)) {
             counter.fetch_sub(1, Ordering::AcqRel);
         }
-        self.free
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(index);
+        crate::sync::lock(&self.free).push(index);
     }
 
     /// The slot whose context is `context`, if it is one of ours: addresses only.

@@ -190,18 +190,13 @@ use std::time::{Duration, Instant};
 use crossbeam_epoch::LocalHandle;
 use hashbrown::HashTable;
 
-use super::budget::MissBudget;
-use super::doorbell::{Doorbell, MAX_SPIN, POLLING};
-use super::failures::Failures;
-use super::index::Index;
-use super::lease::LeaseCounts;
+use super::doorbell::{MAX_SPIN, POLLING};
 use super::reply::Answer;
-use super::stats::{CacheStats, Counters};
+use super::stats::CacheStats;
 use super::stored::StoredAddress;
 use crate::address::AddressFormat;
 use crate::av::AvBackend;
 use crate::error::DmaError;
-use crate::sync::atomic::AtomicBool;
 #[cfg(not(dma_loom))]
 use crate::sync::atomic::Ordering;
 use crate::sync::{Arc, mpsc};
@@ -217,6 +212,8 @@ mod rounds;
 mod run;
 mod state;
 
+pub(crate) use super::budget::INBOX_BOUND;
+pub(crate) use super::shared::Shared;
 #[cfg(not(dma_loom))]
 pub(crate) use cell::{WriterCell, background};
 
@@ -244,9 +241,6 @@ pub(crate) trait Serve: Send + Sync {
     /// the rest is handed to the background thread.
     fn serve(&self);
 }
-
-/// How many requests the inbox holds before senders wait (or `try_resolve` gives up).
-pub(crate) const INBOX_BOUND: usize = 4096;
 
 /// The most requests applied between two publications of the counters: enough to share the
 /// bookkeeping across a burst, few enough that a quiescer or a removal is not kept waiting.
@@ -295,44 +289,6 @@ pub(crate) enum Request {
     },
     /// Remove everything and stop.
     Shutdown,
-}
-
-/// What readers and the writer share.
-pub(crate) struct Shared {
-    pub(crate) index: Index,
-    pub(crate) counters: Counters,
-    pub(crate) leases: LeaseCounts,
-    pub(crate) failures: Failures,
-    /// The misses queued in chunks, which count against the inbox's bound (`cache::budget`).
-    pub(crate) chunk_misses: MissBudget,
-    /// Wakes the parked writer: rung after a request is queued, by the deferral's closure, and by
-    /// the last lease of an awaited removal.
-    pub(crate) doorbell: Doorbell,
-    /// Set by the outstanding deferral's closure: every reader pinned when it was deferred has
-    /// unpinned.
-    pub(crate) readers_gone: AtomicBool,
-    /// Told, on the writer thread, of each client an efa eviction of a live entry drops (other
-    /// than the client whose new incarnation evicted it): set once, by a rail set.
-    pub(crate) on_evict: EvictionHook,
-}
-
-/// What [`Shared::on_evict`] holds: a call per evicted client, made on the writer thread, which
-/// must not wait for any writer, and answers whether it is done with the client.
-pub(crate) type EvictionHook = std::sync::OnceLock<Box<dyn Fn(u64) -> bool + Send + Sync>>;
-
-impl Shared {
-    pub(crate) fn new(capacity: usize) -> Self {
-        Self {
-            index: Index::with_capacity(capacity),
-            counters: Counters::default(),
-            leases: LeaseCounts::new(capacity),
-            failures: Failures::default(),
-            chunk_misses: MissBudget::default(),
-            doorbell: Doorbell::default(),
-            readers_gone: AtomicBool::new(false),
-            on_evict: EvictionHook::new(),
-        }
-    }
 }
 
 #[cfg(not(dma_loom))]

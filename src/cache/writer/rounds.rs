@@ -44,20 +44,6 @@ impl<B: AvBackend> Writer<B> {
         (taken, stop)
     }
 
-    /// What the reports of readers and leases brought: removals, waiters out of patience, the
-    /// eviction hook's leftovers; and the next slice of an admission's registrations.
-    fn take_reports(&mut self) {
-        let removed = self.collect();
-        self.expire_waiters();
-        self.retry_evictions();
-        // An admission's registrations not yet published, a slice a round (see `apply`).
-        self.publish_admitted();
-        if removed || !self.replies.is_empty() {
-            self.finish_batch();
-        }
-        self.answer_quiescers();
-    }
-
     /// Stop: remove everything (the cache is being dropped).
     fn stop(&mut self) {
         self.finish_batch();

@@ -82,14 +82,7 @@ impl<B: AvBackend> Writer<B> {
         loop {
             // Removals may have let parked incarnations in: publish them and answer their waiters
             // before waiting for the next request; then answer the waiters whose patience is out.
-            let removed = self.collect();
-            self.expire_waiters();
-            self.retry_evictions();
-            self.publish_admitted();
-            if removed || !self.replies.is_empty() {
-                self.finish_batch();
-            }
-            self.answer_quiescers();
+            self.take_reports();
             // Quiescing, the first rounds run back to back; once they suspect a pinned reader or
             // a lease, the writer sleeps between rounds so that reader gets the core to finish on.
             let hurry = !self.unpublished.is_empty()
@@ -349,6 +342,20 @@ impl<B: AvBackend> Writer<B> {
         } else {
             self.deferred_evictions.clear();
         }
+    }
+
+    /// What the reports of readers and leases brought: removals, waiters out of patience, the
+    /// eviction hook's leftovers; and the next slice of an admission's registrations.
+    pub(super) fn take_reports(&mut self) {
+        let removed = self.collect();
+        self.expire_waiters();
+        self.retry_evictions();
+        // An admission's registrations not yet published, a slice a round (see `apply`).
+        self.publish_admitted();
+        if removed || !self.replies.is_empty() {
+            self.finish_batch();
+        }
+        self.answer_quiescers();
     }
 
     /// One round for the quiescers: count what each still waits for, note progress or a stall.
