@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::time::Duration;
-use testkit::{hex, unhex};
 
 use dma_libfabric::{Completion, LibfabricEndpoint, MemoryRegion, OverdueOperation, RemoteRegion};
 use testkit::{PATIENCE, rma_tcp, with_progress};
@@ -132,47 +131,11 @@ fn writes_to_a_peer_that_stops_progressing_grow_old_and_complete_once_it_progres
 fn writes_to_a_killed_peer_process_complete_and_its_entry_goes() {
     const NAME: &str = "writes_to_a_killed_peer_process_complete_and_its_entry_goes";
     let Some(mut child) = testkit::spawn_child(NAME) else {
-        // The peer: announce itself, then never progress, until killed (or its stdin closes).
-        let peer = rma_tcp();
-        let target = peer.register(CHUNK).expect("peer memory");
-        println!(
-            "PEER {} {}",
-            hex(&peer.local_address().expect("address")),
-            hex(&target.remote().to_bytes())
-        );
-        std::io::Write::flush(&mut std::io::stdout()).expect("flush");
-        // Progress (so the server can connect) until the parent says "hold", then never again:
-        // wait on stdin until killed, or until the parent goes (EOF).
-        let (said, heard) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut byte = [0; 1];
-            while let Ok(1) = std::io::Read::read(&mut std::io::stdin(), &mut byte) {
-                let _ = said.send(());
-            }
-            std::process::exit(0);
-        });
-        while heard.try_recv().is_err() {
-            peer.progress();
-            std::thread::yield_now();
-        }
-        loop {
-            std::thread::park();
-        }
+        // The peer: progresses (so the server can connect) until the parent says "hold", then
+        // never again, until killed (or its stdin closes).
+        testkit::be_an_rma_peer(CHUNK)
     };
-    // libtest prints "test NAME ... " before the child's own output, on the same line.
-    let mut line = String::new();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
-    let announced = loop {
-        line.clear();
-        let read = std::io::BufRead::read_line(&mut stdout, &mut line).expect("read");
-        assert!(0 < read, "the peer ended before announcing itself");
-        if let Some(at) = line.find("PEER ") {
-            break line[at..].to_string();
-        }
-    };
-    let mut fields = announced.split_whitespace().skip(1);
-    let address = unhex(fields.next().expect("address"));
-    let region = RemoteRegion::from_bytes(&unhex(fields.next().expect("region"))).expect("region");
+    let (address, region) = testkit::announced_peer(&mut child);
 
     let server = rma_tcp();
     let source = server.register(CHUNK).expect("server memory");

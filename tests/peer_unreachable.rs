@@ -4,10 +4,10 @@
 //! then marked, and later RMA posts to it are refused at once, until its index is inserted anew.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
-use std::io::{BufRead, Read, Write};
+use std::io::Write;
 use std::time::Duration;
 
-use dma_libfabric::{DmaError, RemoteRegion};
+use dma_libfabric::DmaError;
 use testkit::{PATIENCE, rma_tcp, with_progress};
 
 #[test]
@@ -141,17 +141,6 @@ impl Drop for Watchdog {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).expect("hex"))
-        .collect()
-}
-
 /// Issue 31, item 4: an RMA write to a peer process that had been SIGKILLed was posted again
 /// and again, each answering `WouldBlock` after its whole timeout. Now the first completion that
 /// says the connection is gone marks the peer, and the next write and read to it answer
@@ -164,46 +153,10 @@ fn rma_to_a_killed_peer_is_refused_after_its_first_failed_completion() {
     const CHUNK: usize = 16 << 20;
     const WRITES: u64 = 4;
     let Some(mut child) = testkit::spawn_child(NAME) else {
-        // The peer: announce itself, progress until the parent says "hold", then never again,
-        // until killed (or until the parent goes: its stdin closes).
-        let peer = rma_tcp();
-        let target = peer.register(CHUNK).expect("peer memory");
-        println!(
-            "PEER {} {}",
-            hex(&peer.local_address().expect("address")),
-            hex(&target.remote().to_bytes())
-        );
-        std::io::stdout().flush().expect("flush");
-        let (said, heard) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut byte = [0; 1];
-            while let Ok(1) = std::io::stdin().read(&mut byte) {
-                let _ = said.send(());
-            }
-            std::process::exit(0);
-        });
-        while heard.try_recv().is_err() {
-            peer.progress();
-            std::thread::yield_now();
-        }
-        loop {
-            std::thread::park();
-        }
+        // The peer: progresses until the parent says "hold", then never again, until killed.
+        testkit::be_an_rma_peer(CHUNK)
     };
-    // libtest prints "test NAME ... " before the child's own output, on the same line.
-    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
-    let mut line = String::new();
-    let announced = loop {
-        line.clear();
-        let read = stdout.read_line(&mut line).expect("read");
-        assert!(0 < read, "the peer ended before announcing itself");
-        if let Some(at) = line.find("PEER ") {
-            break line[at..].to_string();
-        }
-    };
-    let mut fields = announced.split_whitespace().skip(1);
-    let address = unhex(fields.next().expect("address"));
-    let region = RemoteRegion::from_bytes(&unhex(fields.next().expect("region"))).expect("region");
+    let (address, region) = testkit::announced_peer(&mut child);
 
     let server = rma_tcp();
     let source = server.register(CHUNK).expect("server memory");

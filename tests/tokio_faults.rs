@@ -8,7 +8,7 @@
 #![cfg(feature = "tokio")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::process::{Child, ChildStdin, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,49 +24,6 @@ const WRITES: usize = 3;
 /// The deadline each write future is given (what a server's `--write-deadline` would be).
 const DEADLINE: Duration = Duration::from_secs(2);
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).expect("hex"))
-        .collect()
-}
-
-/// The peer's side, in a child: announce the address and a region, progress until the parent
-/// says "hold" (a byte on stdin), then never again, until killed or its stdin closes.
-fn be_the_peer() -> ! {
-    let configuration = Configuration {
-        rma: true,
-        ..Configuration::default()
-    };
-    let peer = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("an endpoint");
-    let target = peer.register(CHUNK).expect("peer memory");
-    println!(
-        "PEER {} {}",
-        hex(&peer.local_address().expect("address")),
-        hex(&target.remote().to_bytes())
-    );
-    std::io::stdout().flush().expect("flush");
-    let (said, heard) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut byte = [0; 1];
-        while let Ok(1) = std::io::stdin().read(&mut byte) {
-            let _ = said.send(());
-        }
-        std::process::exit(0);
-    });
-    while heard.try_recv().is_err() {
-        peer.progress();
-        std::thread::yield_now();
-    }
-    loop {
-        std::thread::park();
-    }
-}
-
 /// A peer process: continued and killed when dropped, so a failing test leaves no stopped
 /// process behind.
 struct PeerProcess {
@@ -78,20 +35,7 @@ struct PeerProcess {
 
 impl PeerProcess {
     fn announced(mut child: Child) -> Self {
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let mut line = String::new();
-        let announced = loop {
-            line.clear();
-            let read = stdout.read_line(&mut line).expect("read");
-            assert!(0 < read, "the peer ended before announcing itself");
-            // libtest prints "test NAME ... " before the child's own output, on the same line.
-            if let Some(at) = line.find("PEER ") {
-                break line[at..].to_string();
-            }
-        };
-        let mut fields = announced.split_whitespace().skip(1);
-        let address = unhex(fields.next().expect("address"));
-        let region = RemoteRegion::from_bytes(&unhex(fields.next().expect("region"))).unwrap();
+        let (address, region) = testkit::announced_peer(&mut child);
         let stdin = child.stdin.take();
         Self {
             child,
@@ -188,7 +132,7 @@ async fn every_write_future_resolves_when_one_peer_is_killed_and_another_stopped
     const NAME: &str = "every_write_future_resolves_when_one_peer_is_killed_and_another_stopped";
     let (Some(killed), Some(stopped)) = (testkit::spawn_child(NAME), testkit::spawn_child(NAME))
     else {
-        be_the_peer();
+        testkit::be_an_rma_peer(CHUNK);
     };
     let mut killed = PeerProcess::announced(killed);
     let mut stopped = PeerProcess::announced(stopped);

@@ -325,6 +325,59 @@ pub fn spawn_child(name: &str) -> Option<std::process::Child> {
     )
 }
 
+/// The peer's side of an RMA peer process, in the child [`spawn_child`] started: open an RMA
+/// endpoint, register `region_len` bytes, announce the address and the region on stdout (a
+/// `PEER <address> <region>` line, in hex, that [`announced_peer`] reads), progress until the
+/// parent says "hold" (a byte on stdin), then never again, until killed or its stdin closes.
+pub fn be_an_rma_peer(region_len: usize) -> ! {
+    use std::io::{Read, Write};
+    let peer = rma_tcp();
+    let target = peer.register(region_len).expect("peer memory");
+    println!(
+        "PEER {} {}",
+        hex(&peer.local_address().expect("address")),
+        hex(&target.remote().to_bytes())
+    );
+    std::io::stdout().flush().expect("flush");
+    let (said, heard) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut byte = [0; 1];
+        while let Ok(1) = std::io::stdin().read(&mut byte) {
+            let _ = said.send(());
+        }
+        std::process::exit(0);
+    });
+    while heard.try_recv().is_err() {
+        peer.progress();
+        std::thread::yield_now();
+    }
+    loop {
+        std::thread::park();
+    }
+}
+
+/// The parent's side of [`be_an_rma_peer`]: read the child's announcement from its stdout, and
+/// hand back its address and its region.
+pub fn announced_peer(child: &mut std::process::Child) -> (Vec<u8>, dma_libfabric::RemoteRegion) {
+    use std::io::BufRead;
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    let announced = loop {
+        line.clear();
+        let read = stdout.read_line(&mut line).expect("read");
+        assert!(0 < read, "the peer ended before announcing itself");
+        // libtest prints "test NAME ... " before the child's own output, on the same line.
+        if let Some(at) = line.find("PEER ") {
+            break line[at..].to_string();
+        }
+    };
+    let mut fields = announced.split_whitespace().skip(1);
+    let address = unhex(fields.next().expect("address"));
+    let region = dma_libfabric::RemoteRegion::from_bytes(&unhex(fields.next().expect("region")))
+        .expect("region");
+    (address, region)
+}
+
 /// An [`Observer`] that holds the writer inside its first insert until the test says go: it
 /// signals `entered` from there, then waits on `go`. So a test can fill the writer's inbox.
 #[derive(Debug)]
