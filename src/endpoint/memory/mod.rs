@@ -660,7 +660,8 @@ mod tests {
     use super::*;
     use crate::configuration::Configuration;
 
-    fn endpoint() -> LibfabricEndpoint {
+    /// An RMA endpoint on tcp, for this room's unit tests (`registration` uses it too).
+    pub(super) fn endpoint() -> LibfabricEndpoint {
         let configuration = Configuration {
             rma: true,
             ..Configuration::default()

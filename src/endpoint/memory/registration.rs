@@ -660,16 +660,8 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)] // tests assert by panicking
 
     use super::*;
-    use crate::configuration::Configuration;
     use crate::endpoint::LibfabricEndpoint;
-
-    fn endpoint() -> LibfabricEndpoint {
-        let configuration = Configuration {
-            rma: true,
-            ..Configuration::default()
-        };
-        LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint")
-    }
+    use crate::endpoint::memory::tests::endpoint;
 
     /// Register 64 bytes in `endpoint`'s domain as if the provider had asked for `mr_mode`,
     /// requesting `key`.
