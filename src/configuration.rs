@@ -166,8 +166,8 @@ pub(crate) fn threads_in_this_process() -> Option<usize> {
 /// How to open a [`LibfabricEndpoint`](crate::endpoint::LibfabricEndpoint).
 ///
 /// The default is the embedded one that works on any Linux host: tcp on 127.0.0.1, with queues
-/// and buffers sized for a server with many peers and small messages (see the
-/// [module docs](self) for rxm's buffers).
+/// and buffers sized for a server with many peers and small messages (see
+/// [`RxmSizing`] for rxm's buffers).
 ///
 /// ```
 /// use dma_libfabric::{Configuration, Provider};
@@ -512,7 +512,7 @@ fn within(field: &str, value: usize, low: usize, high: usize, bound: &str) -> Re
 /// process loaded, which may differ from the headers it was built against.
 ///
 /// ```
-/// let (major, _minor) = dma_libfabric::configuration::runtime_version();
+/// let (major, _minor) = dma_libfabric::runtime_version();
 /// assert!(major >= 1);
 /// ```
 pub fn runtime_version() -> (u32, u32) {
@@ -526,7 +526,7 @@ pub fn runtime_version() -> (u32, u32) {
 /// provider listed here may still offer no endpoint on this host (efa without a device).
 ///
 /// ```
-/// let providers = dma_libfabric::configuration::compiled_providers()?;
+/// let providers = dma_libfabric::compiled_providers()?;
 /// assert!(providers.iter().any(|name| name == "tcp"));
 /// # Ok::<(), dma_libfabric::DmaError>(())
 /// ```

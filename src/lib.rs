@@ -1,25 +1,34 @@
 //! dma-libfabric: a lock-free address-vector cache and a safe endpoint for data-transfer servers
 //! on libfabric (RDMA NICs, AWS EFA, or the tcp provider on any host).
 //!
-//! The modules, bottom up; each uses only those above it (`tests/layout.rs` checks it):
+//! Everything is named at the crate root, in the order a server meets it:
 //!
-//! - [`sys`]: the raw libfabric bindings (the `dma-libfabric-sys` crate).
-//! - [`error`], [`address`], [`configuration`]: the error type, which bytes of an address name a
-//!   peer ([`AddressFormat`]), and how an endpoint is opened.
-//! - [`av`]: the address-vector layer: [`AvBackend`], the real [`FabricAv`], the model AV.
-//! - [`cache`]: [`AddressCache`], wait-free hits, one writer, epoch-deferred `fi_av_remove`,
-//!   [`Lease`]s for operations in flight.
-//! - [`endpoint`]: [`LibfabricEndpoint`], a reliable-datagram endpoint that owns its AV, its
-//!   queues and a cache over that AV.
-//! - [`rails`]: [`RailSet`], one endpoint per NIC driven as one: a client resolved on every rail
-//!   at once, memory on every rail, transfers striped across them.
+//! - Configuration, and opening an endpoint: [`Configuration`], [`LibfabricEndpoint`].
+//! - Addresses, and the cache of them an endpoint keeps: [`AddressFormat`], [`AddressCache`]
+//!   (wait-free hits, one writer, epoch-deferred `fi_av_remove`) over an [`AvBackend`] such as
+//!   the real [`FabricAv`].
+//! - Leases and pins: a [`Pinned`] guard resolves a [`Peer`]; a [`Lease`] holds an entry while an
+//!   operation is in flight.
+//! - Messages: [`LibfabricEndpoint::send`], [`Received`], [`Notification`].
+//! - Memory and RMA: [`StableBuffer`], [`MemoryRegion`], [`RemoteRegion`], [`Segment`],
+//!   [`Operation`].
+//! - Completions: [`Completion`], [`OverdueOperation`].
+//! - Rails: [`RailSet`], one endpoint per NIC driven as one: a client resolved on every rail at
+//!   once, memory on every rail, transfers striped across them.
+//! - Errors: [`DmaError`].
+//! - The async API (feature `tokio`): the `asynchronous` module.
+//! - The raw libfabric bindings: [`sys`] (the `dma-libfabric-sys` crate).
+//!
+//! The layers under them (`error`, `address`, `configuration`, `av`, `cache`, `endpoint`,
+//! `rails`; `ARCHITECTURE.md` draws them) are private modules, each using only those below it
+//! (`tests/layout.rs` checks it).
 //!
 //! What the types enforce: safe code posts only to a [`Peer`], which a [`Pinned`] resolve makes
 //! and which cannot outlive that pin, so it cannot post to an index the cache has removed or
 //! handed to another peer; a peer of another endpoint's cache is refused with
 //! [`DmaError::InvalidArgument`]. Posting to a raw `fi_addr_t` is `unsafe`
 //! ([`LibfabricEndpoint::send_raw`]). [`LibfabricEndpoint::lookup`] reads only indices the AV has
-//! handed out, and every wait on libfabric is bounded. See the [`endpoint`] module docs.
+//! handed out, and every wait on libfabric is bounded.
 //!
 //! ```
 //! use std::time::Duration;
@@ -40,36 +49,71 @@
 //! # Ok::<(), dma_libfabric::DmaError>(())
 //! ```
 
-pub mod address;
+mod address;
+// The tokio API stays a public module: its `POST_PATIENCE` (how long a future retries a full
+// queue) would clash at the root with the endpoint's (how long `open` posts receive buffers).
 #[cfg(feature = "tokio")]
 pub mod asynchronous;
-pub mod av;
-pub mod cache;
-pub mod configuration;
-pub mod endpoint;
-pub mod error;
-pub mod rails;
-pub(crate) mod sync;
+mod av;
+mod cache;
+mod configuration;
+mod endpoint;
+mod error;
+mod rails;
+mod sync;
 
+// The raw bindings, for code that calls libfabric itself: a crate of their own, named here
+// rather than re-exported name by name.
 /// The raw bindings, for code that calls libfabric itself.
 pub use dma_libfabric_sys as sys;
 
-pub use address::AddressFormat;
+// Configuration, and opening an endpoint.
+pub use configuration::{Configuration, Provider, RxmSizing, compiled_providers, runtime_version};
+pub use endpoint::{Description, LibfabricEndpoint, POST_PATIENCE};
+
+// Addresses, and the cache of them an endpoint keeps.
+pub use address::{AddressFormat, EFA_ADDRESS_LEN, EFA_IDENTITY_LEN, SOCKADDR_IN_LEN};
+pub use av::{AvBackend, FabricAv};
+pub use cache::{AddressCache, CacheStats};
+
+// The model AV (feature `model`): efa's address rules without an efa device, for tests, loom and
+// fuzzing; off the default build's surface.
 #[cfg(any(test, feature = "model"))]
 pub use av::model::{AvEvent, ModelAv};
-pub use av::{AvBackend, FabricAv};
-pub use cache::{AddressCache, CacheStats, Lease, Peer, Pinned};
-pub use configuration::{Configuration, Provider, RxmSizing};
+
+// Leases and pins: what a transfer holds while it uses an address.
+pub use cache::{Lease, Peer, Pinned};
+
+// Messages.
+pub use endpoint::{MAX_PIECES, MAX_SEND_COPY, MAX_SENDS, Notification, Received};
+
+// Memory and RMA.
+pub use endpoint::memory::{KEY_ATTEMPTS, MAX_REGION_LEN, QUARANTINE};
 pub use endpoint::{
-    Completion, Description, Exposure, LibfabricEndpoint, MemoryInterface, MemoryRegion,
-    Notification, Operation, OverdueOperation, PooledBuffer, Received, RegionSlice, RemoteRegion,
-    Segment, StableBuffer,
+    Exposure, MAX_OPERATIONS, MemoryInterface, MemoryRegion, Operation, PooledBuffer, RegionSlice,
+    RemoteRegion, Segment, StableBuffer,
 };
-pub use error::DmaError;
+
+// Completions.
+pub use endpoint::{Completion, OverdueOperation};
+
+// Rails: one endpoint per NIC, driven as one.
 pub use rails::{
     MAX_RAILS, MIN_STRIPE, RailCaches, RailLease, RailPeers, RailRegion, RailRemoteRegion,
-    RailSegment, RailSet, RailsPinned,
+    RailSegment, RailSet, RailsPinned, STRIPE_ALIGN,
 };
+
+// Errors.
+pub use error::DmaError;
+
+// The async API is the public module `asynchronous` above (feature `tokio`).
+
+// The loom models' view of the primitives they check (`loom_tests/`, `--cfg dma_loom` only):
+// the writer role, a region's access word, the completion waiters' hand-off.
+#[cfg(dma_loom)]
+pub use cache::{Role, Served, Take};
+#[cfg(dma_loom)]
+pub use endpoint::{AccessWord, Deadline, Handoff};
 
 /// The README's first program, run as a doc test so the front page cannot go stale.
 #[cfg(doctest)]

@@ -105,7 +105,7 @@ fn lookup_reads_what_any_fabric_av_on_the_endpoint_handed_out() {
     // A removed slot is still memory, so the lookup is safe; what it reads back differs by
     // version (DESIGN.md): the old bytes on 1.x, nothing on 2.x.
     let removed = endpoint.lookup(1).expect("lookup");
-    match dma_libfabric::configuration::runtime_version() {
+    match dma_libfabric::runtime_version() {
         (1, _) => assert_eq!(Some(sockaddr(2)), removed, "1.x reads back the old bytes"),
         _ => assert_eq!(None, removed, "2.x reads back nothing"),
     }

@@ -212,7 +212,7 @@ fn on_native_tcp_too_a_late_message_names_whoever_holds_the_index_now() {
         providers: vec![dma_libfabric::Provider::TcpNative],
         ..Configuration::default()
     };
-    if dma_libfabric::configuration::runtime_version().0 < 2 {
+    if dma_libfabric::runtime_version().0 < 2 {
         assert!(LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).is_err());
         return;
     }
@@ -317,7 +317,7 @@ fn native_tcp_on_2x_names_its_senders_too() {
         providers: vec![dma_libfabric::Provider::TcpNative],
         ..Configuration::default()
     };
-    let (major, _) = dma_libfabric::configuration::runtime_version();
+    let (major, _) = dma_libfabric::runtime_version();
     if major < 2 {
         assert!(LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).is_err());
         return;

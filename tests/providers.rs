@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use dma_libfabric::configuration::{compiled_providers, runtime_version};
-use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, Provider, sys};
+use dma_libfabric::{
+    Configuration, DmaError, LibfabricEndpoint, Provider, compiled_providers, runtime_version, sys,
+};
 
 /// The directory the loaded libfabric.so came from, read from this process's own mappings.
 fn loaded_libfabric_dir() -> PathBuf {

@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use testkit::resident;
 
-use dma_libfabric::endpoint::memory::{MAX_REGION_LEN, QUARANTINE};
-use dma_libfabric::{DmaError, LibfabricEndpoint, MemoryRegion, RemoteRegion};
+use dma_libfabric::{
+    DmaError, LibfabricEndpoint, MAX_REGION_LEN, MemoryRegion, QUARANTINE, RemoteRegion,
+};
 use testkit::{PATIENCE, rma_tcp, wait_for_bytes, with_progress};
 use testkit::{Random, in_child_process};
 

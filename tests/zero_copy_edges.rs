@@ -144,7 +144,7 @@ fn bad_pieces_are_refused_with_nothing_posted() {
         target.remote(),
         1,
     ));
-    let many: Vec<Segment<'_>> = (0..(dma_libfabric::endpoint::MAX_OPERATIONS + 1)
+    let many: Vec<Segment<'_>> = (0..(dma_libfabric::MAX_OPERATIONS + 1)
         * server.pieces_per_message())
         .map(|_| one.segment(0, 1).unwrap())
         .collect();
@@ -361,7 +361,7 @@ unsafe impl dma_libfabric::StableBuffer for Claims {
 #[test]
 fn bounds_threads_and_durations_at_their_edges() {
     let server = rma_tcp();
-    let bound = dma_libfabric::endpoint::memory::MAX_REGION_LEN;
+    let bound = dma_libfabric::MAX_REGION_LEN;
     for len in [0, bound + 1, usize::MAX] {
         let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let claims = Claims {

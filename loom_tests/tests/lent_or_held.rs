@@ -4,7 +4,7 @@
 //! overlaps a write, or that does not happen after it.
 #![cfg(dma_loom)]
 
-use dma_libfabric::endpoint::AccessWord;
+use dma_libfabric::AccessWord;
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 

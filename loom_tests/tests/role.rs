@@ -8,7 +8,7 @@
 //! and **H**, the role taken with a plain load and store.
 #![cfg(dma_loom)]
 
-use dma_libfabric::cache::{Role, Served};
+use dma_libfabric::{Role, Served};
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::{Arc, Mutex};
@@ -106,7 +106,7 @@ fn two_missing_threads_and_the_background_thread_race_for_the_role() {
         applied.sort_unstable();
         assert_eq!(vec![1, 2], applied);
         // The role is free again.
-        assert_eq!(dma_libfabric::cache::Take::Taken, model.role.try_take());
+        assert_eq!(dma_libfabric::Take::Taken, model.role.try_take());
         model.role.release();
         // The report was taken at most once; if nobody took it, the drop's ring would wake the
         // background thread (not modelled here).

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use dma_libfabric::endpoint::{Deadline, Handoff};
+use dma_libfabric::{Deadline, Handoff};
 use loom::sync::{Arc, Condvar, Mutex};
 
 /// The model's `eventfd`: sticky (a ring before the sleep still wakes it), consumed by the sleep.

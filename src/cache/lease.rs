@@ -83,7 +83,7 @@ use dma_libfabric_sys::fi_addr_t;
 /// An owned hold on a cache entry: while it lives, the entry's `fi_av_remove` does not run, and
 /// its `fi_addr_t` keeps mapping to the address it was resolved for. Hold one for every operation
 /// that is in flight after its post returns, and drop it once the operation's completion has been
-/// read. See the [module docs](self).
+/// read. The lease protocol's guarantees, bounds and ordering are in `src/cache/lease.rs`.
 ///
 /// A lease is `Send` and `Sync`: a completion thread drops it. It borrows the cache, so the cache
 /// (and the endpoint that owns it) cannot be dropped while a lease is out.

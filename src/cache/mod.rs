@@ -103,7 +103,7 @@ mod doorbell;
 pub(crate) mod epoch;
 mod failures;
 pub(crate) mod index;
-pub mod lease;
+mod lease;
 mod lease_counts;
 mod reply;
 mod role;

@@ -7,7 +7,8 @@ use super::within;
 use crate::error::DmaError;
 
 /// rxm's buffer sizes, which libfabric reads only from `FI_OFI_RXM_*` environment variables at
-/// provider initialisation (see the [module docs](crate::configuration) for when and how they are applied).
+/// provider initialisation (see `src/configuration.rs`, "Endpoint sizing", for when and how
+/// they are applied).
 /// `None` leaves rxm's own default.
 ///
 /// Read in libfabric 1.17 and 2.6.0's `prov/rxm/src/rxm_init.c`, and measured with

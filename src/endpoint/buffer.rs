@@ -219,8 +219,8 @@ impl std::fmt::Debug for RegionSlice<'_> {
 impl LibfabricEndpoint {
     /// Register the application's `buffer` in place, for RMA and as the local side of this
     /// endpoint's operations: the provider gets the buffer's own address, and nothing is copied.
-    /// The region owns the buffer; see the [`buffer`](self) module docs for who may touch its
-    /// bytes and when, and how it comes back. Device memory (an [`interface`](
+    /// The region owns the buffer; see [`StableBuffer`] for who may touch its bytes and when,
+    /// and how it comes back. Device memory (an [`interface`](
     /// StableBuffer::interface) other than host) goes through `fi_mr_regattr`, and needs a
     /// provider that offers `FI_HMEM`.
     ///
@@ -436,8 +436,8 @@ impl<'ep, B: StableBuffer> MemoryRegion<'ep, B> {
     /// No peer's transfer under the region's key is in progress or will start: each peer given
     /// [`remote`](Self::remote) has said (on its own messages) that it is done, after its last
     /// transfer completed. (Closing the registration refuses new transfers; one a software
-    /// provider admitted earlier may still move bytes: see [`memory`](super::memory),
-    /// "parking".)
+    /// provider admitted earlier may still move bytes: see
+    /// [`parked_memory`](LibfabricEndpoint::parked_memory).)
     ///
     /// # Errors
     /// As [`into_buffer`](Self::into_buffer), without the `Remote` refusal.

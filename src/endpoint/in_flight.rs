@@ -102,8 +102,8 @@ impl LibfabricEndpoint {
     }
 
     /// Append to `out` every RMA operation that has been in flight for at least `deadline`, and
-    /// return how many were appended. The operations stay in flight (see the
-    /// [module docs](self)): the caller decides what an overdue peer means to it.
+    /// return how many were appended. The operations stay in flight (this call
+    /// only reports them): the caller decides what an overdue peer means to it.
     ///
     /// ```
     /// use std::time::Duration;

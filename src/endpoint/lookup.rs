@@ -4,9 +4,9 @@
 //! [`lookup`](LibfabricEndpoint::lookup) reads only indices this AV has handed out: libfabric
 //! 1.17 crashes on the others.
 
-#[cfg(doc)] // for the docs' links
-use super::FabricAv;
 use super::{Description, LibfabricEndpoint, check};
+#[cfg(doc)] // for the docs' links
+use crate::av::FabricAv;
 use crate::cache::AddressCache;
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;

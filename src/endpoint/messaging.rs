@@ -41,12 +41,12 @@ use std::ffi::CStr;
 use std::ptr;
 use std::time::Duration;
 
-#[cfg(doc)] // for the docs' links
-use super::FabricAv;
 use super::deadline::Deadline;
 use super::receive::SlotArrival;
 use super::senders::{self, Received};
 use super::{LibfabricEndpoint, POST_PATIENCE, sends};
+#[cfg(doc)] // for the docs' links
+use crate::av::FabricAv;
 use crate::cache::Peer;
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;

@@ -70,20 +70,20 @@
 //!   the endpoint, before the cache and the domain close.
 
 mod access;
-pub mod buffer;
+mod buffer;
 pub(crate) mod completions;
 pub(crate) mod deadline;
 mod handles;
-pub mod in_flight;
+mod in_flight;
 mod lookup;
-pub mod memory;
+pub(crate) mod memory;
 mod messaging;
 mod open;
 mod receive;
-pub mod rma;
+mod rma;
 mod senders;
 mod sends;
-pub mod vectored;
+mod vectored;
 pub(crate) mod wait;
 
 use std::mem::ManuallyDrop;
@@ -107,8 +107,6 @@ pub use self::vectored::{MAX_PIECES, Notification};
 /// The completion waiters' hand-off and its deadline, for the loom models (`loom_tests/`).
 #[cfg(dma_loom)]
 pub use self::{deadline::Deadline, wait::Handoff};
-/// The endpoint's AV backend lives in [`crate::av`]; re-exported here, where it always was.
-pub use crate::av::FabricAv;
 use crate::av::fabric::{self as av, HandedOut};
 use crate::cache::AddressCache;
 #[cfg(doc)] // for the docs' links

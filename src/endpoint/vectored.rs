@@ -148,8 +148,8 @@ impl Notifications {
 impl LibfabricEndpoint {
     /// `fi_writemsg` of `sources` (segments of one region), back to back, into the peer's
     /// `target`, against `lease`, retrying backpressure for up to a second; split past the
-    /// provider's limit of pieces and joined into one completion with `id` (see the
-    /// [`vectored`](self) module docs).
+    /// provider's limit of pieces and joined into one completion with `id` (see
+    /// `src/endpoint/vectored.rs`, "Scatter and gather").
     ///
     /// # Errors
     /// As [`write_gather_within`](Self::write_gather_within).

@@ -52,7 +52,7 @@ impl<'rails> RailsPinned<'rails> {
 
     /// `client`'s peer on every rail, from `addresses`, the peer's rail addresses (what its
     /// [`RailSet::local_addresses`](super::RailSet::local_addresses) gave): local rail `i` uses
-    /// `addresses[i % addresses.len()]` (see the [module docs](super), "Mapping"). A miss on a
+    /// `addresses[i % addresses.len()]` (see [`RailSet`](super::RailSet)). A miss on a
     /// rail is inserted through that rail's writer, as [`Pinned::resolve`] does.
     ///
     /// All or nothing: either every rail resolved `client` and the peers are returned, or none is

@@ -22,7 +22,7 @@ const POST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// One [`LibfabricEndpoint`] per NIC, driven as one: a client is resolved and leased on every
 /// rail at once, memory is registered on every rail, and large transfers are striped across the
-/// rails. See the [module docs](super) for the mapping and the guarantees.
+/// rails. The mapping and the guarantees are in `src/rails/mod.rs`.
 ///
 /// ```
 /// use dma_libfabric::{Configuration, RailSet};
@@ -329,7 +329,7 @@ impl RailSet {
     /// failed `fi_write`) is the transfer's completion error, handed out once the posted stripes
     /// have completed.
     ///
-    /// The [module docs](super) have an example.
+    /// `src/rails/mod.rs` has an example.
     pub fn write(
         &self,
         lease: RailLease<'_>,

@@ -243,8 +243,8 @@ impl LibfabricEndpoint {
 
     /// How many bytes of dropped regions' memory the endpoint holds now: memory a peer's
     /// transfer admitted before the drop may still reach, so it is freed only when the endpoint
-    /// drops, and reused meanwhile by later registrations of the same size class (see the
-    /// [`memory`](crate::endpoint::memory) module docs, "parking"). Bounded by the peak of
+    /// drops, and reused meanwhile by later registrations of the same size class (see
+    /// `src/endpoint/memory/mod.rs`, "parking"). Bounded by the peak of
     /// registered memory, plus the quarantine of each size class.
     ///
     /// ```
@@ -301,7 +301,7 @@ impl LibfabricEndpoint {
 /// flight is safe: the memory and the registration live until the operation's completion has
 /// been read. Memory a peer may reach is then parked by the endpoint, not freed, since a peer's
 /// transfer may still reach it ([`parked_memory`](LibfabricEndpoint::parked_memory)). See
-/// the [module docs](self) and [`buffer`](super::buffer) for the application's memory.
+/// [`StableBuffer`](super::buffer::StableBuffer) for the application's memory.
 ///
 /// ```
 /// use dma_libfabric::{Configuration, LibfabricEndpoint, RemoteRegion};

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::error::DmaError;
 
 /// How many more buffers of a size class are parked after a dropped region's before its memory
-/// is reused (see the [`memory`](super) module docs, "Reuse, and what it risks").
+/// is reused (see `src/endpoint/memory/mod.rs`, "Reuse, and what it risks").
 pub const QUARANTINE: usize = 2;
 
 /// The smallest buffer the pool allocates.

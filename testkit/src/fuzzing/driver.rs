@@ -8,8 +8,7 @@ use std::time::Duration;
 use super::fail;
 use super::ops::{CLIENTS, MAX_LEASES, MAX_OPS, MAX_PINS, Op};
 use super::reference::{Acceptance, MAX_WORLDS, Now, Outcome, Rules, World, Worlds};
-use dma_libfabric::cache::{AddressCache, AvBackend, Lease, Pinned};
-use dma_libfabric::error::DmaError;
+use dma_libfabric::{AddressCache, AvBackend, DmaError, Lease, Pinned};
 
 /// How long `LeaseDirect` waits for its entry: a parked efa incarnation whose old one no lease
 /// holds gets in within a few of the writer's epoch ticks (10 ms at most each); one that a lease

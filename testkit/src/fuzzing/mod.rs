@@ -41,12 +41,10 @@ use arbitrary::{Arbitrary, Unstructured};
 use self::driver::{Driver, ModelObserver, Observer};
 use self::ops::{Address, AddressInput, CacheOps, TcpOps};
 use self::reference::{Acceptance, Rules};
-use dma_libfabric::address::{AddressFormat, EFA_ADDRESS_LEN, EFA_IDENTITY_LEN, SOCKADDR_IN_LEN};
-use dma_libfabric::cache::AddressCache;
-use dma_libfabric::configuration::Configuration;
-use dma_libfabric::endpoint::LibfabricEndpoint;
-use dma_libfabric::error::DmaError;
-use dma_libfabric::{CacheStats, ModelAv, sys};
+use dma_libfabric::{
+    AddressCache, AddressFormat, CacheStats, Configuration, DmaError, EFA_ADDRESS_LEN,
+    EFA_IDENTITY_LEN, LibfabricEndpoint, ModelAv, SOCKADDR_IN_LEN, sys,
+};
 
 /// An oracle failure: the fuzz target found a bug.
 #[allow(clippy::panic)] // a failed check must abort the fuzz run, with what went wrong

@@ -144,7 +144,7 @@ pub struct TcpOps {
 /// An efa address from the small space: GID `gid % 2`, QPN `qpn % 3`, QKEY `qkey % 3`; a fourth
 /// of the QKEY space changes the pointer bytes instead, which is a new incarnation too.
 pub fn efa_address(gid: u8, qpn: u8, qkey: u8) -> Vec<u8> {
-    let mut bytes = vec![0_u8; dma_libfabric::address::EFA_ADDRESS_LEN];
+    let mut bytes = vec![0_u8; dma_libfabric::EFA_ADDRESS_LEN];
     bytes[..16].fill(0xfe ^ (gid % 2));
     bytes[16..18].copy_from_slice(&u16::from(qpn % 3).to_ne_bytes());
     let qkey = qkey % 4;
@@ -175,7 +175,7 @@ pub fn opaque_address(gid: u8, qpn: u8, qkey: u8, len: usize) -> Vec<u8> {
 /// A `sockaddr_in` from a small space: mostly well formed (AF_INET, 127.0.0.1, a port of 1 to
 /// 5), with a bad family, port zero, host zero or garbage padding mixed in.
 pub fn sockaddr(family: u8, port: u8, host: u8) -> Vec<u8> {
-    let mut bytes = vec![0_u8; dma_libfabric::address::SOCKADDR_IN_LEN];
+    let mut bytes = vec![0_u8; dma_libfabric::SOCKADDR_IN_LEN];
     let family: u16 = match family % 8 {
         0 => 0,
         1 => 10, // AF_INET6

@@ -30,7 +30,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use dma_libfabric::address::AddressFormat;
+use dma_libfabric::AddressFormat;
 
 /// What a resolve may answer, as far as the model can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -93,13 +93,13 @@ impl Rules {
     /// (a peer that has not run `fi_getname` yet) are invalid on every format.
     pub fn identity(&self, address: &[u8]) -> Option<Vec<u8>> {
         let identity_len = match self.format {
-            AddressFormat::Efa => dma_libfabric::address::EFA_IDENTITY_LEN,
+            AddressFormat::Efa => dma_libfabric::EFA_IDENTITY_LEN,
             AddressFormat::Opaque => self.address_len,
         };
         let valid = !address.is_empty()
             && address.len() == self.address_len
             && (AddressFormat::Opaque == self.format
-                || dma_libfabric::address::EFA_ADDRESS_LEN == self.address_len)
+                || dma_libfabric::EFA_ADDRESS_LEN == self.address_len)
             && address.iter().any(|&byte| 0 != byte);
         valid.then(|| address[..identity_len].to_vec())
     }
