@@ -115,6 +115,40 @@ pub use cache::{Role, Served, Take};
 #[cfg(dma_loom)]
 pub use endpoint::{AccessWord, Deadline, Handoff};
 
+/// The layers are private: one path per name, the root's. Each of these fails to compile
+/// (`E0603`, a private module), so a layer made public again by mistake fails the doc tests
+/// (and `tests/public_surface.txt`).
+///
+/// ```compile_fail,E0603
+/// use dma_libfabric::address::AddressFormat;
+/// ```
+/// ```compile_fail,E0603
+/// use dma_libfabric::av::FabricAv;
+/// ```
+/// ```compile_fail,E0603
+/// use dma_libfabric::cache::AddressCache;
+/// ```
+/// ```compile_fail,E0603
+/// use dma_libfabric::configuration::Configuration;
+/// ```
+/// ```compile_fail,E0603
+/// use dma_libfabric::endpoint::LibfabricEndpoint;
+/// ```
+/// ```compile_fail,E0603
+/// use dma_libfabric::error::DmaError;
+/// ```
+/// ```compile_fail,E0603
+/// use dma_libfabric::rails::RailSet;
+/// ```
+/// ```
+/// // The root paths of the same names.
+/// use dma_libfabric::{
+///     AddressCache, AddressFormat, Configuration, DmaError, FabricAv, LibfabricEndpoint, RailSet,
+/// };
+/// ```
+#[cfg(doctest)]
+pub struct PrivateLayers;
+
 /// The README's first program, run as a doc test so the front page cannot go stale.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
