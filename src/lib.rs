@@ -62,8 +62,8 @@ mod error;
 mod rails;
 mod sync;
 
-// The raw bindings, for code that calls libfabric itself: a crate of their own, named here
-// rather than re-exported name by name.
+// The bindings stay a module of their own (the `dma-libfabric-sys` crate): libfabric's hundreds
+// of names do not belong in this list.
 /// The raw bindings, for code that calls libfabric itself.
 pub use dma_libfabric_sys as sys;
 
