@@ -1,11 +1,11 @@
-//! Applying requests to the writer's state: resolves (insert, join, park, evict), releases,
-//! retirement and removal, and admitting a parked incarnation.
+//! Applying requests to the writer's state: resolves (insert, join, park, evict), releases, and
+//! admitting a parked incarnation once the entry it waited for is out (retirement and removal
+//! are in `reclaim.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::time::Instant;
 
-use super::run::{FIRST_RETRY, LAST_RETRY};
 use super::state::{
     Entry, Holders, Holding, LIVE, Parked, Pending, Wait, Waiter, entry_in, identity_at,
 };
@@ -36,8 +36,8 @@ impl<B: AvBackend> Writer<B> {
                 reply,
             } => {
                 self.stats.misses += 1;
+                let result = self.resolve(client, &address);
                 let address = address.bytes();
-                let result = self.resolve(client, address);
                 match reply {
                     Reply::Queued => match &result {
                         Ok(_) | Err(DmaError::WouldBlock) => {}
@@ -61,7 +61,7 @@ impl<B: AvBackend> Writer<B> {
                     .into_iter()
                     .map(|(client, address)| {
                         self.stats.misses += 1;
-                        self.resolve(client, address.bytes())
+                        self.resolve(client, &address)
                     })
                     .collect();
                 // The chunk's vector is freed: its misses no longer count (`cache::budget`).
@@ -198,9 +198,15 @@ impl<B: AvBackend> Writer<B> {
         self.stats.entries += 1;
     }
 
-    pub(super) fn resolve(&mut self, client: u64, address: &[u8]) -> Result<fi_addr_t, DmaError> {
-        let identity_len = self.format.identity_len(address, self.address_len)?;
-        let identity = &address[..identity_len];
+    /// Register `client` on `stored`, an address the sender checked and whose identity it
+    /// measured ([`crate::cache::Core`]'s `stored`): the writer keeps it as it came, and an
+    /// entry or a parked incarnation stores a copy of it, never one rebuilt from its bytes.
+    pub(super) fn resolve(
+        &mut self,
+        client: u64,
+        stored: &StoredAddress,
+    ) -> Result<fi_addr_t, DmaError> {
+        let (address, identity) = (stored.bytes(), stored.identity());
         self.shared.failures.clear(client);
 
         // Already registered on exactly this? A reader raced its own earlier miss.
@@ -218,13 +224,10 @@ impl<B: AvBackend> Writer<B> {
             {
                 // `clients` shows it holding the live entry at `fi_addr`: a holder, whose
                 // registration an admission may not have published yet.
-                let guard = self.shared.index.guard();
-                let published = self
-                    .shared
-                    .index
-                    .get(&guard, client, identity_len, address)
+                let index = &self.shared.index;
+                let published = index
+                    .get(&index.guard(), client, identity.len(), address)
                     .is_some();
-                drop(guard);
                 if !published {
                     self.publish(client, fi_addr);
                 }
@@ -243,23 +246,23 @@ impl<B: AvBackend> Writer<B> {
             tracing::debug!(op = "insert", client, fi_addr, "fi_av_insert");
             // The client's previous registration goes before its new one comes in.
             self.detach(client);
-            self.install(fi_addr, StoredAddress::new(address, identity_len));
+            self.install(fi_addr, stored.clone());
             self.register(client, fi_addr);
             return Ok(fi_addr);
         }
 
         // The client's previous registration goes before its new one comes in.
         self.detach(client);
-        self.join(client, identity, address)
+        self.join(client, stored)
     }
 
     /// Register `client` on an identity that already has a slot.
     pub(super) fn join(
         &mut self,
         client: u64,
-        identity: &[u8],
-        address: &[u8],
+        stored: &StoredAddress,
     ) -> Result<fi_addr_t, DmaError> {
+        let (address, identity) = (stored.bytes(), stored.identity());
         // Detaching never drops a slot (a retired entry keeps it until removed), so this finds
         // one; answer as a busy writer would rather than guess if it does not.
         let Some(fi_addr) = self.slot(identity) else {
@@ -280,7 +283,7 @@ impl<B: AvBackend> Writer<B> {
             }
             // A new incarnation of a slot that others still hold: the old one is dead.
             self.evict_live(client, fi_addr);
-            self.park(client, fi_addr, address, identity.len());
+            self.park(client, fi_addr, stored);
             return Err(DmaError::WouldBlock);
         }
         if same {
@@ -316,7 +319,7 @@ impl<B: AvBackend> Writer<B> {
             self.register(client, fi_addr);
             return Ok(fi_addr);
         }
-        self.park(client, fi_addr, address, identity.len());
+        self.park(client, fi_addr, stored);
         Err(DmaError::WouldBlock)
     }
 
@@ -373,13 +376,8 @@ impl<B: AvBackend> Writer<B> {
 
     /// Queue `client` on the incarnation `address`, which enters the AV once the removal of the
     /// entry at `fi_addr` has run.
-    pub(super) fn park(
-        &mut self,
-        client: u64,
-        fi_addr: fi_addr_t,
-        address: &[u8],
-        identity_len: usize,
-    ) {
+    pub(super) fn park(&mut self, client: u64, fi_addr: fi_addr_t, stored: &StoredAddress) {
+        let address = stored.bytes();
         if self
             .parked
             .get(&fi_addr)
@@ -391,7 +389,7 @@ impl<B: AvBackend> Writer<B> {
             .entry(fi_addr)
             .or_insert_with(|| {
                 Box::new(Parked {
-                    address: StoredAddress::new(address, identity_len),
+                    address: stored.clone(),
                     clients: HashSet::default(),
                     waiters: HashMap::default(),
                 })
@@ -501,115 +499,6 @@ impl<B: AvBackend> Writer<B> {
         if last {
             self.stats.entries -= 1;
             self.retire(fi_addr);
-        }
-    }
-
-    /// Defer the removal of the entry at `fi_addr`, which is no longer in the index.
-    pub(super) fn retire(&mut self, fi_addr: fi_addr_t) {
-        let ticket = self.next_ticket;
-        self.next_ticket += 1;
-        self.pending.insert(
-            ticket,
-            Pending {
-                fi_addr,
-                wait: Wait::Readers,
-                since: Instant::now(),
-            },
-        );
-        if let Some(entry) = self.entry_mut(fi_addr) {
-            entry.removal = ticket;
-        }
-        self.retired_in_batch = true;
-        // Deferred at the end of the batch, with every other ticket retired since the last
-        // deferral (`defer_retired`).
-    }
-
-    /// Every reader that could have seen `ticket`'s entry has unpinned: remove it unless a lease
-    /// still holds it.
-    pub(super) fn readers_gone(&mut self, ticket: u64) {
-        let Some(pending) = self.pending.get_mut(&ticket) else {
-            // Revived before its readers left; nothing to remove.
-            return;
-        };
-        if Wait::Readers != pending.wait {
-            return;
-        }
-        pending.wait = Wait::Held {
-            retry_at: None,
-            backoff: FIRST_RETRY,
-            awaited: false,
-        };
-        self.try_remove(ticket, Instant::now());
-    }
-
-    /// Remove `ticket`'s entry unless a lease holds it (then await the last one's report) or a
-    /// retry is due later; let in the incarnation parked behind it. Whether it is gone from
-    /// `pending`.
-    pub(super) fn try_remove(&mut self, ticket: u64, now: Instant) -> bool {
-        let Some(pending) = self.pending.get_mut(&ticket) else {
-            return true;
-        };
-        let Wait::Held {
-            retry_at,
-            backoff,
-            awaited,
-        } = pending.wait
-        else {
-            return false;
-        };
-        if retry_at.is_some() {
-            return false;
-        }
-        let fi_addr = pending.fi_addr;
-        if self.shared.leases.await_release(fi_addr) {
-            if !awaited {
-                pending.wait = Wait::Held {
-                    retry_at,
-                    backoff,
-                    awaited: true,
-                };
-                self.awaiting_leases += 1;
-            }
-            return false;
-        }
-        if awaited {
-            self.awaiting_leases -= 1;
-        }
-        self.stats.removes += 1;
-        if let Err(error) = self.backend.remove(fi_addr) {
-            self.stats.failed_removes += 1;
-            let at = now + backoff;
-            pending.wait = Wait::Held {
-                retry_at: Some(at),
-                backoff: (backoff * 2).min(LAST_RETRY),
-                awaited: false,
-            };
-            self.retries.insert((at, ticket));
-            tracing::warn!(op = "remove_failed", fi_addr, %error, retry_in = ?backoff, "fi_av_remove failed; the entry stays counted and its identity blocked until a retry succeeds");
-            return false;
-        }
-        tracing::debug!(op = "remove", fi_addr, "fi_av_remove");
-        self.shared.leases.stop_awaiting(fi_addr);
-        self.pending.remove(&ticket);
-        self.forget(fi_addr);
-        if let Some(parked) = self.parked.remove(&fi_addr) {
-            self.admit(fi_addr, *parked);
-        }
-        true
-    }
-
-    /// Drop the entry at `fi_addr`, removed from the AV, and its identity's slot.
-    pub(super) fn forget(&mut self, fi_addr: fi_addr_t) {
-        let Some(entry) = usize::try_from(fi_addr)
-            .ok()
-            .and_then(|index| self.entries.get_mut(index))
-            .and_then(Option::take)
-        else {
-            return;
-        };
-        let hash = self.hasher.hash_one(entry.address.identity());
-        if let Ok(slot) = self.slots.find_entry(hash, |&held| held == fi_addr) {
-            slot.remove();
         }
     }
 

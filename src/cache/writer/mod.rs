@@ -52,8 +52,9 @@
 //! `cell.rs` the writer's state between holders and the background thread; `state.rs` the
 //! per-entry state (holders, entries, parked incarnations, pending removals); `run.rs` the rounds
 //! (a caller's, the background thread's: batches, epoch advances, quiescers, counters,
-//! shutdown); and `apply.rs` what a request does to the state (resolve, release, retire, remove,
-//! admit).
+//! shutdown); `apply.rs` what a request does to the state (resolve, release, evict, park,
+//! admit); and `reclaim.rs` the way out of the AV (retire, remove once readers and leases are
+//! gone, retry, forget).
 //!
 //! # State
 //!
@@ -194,7 +195,6 @@ use super::doorbell::{MAX_SPIN, POLLING};
 use super::reply::Answer;
 use super::stats::CacheStats;
 use super::stored::StoredAddress;
-use crate::address::AddressFormat;
 use crate::av::AvBackend;
 use crate::error::DmaError;
 #[cfg(not(dma_loom))]
@@ -207,6 +207,7 @@ use state::{Deadlines, Entry, Holding, Parked, Pending};
 mod apply;
 #[cfg(not(dma_loom))]
 mod cell;
+mod reclaim;
 #[cfg(not(dma_loom))]
 mod rounds;
 mod run;
@@ -395,8 +396,6 @@ pub(crate) fn on_writer_of(cache: u64) -> bool {
 /// The writer's whole state. `run` consumes it on the writer thread.
 pub(crate) struct Writer<B> {
     backend: B,
-    format: AddressFormat,
-    address_len: usize,
     capacity: usize,
     shared: Arc<Shared>,
     /// Every incarnation in the AV, by index: `None` where the AV holds nothing of ours.
@@ -506,8 +505,6 @@ impl<B: AvBackend> Writer<B> {
         cache: u64,
     ) -> Self {
         Self {
-            format: backend.format(),
-            address_len: backend.address_len(),
             capacity: usable_capacity(&backend),
             backend,
             shared,
