@@ -8,13 +8,15 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{InFlight, Operation, Submission, Target, lock};
+use super::operations::{InFlight, Operation};
+use super::{Submission, Target};
 use crate::cache::Lease;
 use crate::endpoint::LibfabricEndpoint;
 use crate::endpoint::completions::Failure;
 use crate::endpoint::deadline::Deadline;
 use crate::endpoint::memory::Segment;
 use crate::error::DmaError;
+use crate::sync::lock;
 use dma_libfabric_sys as sys;
 
 impl LibfabricEndpoint {
