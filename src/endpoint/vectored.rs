@@ -169,15 +169,17 @@ impl LibfabricEndpoint {
         iov.min(rma_iov).clamp(1, MAX_PIECES)
     }
 
-    fn post_vectored(
+    /// `pieces` checked against this endpoint and `remote`, before anything is taken: the first
+    /// piece (whose region every piece shares) and the length of them all.
+    ///
+    /// # Errors
+    /// As [`write_gather_within`](Self::write_gather_within)'s `InvalidArgument`s, but for the
+    /// lease's.
+    fn check_pieces<'a>(
         &self,
-        operation: Operation,
-        lease: Lease<'_>,
-        pieces: &[Segment<'_>],
-        remote: RemoteRegion,
-        id: u64,
-        timeout: Duration,
-    ) -> Result<(), DmaError> {
+        pieces: &'a [Segment<'a>],
+        remote: &RemoteRegion,
+    ) -> Result<(&'a Segment<'a>, usize), DmaError> {
         self.check_rma()?;
         let Some(first) = pieces.first() else {
             return Err(DmaError::InvalidArgument(
@@ -213,6 +215,19 @@ impl LibfabricEndpoint {
                 remote.address, remote.len
             )));
         }
+        Ok((first, total))
+    }
+
+    fn post_vectored(
+        &self,
+        operation: Operation,
+        lease: Lease<'_>,
+        pieces: &[Segment<'_>],
+        remote: RemoteRegion,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        let (first, total) = self.check_pieces(pieces, &remote)?;
         // Checked before anything is posted: a split transfer's later parts need no check.
         if !self.peers.owns(lease.peer()) {
             return Err(DmaError::InvalidArgument(
