@@ -31,7 +31,7 @@
 //! std::thread::scope(|scope| {
 //!     // tcp progresses manually: the client accepts the connection while it polls.
 //!     let received = scope.spawn(|| client.receive(Duration::from_secs(10)));
-//!     let pinned = server.peers().pin();
+//!     let pinned = server.cache().pin();
 //!     let peer = pinned.resolve(1, &address)?;
 //!     server.send(peer, b"ping")?; // a `Peer`, valid while `pinned` lives
 //!     assert_eq!(Some(b"ping".to_vec()), received.join().expect("receiver")?);
@@ -66,9 +66,12 @@ pub use endpoint::{
     Segment, StableBuffer,
 };
 pub use error::DmaError;
+/// Deprecated names, kept one release (see `CHANGELOG.md`).
+#[allow(deprecated)] // the old name itself, re-exported where it was
+pub use rails::RailsPinned;
 pub use rails::{
-    MAX_RAILS, MIN_STRIPE, RailCaches, RailLease, RailPeers, RailRegion, RailRemoteRegion,
-    RailSegment, RailSet, RailsPinned,
+    MAX_RAILS, MIN_STRIPE, RailCaches, RailLease, RailPeers, RailPinned, RailRegion,
+    RailRemoteRegion, RailSegment, RailSet,
 };
 
 /// The README's first program, run as a doc test so the front page cannot go stale.

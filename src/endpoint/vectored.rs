@@ -81,7 +81,7 @@ impl LibfabricEndpoint {
     ///     scope.spawn(|| while !done.load(std::sync::atomic::Ordering::Acquire) {
     ///         client.progress();
     ///     });
-    ///     let lease = server.peers().lease(1, &address)?;
+    ///     let lease = server.cache().lease(1, &address)?;
     ///     // Pages 3 and 1, in that order, into the peer's two pages: one message, no copy.
     ///     let pieces = [pool.segment(3 * 4096, 4096)?, pool.segment(4096, 4096)?];
     ///     server.write_gather(lease, &pieces, target.remote(), 7)?;
