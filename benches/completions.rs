@@ -109,7 +109,7 @@ fn sync_latency(busy_poll: bool, writes: usize) -> (Duration, Duration) {
     with_target(&client, busy_poll, || {
         let mut samples = Vec::with_capacity(writes);
         for id in 0..(writes + 100) as u64 {
-            let lease = server.peers().lease(1, &address).unwrap();
+            let lease = server.cache().lease(1, &address).unwrap();
             let posted = Instant::now();
             server
                 .write(lease, source.segment(0, 4096).unwrap(), target.remote(), id)
@@ -189,7 +189,7 @@ fn sync_throughput(writes: usize) -> Rate {
                     .unwrap();
             }
             let slot = (id % WINDOW as u64) * LARGE as u64;
-            let lease = server.peers().lease(1, &address).unwrap();
+            let lease = server.cache().lease(1, &address).unwrap();
             let remote = target.remote().slice(slot, LARGE as u64).unwrap();
             server
                 .write(lease, source.segment(0, LARGE).unwrap(), remote, id)

@@ -97,7 +97,7 @@ fn hit(criterion: &mut Criterion) {
             let mut cursor = keys.cursor(0);
             let cursor = &mut cursor;
             match &subject {
-                Subject::Tcp(endpoint) => ours(&mut group, cursor, endpoint.peers()),
+                Subject::Tcp(endpoint) => ours(&mut group, cursor, endpoint.cache()),
                 Subject::Efa(cache) => ours(&mut group, cursor, cache),
             }
             probes(
@@ -161,7 +161,7 @@ fn hit(criterion: &mut Criterion) {
             );
             group.finish();
             let misses = match &subject {
-                Subject::Tcp(endpoint) => endpoint.peers().stats().misses,
+                Subject::Tcp(endpoint) => endpoint.cache().stats().misses,
                 Subject::Efa(cache) => cache.stats().misses,
             };
             assert_eq!(n as u64, misses, "every probe after warming must have hit");
@@ -176,7 +176,7 @@ fn hit(criterion: &mut Criterion) {
 fn lease(criterion: &mut Criterion) {
     let keys = Keys::new(Kind::Tcp, 1_000);
     let endpoint = common::tcp_endpoint(4096);
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     common::warm(cache, &keys);
     let shared = Arc::new(());
     let mut group = criterion.benchmark_group("lease_tcp_1000");

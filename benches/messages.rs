@@ -37,7 +37,7 @@ fn ours(size: usize) -> f64 {
     let mut rounds = Vec::new();
     std::thread::scope(|scope| {
         scope.spawn(|| {
-            let pinned = pong.peers().pin();
+            let pinned = pong.cache().pin();
             let peer = pinned.resolve(1, &ping_address).expect("resolve");
             for _ in 0..total {
                 let received = pong.receive(PATIENCE).expect("receive").expect("a ping");
@@ -49,7 +49,7 @@ fn ours(size: usize) -> f64 {
                 let _ = pong.receive(Duration::from_millis(1));
             }
         });
-        let pinned = ping.peers().pin();
+        let pinned = ping.cache().pin();
         let peer = pinned.resolve(1, &pong_address).expect("resolve");
         // The first round warms the connection up and is not counted.
         for round in 0..=ROUNDS {

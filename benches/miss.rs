@@ -23,15 +23,15 @@ fn miss(criterion: &mut Criterion) {
     let mut next = 0_u32;
 
     group.bench_function("ours_miss", |b| {
-        b.iter_custom(|iters| timed_misses(ours.peers(), iters, &mut next))
+        b.iter_custom(|iters| timed_misses(ours.cache(), iters, &mut next))
     });
-    assert_eq!(0, ours.peers().stats().entries);
+    assert_eq!(0, ours.cache().stats().entries);
 
     // The same misses with 10,000 live entries in the AV: what a bigger AV costs by itself, for
     // the next row to be read against.
     let live = tcp_endpoint(4 * ROUND as usize + HELD);
     {
-        let pinned = live.peers().pin();
+        let pinned = live.cache().pin();
         for client in 0..HELD as u64 {
             pinned
                 .resolve(1_000_000 + client, &sockaddr(2_000_000 + client as u32))
@@ -39,7 +39,7 @@ fn miss(criterion: &mut Criterion) {
         }
     }
     group.bench_function("ours_miss_10k_live_entries", |b| {
-        b.iter_custom(|iters| timed_misses(live.peers(), iters, &mut next))
+        b.iter_custom(|iters| timed_misses(live.cache(), iters, &mut next))
     });
 
     // The same misses while 10,000 removals wait for their leases: the writer learns of a lease's
@@ -48,18 +48,18 @@ fn miss(criterion: &mut Criterion) {
     let held = tcp_endpoint(4 * ROUND as usize + HELD);
     let leases: Vec<_> = (0..HELD as u64)
         .map(|client| {
-            held.peers()
+            held.cache()
                 .lease(1_000_000 + client, &sockaddr(2_000_000 + client as u32))
                 .unwrap()
         })
         .collect();
     for client in 0..HELD as u64 {
-        held.peers().release(1_000_000 + client);
+        held.cache().release(1_000_000 + client);
     }
-    held.peers().quiesce_with_patience(Duration::ZERO);
-    assert_eq!(HELD as u64, held.peers().stats().removals_awaiting_leases);
+    held.cache().quiesce_with_patience(Duration::ZERO);
+    assert_eq!(HELD as u64, held.cache().stats().removals_awaiting_leases);
     group.bench_function("ours_miss_10k_removals_awaiting_leases", |b| {
-        b.iter_custom(|iters| timed_misses(held.peers(), iters, &mut next))
+        b.iter_custom(|iters| timed_misses(held.cache(), iters, &mut next))
     });
     drop(leases);
 

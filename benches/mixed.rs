@@ -193,8 +193,8 @@ fn run_locked(baseline: &impl Locked, thread: usize, threads: usize, iters: u64)
 fn mixed(criterion: &mut Criterion) {
     let keys = Keys::new(Kind::Tcp, CLIENTS);
     let ours = tcp_endpoint(4 * CLIENTS);
-    common::warm(ours.peers(), &keys);
-    let cache = ours.peers();
+    common::warm(ours.cache(), &keys);
+    let cache = ours.cache();
 
     let reference_endpoint = tcp_endpoint(4 * CLIENTS);
     let reference = Mutex::new(Reference::new(

@@ -7,7 +7,7 @@
 //!   share two cores, so this measures the rail set's overhead and the loopback stack, not NIC
 //!   scaling.
 //! - `rails_hit`: the cost a rail set adds to a hit: pin and resolve one client on four rails
-//!   (`RailSet::pin` + `RailsPinned::resolve`) against four separate pin-and-resolves, one per
+//!   (`RailSet::pin` + `RailPinned::resolve`) against four separate pin-and-resolves, one per
 //!   rail's cache, and one rail alone for scale.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -100,14 +100,14 @@ fn hit(c: &mut Criterion) {
     group.bench_function("4 caches: pin + resolve each", |b| {
         b.iter(|| {
             for (rail, address) in addresses.iter().enumerate() {
-                let pinned = server.rail(rail).peers().pin();
+                let pinned = server.rail(rail).cache().pin();
                 black_box(pinned.resolve(1, black_box(address)).unwrap().fi_addr());
             }
         })
     });
     group.bench_function("4 caches: 4 pins held, then 4 resolves", |b| {
         b.iter(|| {
-            let pins: Vec<_> = (0..4).map(|rail| server.rail(rail).peers().pin()).collect();
+            let pins: Vec<_> = (0..4).map(|rail| server.rail(rail).cache().pin()).collect();
             for (pinned, address) in pins.iter().zip(&addresses) {
                 black_box(pinned.resolve(1, black_box(address)).unwrap().fi_addr());
             }
@@ -115,7 +115,7 @@ fn hit(c: &mut Criterion) {
     });
     group.bench_function("1 cache: pin + resolve", |b| {
         b.iter(|| {
-            let pinned = server.rail(0).peers().pin();
+            let pinned = server.rail(0).cache().pin();
             black_box(
                 pinned
                     .resolve(1, black_box(addresses[0]))

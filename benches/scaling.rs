@@ -50,8 +50,8 @@ fn scaling(criterion: &mut Criterion) {
     for n in [1_000, 100_000] {
         let keys = Keys::new(kind, n);
         let endpoint = tcp_endpoint(n.max(4096));
-        common::warm(endpoint.peers(), &keys);
-        let cache = endpoint.peers();
+        common::warm(endpoint.cache(), &keys);
+        let cache = endpoint.cache();
         let plain = common::plain(&keys);
         let reference = Mutex::new(Reference::warmed(kind, &keys));
         let rwlock = common::rwlock(&keys);

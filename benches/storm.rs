@@ -109,7 +109,7 @@ fn storm_on(
     };
 
     group.bench_function("ours_blocking", |b| {
-        let cache = ours.peers();
+        let cache = ours.cache();
         b.iter_custom(|iters| {
             rounds(
                 threads,
@@ -131,7 +131,7 @@ fn storm_on(
     let busy = AtomicU64::new(0);
     let queued_misses = AtomicU64::new(0);
     group.bench_function("ours_queued", |b| {
-        let cache = queued.peers();
+        let cache = queued.cache();
         b.iter_custom(|iters| {
             rounds(
                 threads,
@@ -172,7 +172,7 @@ fn storm_on(
     );
     // One call a thread for its whole share: the misses go to the writer 64 to a request.
     group.bench_function("ours_lease_all", |b| {
-        let cache = batched.peers();
+        let cache = batched.cache();
         b.iter_custom(|iters| {
             rounds(
                 threads,

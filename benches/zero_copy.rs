@@ -63,7 +63,7 @@ fn writes(c: &mut Criterion) {
             let mut id = 0;
             let mut write = |segment| {
                 id += 1;
-                let lease = source.peers().lease(1, &address).expect("leased");
+                let lease = source.cache().lease(1, &address).expect("leased");
                 source
                     .write(lease, segment, landing.remote(), id)
                     .expect("posted");

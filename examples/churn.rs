@@ -31,7 +31,7 @@
 //!
 //! With `--rma --rails N` the server and every client incarnation are rail sets of `N` tcp
 //! rails, each rail on a loopback IP of its own: the posting threads resolve and lease a client
-//! on every rail at once (`RailsPinned`), and write through `RailSet::write`, which sends short
+//! on every rail at once (`RailPinned`), and write through `RailSet::write`, which sends short
 //! writes whole to one rail, round-robin, and cuts every `LARGE_EVERY`th write, of
 //! `LARGE_WRITE` bytes, into stripes across the rails; one completion comes back per write. A
 //! large write carries its record at the start of every 128 KiB and at its end, so each stripe
@@ -342,7 +342,7 @@ impl World {
     fn stop_client(&self, id: usize) -> Result<Option<u64>> {
         let client = &self.clients[id];
         client.advert.write().map_err(|_| "poisoned")?.take();
-        self.server.peers().release(id as u64);
+        self.server.cache().release(id as u64);
         if let Some(rails) = &self.rail_server {
             rails.release(id as u64);
         }
@@ -599,7 +599,7 @@ fn post(world: &World, seed: u64, stats: &PostStats) -> Samples {
     let mut samples = Samples::default();
     let mut sequence = 0_u64;
     let clients = world.clients.len() as u64;
-    let cache = world.server.peers();
+    let cache = world.server.cache();
     while !world.stop_posting.load(Ordering::Relaxed) {
         let id = random.below(clients);
         let Some(advert) = world.clients[id as usize].advert() else {
@@ -641,7 +641,7 @@ fn post_rma(world: &World, thread_index: usize, seed: u64, stats: &PostStats) ->
     let mut samples = Samples::default();
     let mut sequence = 0_u64;
     let clients = world.clients.len() as u64;
-    let cache = world.server.peers();
+    let cache = world.server.cache();
     let write_size = world.write_size;
     let source = world.server.register(SOURCE_SLOTS * write_size)?;
     let busy = &world.busy[thread_index];
@@ -866,9 +866,9 @@ impl World {
     fn caches(&self) -> Vec<&AddressCache> {
         match &self.rail_server {
             Some(rails) => (0..rails.len())
-                .map(|rail| rails.rail(rail).peers())
+                .map(|rail| rails.rail(rail).cache())
                 .collect(),
-            None => vec![self.server.peers()],
+            None => vec![self.server.cache()],
         }
     }
 
@@ -1196,7 +1196,7 @@ fn run() -> Result<bool> {
     for id in 0..world.clients.len() {
         world.stop_client(id)?;
     }
-    world.server.peers().quiesce();
+    world.server.cache().quiesce();
     if let Some(rails) = &world.rail_server {
         rails.quiesce();
     }

@@ -196,7 +196,7 @@ fn serve<B: StableBuffer>(
                         pool.segment(page as usize * PAGE, PAGE)
                     })
                     .collect::<Result<_, _>>()?;
-                let lease = server.peers().lease(client as u64, &peer.address)?;
+                let lease = server.cache().lease(client as u64, &peer.address)?;
                 let staging = peer.staging.slice(0, (pieces.len() * PAGE) as u64)?;
                 id += 1;
                 if PUT == operation {
@@ -229,7 +229,7 @@ fn reply(
     message: &[u8],
 ) -> Result<(), DmaError> {
     let Some(known) = known else { return Ok(()) };
-    let pinned = server.peers().pin();
+    let pinned = server.cache().pin();
     let peer = pinned.resolve(client, &known.address)?;
     server.send(peer, message)
 }
@@ -320,7 +320,7 @@ fn pages_request(operation: u8, client: u8, picks: &[usize], mine: &[u32]) -> Ve
 /// Send `message` to the server and wait for its reply.
 fn request(endpoint: &LibfabricEndpoint, server: &[u8], message: &[u8]) -> Result<(), DmaError> {
     {
-        let pinned = endpoint.peers().pin();
+        let pinned = endpoint.cache().pin();
         let peer = pinned.resolve(0, server)?;
         endpoint.send(peer, message)?;
     }

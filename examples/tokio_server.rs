@@ -363,7 +363,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         counters.cancelled.load(Ordering::Relaxed),
         counters.failed.load(Ordering::Relaxed),
         server.endpoint().operations_in_flight(),
-        server.endpoint().peers().stats().leases,
+        server.endpoint().cache().stats().leases,
     );
 
     let idle = Duration::from_secs_f64(arguments.idle_seconds.max(0.0));

@@ -40,7 +40,7 @@
 //! std::thread::scope(|scope| {
 //!     // tcp progresses manually: the client accepts the connection while it polls.
 //!     let received = scope.spawn(|| client.receive(Duration::from_secs(10)));
-//!     let pinned = server.peers().pin();
+//!     let pinned = server.cache().pin();
 //!     let peer = pinned.resolve(1, &address)?;
 //!     server.send(peer, b"ping")?; // a `Peer`, valid while `pinned` lives
 //!     assert_eq!(Some(b"ping".to_vec()), received.join().expect("receiver")?);
@@ -100,11 +100,15 @@ pub use endpoint::{Completion, OverdueOperation};
 // Rails: one endpoint per NIC, driven as one.
 pub use rails::{
     MAX_RAILS, MIN_STRIPE, RailCaches, RailLease, RailPeers, RailRegion, RailRemoteRegion,
-    RailSegment, RailSet, RailsPinned, STRIPE_ALIGN,
+    RailPinned, RailSegment, RailSet, STRIPE_ALIGN,
 };
 
 // Errors.
 pub use error::DmaError;
+
+/// Deprecated names, kept one release (see `CHANGELOG.md`).
+#[allow(deprecated)] // the old name itself, re-exported where it was
+pub use rails::RailsPinned;
 
 // The async API is the public module `asynchronous` above (feature `tokio`).
 

@@ -13,7 +13,7 @@ use dma_libfabric::{CacheStats, DmaError};
 #[test]
 fn clients_sharing_an_address_share_one_entry_and_one_insert() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let address = sockaddr(1);
     let pinned = cache.pin();
     let first = pinned.resolve(1, &address).expect("client 1");
@@ -30,7 +30,7 @@ fn clients_sharing_an_address_share_one_entry_and_one_insert() {
 #[test]
 fn the_last_client_out_removes_the_entry_and_gives_the_index_back() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let shared = cache
         .pin()
         .resolve(1, &sockaddr(1))
@@ -80,7 +80,7 @@ fn the_last_client_out_removes_the_entry_and_gives_the_index_back() {
 #[test]
 fn releasing_twice_or_releasing_a_stranger_changes_nothing() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     cache.pin().resolve(1, &sockaddr(1)).expect("client 1");
     cache.pin().resolve(2, &sockaddr(1)).expect("client 2");
     cache.release(1);
@@ -98,7 +98,7 @@ fn releasing_twice_or_releasing_a_stranger_changes_nothing() {
 #[test]
 fn resolving_the_same_address_again_holds_one_registration() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let pinned = cache.pin();
     let first = pinned.resolve(1, &sockaddr(1)).expect("first");
     for _ in 0..10 {
@@ -124,7 +124,7 @@ fn resolving_the_same_address_again_holds_one_registration() {
 #[test]
 fn re_advertising_lets_go_of_the_old_entry() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     // Client 1 alone on A: moving to B removes A.
     let a = cache.pin().resolve(1, &sockaddr(1)).expect("A").fi_addr();
     let b = cache.pin().resolve(1, &sockaddr(2)).expect("B").fi_addr();
@@ -170,7 +170,7 @@ fn re_advertising_lets_go_of_the_old_entry() {
 #[test]
 fn an_address_of_the_wrong_length_is_refused_before_the_av() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     cache.pin().resolve(1, &sockaddr(1)).expect("a good one");
     let before = cache.stats();
     let pinned = cache.pin();
@@ -195,7 +195,7 @@ fn an_address_of_the_wrong_length_is_refused_before_the_av() {
 #[test]
 fn a_failed_insert_reaches_the_caller_and_changes_nothing() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let held = cache
         .pin()
         .resolve(1, &sockaddr(1))
@@ -256,7 +256,7 @@ fn a_failed_insert_reaches_the_caller_and_changes_nothing() {
 #[test]
 fn a_full_av_refuses_a_new_entry_until_a_release_makes_room() {
     let endpoint = tcp_with_capacity(4);
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     for client in 0..4 {
         cache
             .pin()
@@ -303,7 +303,7 @@ fn a_full_av_refuses_a_new_entry_until_a_release_makes_room() {
 #[test]
 fn a_pinned_peer_keeps_its_index_until_the_pin_drops() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let a = sockaddr(1);
     let reader = cache.pin();
     let x = reader.resolve(1, &a).expect("A").fi_addr();
@@ -337,7 +337,7 @@ fn a_pinned_peer_keeps_its_index_until_the_pin_drops() {
 #[test]
 fn coming_back_before_the_removal_revives_the_entry() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let reader = cache.pin();
     let x = reader.resolve(1, &sockaddr(1)).expect("A").fi_addr();
     cache.release(1);
@@ -367,7 +367,7 @@ fn coming_back_before_the_removal_revives_the_entry() {
 fn ten_thousand_addresses_come_and_go_and_leave_nothing() {
     const ADDRESSES: u32 = 10_000;
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     for n in 0..ADDRESSES {
         cache
             .pin()
@@ -411,7 +411,7 @@ fn stress_peers_always_map_to_their_address() {
     const ROUNDS: usize = 20_000;
     const CHURNS: usize = 2_000;
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     // The address each client advertises now; a plain lock, because this is the test's own
     // bookkeeping, not the cache.
     let current: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new((0..CLIENTS as u32).collect());
@@ -484,7 +484,7 @@ fn stress_peers_always_map_to_their_address() {
 #[test]
 fn try_resolve_queues_a_miss_and_never_blocks() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let pinned = cache.pin();
     assert!(matches!(
         pinned.try_resolve(1, &sockaddr(1)),

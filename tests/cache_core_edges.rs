@@ -10,7 +10,7 @@ use testkit::{efa, opaque, tcp};
 #[test]
 fn a_lease_past_the_bound_is_refused_and_changes_nothing() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let address = endpoint.local_address().expect("an address");
     let pinned = cache.pin();
     let peer = pinned.resolve(1, &address).expect("a miss");

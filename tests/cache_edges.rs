@@ -256,7 +256,7 @@ fn an_all_zero_address_is_refused_on_every_format_before_the_av() {
 #[test]
 fn an_all_zero_address_never_reaches_the_real_tcp_av() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let good = sockaddr(9);
     // The real AV has no insert counter: a zero address in it would be found by lookup.
     refuses_zero(cache, &good, &|| cache.stats().inserts);

@@ -69,7 +69,7 @@ fn a_flood_of_queued_misses_is_bounded_by_the_inbox() {
 #[test]
 fn quiesce_answers_while_another_thread_floods_the_writer() {
     let endpoint = tcp_with_capacity(8);
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     for client in 0..8 {
         cache
             .pin()
@@ -107,7 +107,7 @@ fn quiesce_answers_while_another_thread_floods_the_writer() {
 #[test]
 fn a_queued_miss_against_a_full_av_reports_capacity() {
     let endpoint = tcp_with_capacity(2);
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     cache.pin().resolve(1, &sockaddr(1)).expect("room");
     cache.pin().resolve(2, &sockaddr(2)).expect("room");
     let third = || {

@@ -276,7 +276,7 @@ fn a_configured_patience_is_the_endpoints_caches() {
         ..dma_libfabric::Configuration::default()
     };
     let endpoint = dma_libfabric::LibfabricEndpoint::open(&configuration, None).expect("open");
-    assert_eq!(Duration::from_millis(1234), endpoint.peers().patience());
+    assert_eq!(Duration::from_millis(1234), endpoint.cache().patience());
 }
 
 #[test]

@@ -75,7 +75,7 @@ fn an_application_id_never_completes_a_striped_transfer() {
     with_rails_progress(&live, || {
         for (rail, region) in small.iter().enumerate() {
             let endpoint = server.rail(rail);
-            let lease = endpoint.peers().lease(2, &live_addresses[rail]).unwrap();
+            let lease = endpoint.cache().lease(2, &live_addresses[rail]).unwrap();
             endpoint
                 .write(
                     lease,

@@ -19,7 +19,7 @@ fn opening_and_dropping_endpoints_leaks_no_descriptors() {
     let before = open_descriptors();
     for _ in 0..100 {
         let endpoint = open();
-        let pinned = endpoint.peers().pin();
+        let pinned = endpoint.cache().pin();
         pinned
             .resolve(1, &endpoint.local_address().expect("address"))
             .expect("resolve");

@@ -80,7 +80,7 @@ fn exchange(
     let received = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let sending = scope.spawn(|| {
-            let pinned = sender.peers().pin();
+            let pinned = sender.cache().pin();
             let peer = pinned.resolve(1, &address).expect("resolve");
             let sent = sender.send_within(peer, b"at the edge", send_timeout);
             // tcp progresses manually: keep the sender's side moving until the message is in.
@@ -144,7 +144,7 @@ impl Rma {
         with_progress(&self.client, || {
             let lease = self
                 .server
-                .peers()
+                .cache()
                 .lease(1, &self.address)
                 .expect("a lease");
             self.server
@@ -206,7 +206,7 @@ fn an_av_capacity_above_the_bound_is_refused_and_one_at_the_bound_opens() {
     )
     .expect("opens at the bound");
     let peer = tcp().local_address().expect("address");
-    let pinned = endpoint.peers().pin();
+    let pinned = endpoint.cache().pin();
     assert_eq!(0, pinned.resolve(1, &peer).expect("a peer").fi_addr());
 }
 
@@ -317,7 +317,7 @@ fn read_within_with_duration_max_posts() {
     exposed.write_bytes(0, b"fetched!").expect("fits");
     let landing = rma.server.register(8).expect("server memory");
     let completion = with_progress(&rma.client, || {
-        let lease = rma.server.peers().lease(1, &rma.address).expect("a lease");
+        let lease = rma.server.cache().lease(1, &rma.address).expect("a lease");
         rma.server
             .read_within(
                 lease,
@@ -351,7 +351,7 @@ fn drain_operations_with_duration_max_returns_once_nothing_is_in_flight() {
     source.write_bytes(0, b"drained!").expect("fits");
     let target = rma.client.register(8).expect("client memory");
     with_progress(&rma.client, || {
-        let lease = rma.server.peers().lease(1, &rma.address).expect("a lease");
+        let lease = rma.server.cache().lease(1, &rma.address).expect("a lease");
         rma.server
             .write_within(
                 lease,

@@ -24,9 +24,9 @@ fn a_peer_of_another_endpoints_cache_is_refused() {
     let other = tcp();
     let client = tcp();
     let address = client.local_address().expect("address");
-    let pinned = other.peers().pin();
+    let pinned = other.cache().pin();
     let foreign = pinned.resolve(1, &address).expect("resolve");
-    assert!(!server.peers().owns(foreign));
+    assert!(!server.cache().owns(foreign));
     for outcome in [
         server.send(foreign, b"x"),
         server.send_within(foreign, b"x", Duration::from_millis(1)),
@@ -39,7 +39,7 @@ fn a_peer_of_another_endpoints_cache_is_refused() {
             other => panic!("expected InvalidArgument, got {other:?}"),
         }
     }
-    assert_eq!(0, server.peers().stats().inserts, "nothing changed");
+    assert_eq!(0, server.cache().stats().inserts, "nothing changed");
 }
 
 /// Item 1: the endpoint's own peer, used under its pin, is what posting takes, and it delivers.
@@ -50,7 +50,7 @@ fn a_peer_under_its_pin_delivers() {
     let address = client.local_address().expect("address");
     let received = std::thread::scope(|scope| {
         let receiver = scope.spawn(|| client.receive(Duration::from_secs(20)));
-        let pinned = server.peers().pin();
+        let pinned = server.cache().pin();
         let peer = pinned.resolve(1, &address).expect("resolve");
         server.send(peer, b"hello").expect("send");
         receiver.join().expect("receiver")
@@ -70,7 +70,7 @@ fn lookup_of_an_index_never_handed_out_is_none_not_a_crash() {
     for index in [0, 5, 7, 8, 1 << 40, u64::MAX] {
         assert_eq!(None, endpoint.lookup(index).expect("lookup"), "{index}");
     }
-    let pinned = endpoint.peers().pin();
+    let pinned = endpoint.cache().pin();
     let peer = pinned.resolve(1, &sockaddr(1)).expect("resolve");
     assert_eq!(0, peer.fi_addr());
     assert_eq!(Some(sockaddr(1)), endpoint.lookup(0).expect("lookup"));
@@ -211,7 +211,7 @@ fn an_error_completion_is_reported_with_its_text() {
     let (done, finished) = std::sync::mpsc::channel::<()>();
     let error = std::thread::scope(|scope| {
         scope.spawn(move || {
-            let pinned = sender.peers().pin();
+            let pinned = sender.cache().pin();
             let peer = pinned.resolve(1, &address).expect("resolve");
             sender
                 .send_within(peer, &[7; 64], Duration::from_secs(20))

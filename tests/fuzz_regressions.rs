@@ -20,7 +20,7 @@ fn a_bad_address_family_does_not_poison_the_tcp_av() {
         ..Configuration::default()
     };
     let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let pinned = cache.pin();
     for (client, family) in [(1, 0_u16), (2, 1)] {
         let bad = sockaddr(family, 1, [127, 0, 0, 1]);

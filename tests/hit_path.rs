@@ -60,7 +60,7 @@ fn warmed<B: AvBackend>(cache: &AddressCache<B>, addresses: Vec<Vec<u8>>) -> Vec
 #[test]
 fn a_hit_on_the_real_av_allocates_nothing() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let addresses = warmed(cache, (0..100).map(sockaddr).collect());
     let pinned = cache.pin();
     let misses = cache.stats().misses;
@@ -111,7 +111,7 @@ fn a_hit_on_efa_addresses_allocates_nothing() {
 #[test]
 fn a_pin_resolve_lease_drop_round_allocates_nothing() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let addresses = warmed(cache, (0..100).map(sockaddr).collect());
     let before = allocations();
     for round in 0..1_000 {
@@ -235,7 +235,7 @@ fn allocations_per_million_hits_under_unbounded_churn() {
     /// Release/resolve cycles the churning thread runs; the reader hits until they are done.
     const CYCLES: u64 = 20_000;
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let addresses = warmed(cache, (0..100).map(sockaddr).collect());
     churn(cache, 0..8);
     let finished = std::sync::atomic::AtomicBool::new(false);

@@ -21,7 +21,7 @@ fn post_more_than_the_sockets_hold(
     target: RemoteRegion,
 ) -> Vec<Completion> {
     for id in 1..=WRITES {
-        let lease = server.peers().lease(1, address).expect("a lease");
+        let lease = server.cache().lease(1, address).expect("a lease");
         server
             .write_within(
                 lease,
@@ -61,7 +61,7 @@ fn writes_to_a_peer_that_stops_progressing_grow_old_and_complete_once_it_progres
 
     // Connect while the client progresses, so that what follows is only the data's wait.
     with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         server
             .write(
                 lease,
@@ -104,7 +104,7 @@ fn writes_to_a_peer_that_stops_progressing_grow_old_and_complete_once_it_progres
     assert!(later >= first, "the oldest only grows while it waits");
     assert_eq!(
         in_flight as u64,
-        server.peers().stats().leases,
+        server.cache().stats().leases,
         "each write in flight holds its lease"
     );
 
@@ -121,7 +121,7 @@ fn writes_to_a_peer_that_stops_progressing_grow_old_and_complete_once_it_progres
     assert_eq!(None, server.oldest_operation_age());
     let mut overdue = Vec::new();
     assert_eq!(0, server.overdue_operations(Duration::ZERO, &mut overdue));
-    assert_eq!(0, server.peers().stats().leases);
+    assert_eq!(0, server.cache().stats().leases);
 }
 
 /// A peer process with writes in flight to it is killed: the kernel resets its connections, the
@@ -140,7 +140,7 @@ fn writes_to_a_killed_peer_process_complete_and_its_entry_goes() {
     let server = rma_tcp();
     let source = server.register(CHUNK).expect("server memory");
     // Connect while the peer progresses, then tell it to stop.
-    let lease = server.peers().lease(1, &address).expect("a lease");
+    let lease = server.cache().lease(1, &address).expect("a lease");
     server
         .write(
             lease,
@@ -173,10 +173,10 @@ fn writes_to_a_killed_peer_process_complete_and_its_entry_goes() {
             .expect("completed after the kill");
     }
     assert_eq!(None, server.oldest_operation_age());
-    assert_eq!(0, server.peers().stats().leases, "every lease came back");
-    server.peers().release(1);
-    server.peers().quiesce_with_patience(PATIENCE);
-    let stats = server.peers().stats();
+    assert_eq!(0, server.cache().stats().leases, "every lease came back");
+    server.cache().release(1);
+    server.cache().quiesce_with_patience(PATIENCE);
+    let stats = server.cache().stats();
     assert_eq!(0, stats.entries, "the killed peer's entry is gone");
     assert_eq!(stats.inserts, stats.removes, "and removed from the AV");
 }

@@ -15,7 +15,7 @@ use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
 #[test]
 fn a_lease_keeps_its_index_from_reuse_until_it_is_dropped_on_another_thread() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let lease = {
         let pinned = cache.pin();
         let peer = pinned.resolve(1, &sockaddr(1)).expect("client 1");

@@ -69,7 +69,7 @@ fn dropping_the_cache_removes_everything_from_the_real_av() {
         *calls.lock().expect("counts"),
         "every insert matched by one remove"
     );
-    let pinned = endpoint.peers().pin();
+    let pinned = endpoint.cache().pin();
     let fresh = pinned.resolve(1, &sockaddr(100)).expect("fresh").fi_addr();
     assert_eq!(0, fresh, "the real AV is empty again");
 }
@@ -80,7 +80,7 @@ fn dropping_the_cache_removes_everything_from_the_real_av() {
 fn dropping_an_endpoint_with_entries_held_is_clean() {
     for _ in 0..20 {
         let endpoint = tcp();
-        let cache = endpoint.peers();
+        let cache = endpoint.cache();
         for client in 0..20 {
             cache
                 .pin()

@@ -107,7 +107,7 @@ fn signal(child: &Child, name: &str) {
 
 /// Send one message and wait until its completion has been read: the connection is up.
 fn connect(endpoint: &LibfabricEndpoint, address: &[u8]) {
-    let pinned = endpoint.peers().pin();
+    let pinned = endpoint.cache().pin();
     let peer = pinned.resolve(1, address).expect("resolve");
     endpoint
         .send_within(peer, b"hello", PATIENCE)
@@ -148,7 +148,7 @@ fn a_stopped_peer_meets_backpressure_within_the_transmit_depth() {
     signal(&child.0, "-STOP");
 
     let before = resident();
-    let pinned = endpoint.peers().pin();
+    let pinned = endpoint.cache().pin();
     let peer = pinned.resolve(1, &address).expect("resolve");
     let mut accepted = 0_usize;
     let refused = loop {
@@ -185,7 +185,7 @@ fn a_stopped_peer_meets_backpressure_within_the_transmit_depth() {
     // The stopped peer holds only its share of the slots: another peer is still served.
     let healthy = testkit::tcp();
     testkit::with_progress(&healthy, || {
-        let pinned = endpoint.peers().pin();
+        let pinned = endpoint.cache().pin();
         let other = pinned
             .resolve(2, &healthy.local_address().expect("address"))
             .expect("resolve");
@@ -248,7 +248,7 @@ fn sends_to_a_killed_peer_are_reported_and_then_refused() {
     child.0.wait().expect("reap the peer");
     drop(stdin);
 
-    let pinned = endpoint.peers().pin();
+    let pinned = endpoint.cache().pin();
     let peer = pinned.resolve(1, &address).expect("resolve");
     let failed_before = endpoint.failed_sends();
     let mut accepted = 0_u64;
@@ -305,11 +305,11 @@ fn sends_to_a_killed_peer_are_reported_and_then_refused() {
 
     // Released and removed, its index goes to the next peer resolved (FI_AV_TABLE hands out the
     // lowest free index): a live peer there is not refused for the dead one's sake.
-    endpoint.peers().release(1);
-    endpoint.peers().quiesce();
+    endpoint.cache().release(1);
+    endpoint.cache().quiesce();
     let live = testkit::tcp();
     testkit::with_progress(&live, || {
-        let pinned = endpoint.peers().pin();
+        let pinned = endpoint.cache().pin();
         let newcomer = pinned
             .resolve(2, &live.local_address().expect("address"))
             .expect("resolve");

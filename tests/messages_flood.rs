@@ -118,7 +118,7 @@ fn flood() {
     let senders: Vec<LibfabricEndpoint> = (0..SENDERS).map(|_| testkit::tcp()).collect();
     // Connect each first: what a connection costs (rxm's buffers for it) is not the flood's.
     for sender in &senders {
-        let pinned = sender.peers().pin();
+        let pinned = sender.cache().pin();
         let peer = pinned.resolve(1, &address).expect("resolve");
         sender
             .send_within(peer, b"hello", testkit::PATIENCE)
@@ -140,7 +140,7 @@ fn flood() {
         for sender in &senders {
             let (address, accepted, refused) = (&address, &accepted, &refused);
             scope.spawn(move || {
-                let pinned = sender.peers().pin();
+                let pinned = sender.cache().pin();
                 let peer = pinned.resolve(1, address).expect("resolve");
                 while Instant::now() < deadline {
                     match sender.try_send(peer, &[5; 64]) {

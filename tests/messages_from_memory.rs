@@ -29,7 +29,7 @@ fn messages_of_any_size_go_from_registered_memory_and_hold_their_lease_until_com
         // The receiver drives its progress in `receive`: rxm connects on the first send.
         let received = std::thread::scope(|scope| {
             let receiving = scope.spawn(|| receiver.receive(PATIENCE));
-            let lease = sender.peers().lease(1, &address).expect("a lease");
+            let lease = sender.cache().lease(1, &address).expect("a lease");
             sender
                 .send_from_within(
                     lease,
@@ -53,7 +53,7 @@ fn messages_of_any_size_go_from_registered_memory_and_hold_their_lease_until_com
         assert_eq!(Some(pattern[..len].to_vec()), received.expect("received"));
         assert_eq!(
             0,
-            sender.peers().stats().leases,
+            sender.cache().stats().leases,
             "dropped with the completion"
         );
     }
@@ -69,12 +69,12 @@ fn send_from_refuses_what_is_not_this_endpoints() {
     let region = sender.register(64).expect("registered");
     let foreign_region = other.register(64).expect("registered");
 
-    let foreign_lease = other.peers().lease(1, &address).expect("a lease");
+    let foreign_lease = other.cache().lease(1, &address).expect("a lease");
     assert!(matches!(
         sender.send_from(foreign_lease, region.segment(0, 8).expect("segment"), 1),
         Err(DmaError::InvalidArgument(_))
     ));
-    let lease = sender.peers().lease(1, &address).expect("a lease");
+    let lease = sender.cache().lease(1, &address).expect("a lease");
     assert!(matches!(
         sender.send_from(lease, foreign_region.segment(0, 8).expect("segment"), 2),
         Err(DmaError::InvalidArgument(_))
@@ -82,12 +82,12 @@ fn send_from_refuses_what_is_not_this_endpoints() {
     assert_eq!(0, sender.operations_in_flight());
     assert_eq!(
         0,
-        sender.peers().stats().leases,
+        sender.cache().stats().leases,
         "the refused leases were dropped"
     );
 
     let plain = testkit::tcp();
-    let lease = plain.peers().lease(1, &address).expect("a lease");
+    let lease = plain.cache().lease(1, &address).expect("a lease");
     assert!(matches!(
         plain.send_from(lease, region.segment(0, 8).expect("segment"), 3),
         Err(DmaError::InvalidArgument(_))
@@ -128,7 +128,7 @@ fn receive_into_lands_messages_in_registered_memory_and_reports_truncation() {
             let truncated = receiver.wait_for(11, PATIENCE).expect("completed");
             (first, landed, truncated)
         });
-        let pinned = sender.peers().pin();
+        let pinned = sender.cache().pin();
         let peer = pinned.resolve(1, &address).expect("resolve");
         for message in [&b"first"[..], &[8; 40][..], &[9; 60][..]] {
             sender.send_within(peer, message, PATIENCE).expect("sent");

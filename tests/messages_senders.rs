@@ -26,7 +26,7 @@ fn send_all(sender: &LibfabricEndpoint, receiver: &[u8], messages: &[&[u8]]) {
 
 /// [`send_all`], whatever the sends' completions say.
 fn send_all_anyhow(sender: &LibfabricEndpoint, receiver: &[u8], messages: &[&[u8]]) {
-    let pinned = sender.peers().pin();
+    let pinned = sender.cache().pin();
     let peer = pinned.resolve(1, receiver).expect("resolve");
     for message in messages {
         sender.send_within(peer, message, PATIENCE).expect("sent");
@@ -66,7 +66,7 @@ fn each_message_names_its_sender_and_the_cache_its_clients() {
     );
     let first = endpoint(false);
     let second = endpoint(false);
-    let pinned = receiver.peers().pin();
+    let pinned = receiver.cache().pin();
     let first_index = pinned
         .resolve(10, &first.local_address().expect("address"))
         .expect("resolve")
@@ -108,12 +108,12 @@ fn each_message_names_its_sender_and_the_cache_its_clients() {
         by_sender,
         "each message names the sender it came from, in order"
     );
-    assert_eq!(vec![10], receiver.peers().clients_at(first_index));
-    assert_eq!(vec![20, 21], receiver.peers().clients_at(second_index));
+    assert_eq!(vec![10], receiver.cache().clients_at(first_index));
+    assert_eq!(vec![20, 21], receiver.cache().clients_at(second_index));
     drop(pinned);
-    receiver.peers().release(21);
-    receiver.peers().quiesce();
-    assert_eq!(vec![20], receiver.peers().clients_at(second_index));
+    receiver.cache().release(21);
+    receiver.cache().quiesce();
+    assert_eq!(vec![20], receiver.cache().clients_at(second_index));
 }
 
 /// A sender whose address is not in the receiver's AV is named by nobody (`None`, not a guess);
@@ -135,8 +135,8 @@ fn a_sender_outside_the_av_is_none_until_resolved() {
         }],
         unnamed
     );
-    assert!(receiver.peers().clients_at(0).is_empty());
-    let pinned = receiver.peers().pin();
+    assert!(receiver.cache().clients_at(0).is_empty());
+    let pinned = receiver.cache().pin();
     let index = pinned
         .resolve(5, &stranger.local_address().expect("address"))
         .expect("resolve")
@@ -147,7 +147,7 @@ fn a_sender_outside_the_av_is_none_until_resolved() {
         receiving.join().expect("the receiving thread")
     });
     assert_eq!(Some(index), named[0].sender);
-    assert_eq!(vec![5], receiver.peers().clients_at(index));
+    assert_eq!(vec![5], receiver.cache().clients_at(index));
 }
 
 /// `receive_into`'s completion names the sender; every other operation's names none.
@@ -156,7 +156,7 @@ fn a_receive_into_completion_names_its_sender() {
     let receiver = endpoint(true);
     let sender = endpoint(true);
     let landing = receiver.register(4096).expect("registered");
-    let pinned = receiver.peers().pin();
+    let pinned = receiver.cache().pin();
     let index = pinned
         .resolve(3, &sender.local_address().expect("address"))
         .expect("resolve")
@@ -184,7 +184,7 @@ fn a_receive_into_completion_names_its_sender() {
     );
     assert!(copied.iter().all(|received| Some(index) == received.sender));
     let source = sender.register(8).expect("registered");
-    let lease = sender.peers().lease(1, &address).expect("a lease");
+    let lease = sender.cache().lease(1, &address).expect("a lease");
     sender
         .send_from_within(lease, source.segment(0, 8).expect("segment"), 4, PATIENCE)
         .expect("posted");
@@ -226,7 +226,7 @@ fn late_message_names_the_index_holder(open: &dyn Fn() -> LibfabricEndpoint) {
     let leaving = open();
     let newcomer = open();
     let address = receiver.local_address().expect("address");
-    let pinned = receiver.peers().pin();
+    let pinned = receiver.cache().pin();
     let index = pinned
         .resolve(1, &leaving.local_address().expect("address"))
         .expect("resolve")
@@ -238,10 +238,10 @@ fn late_message_names_the_index_holder(open: &dyn Fn() -> LibfabricEndpoint) {
         receiving.join().expect("the receiving thread")
     });
     assert_eq!(Some(index), first[0].sender);
-    receiver.peers().release(1);
-    receiver.peers().quiesce();
-    assert_eq!(0, receiver.peers().stats().entries, "removed from the AV");
-    let pinned = receiver.peers().pin();
+    receiver.cache().release(1);
+    receiver.cache().quiesce();
+    assert_eq!(0, receiver.cache().stats().entries, "removed from the AV");
+    let pinned = receiver.cache().pin();
     let reused = pinned
         .resolve(2, &newcomer.local_address().expect("address"))
         .expect("resolve")
@@ -264,7 +264,7 @@ fn late_message_names_the_index_holder(open: &dyn Fn() -> LibfabricEndpoint) {
     );
     assert_eq!(
         vec![2],
-        receiver.peers().clients_at(index),
+        receiver.cache().clients_at(index),
         "the newcomer's"
     );
 }
@@ -293,7 +293,7 @@ fn nothing_nobody_and_truncation_through_receive_from() {
         u64::MAX - 1,
         0,
     ] {
-        assert!(receiver.peers().clients_at(nobody).is_empty(), "{nobody}");
+        assert!(receiver.cache().clients_at(nobody).is_empty(), "{nobody}");
     }
     let sender = endpoint(false);
     let address = receiver.local_address().expect("address");
@@ -325,7 +325,7 @@ fn native_tcp_on_2x_names_its_senders_too() {
     let open = || LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("native tcp");
     let (receiver, known, stranger) = (open(), open(), open());
     assert!(receiver.describe().reports_senders);
-    let pinned = receiver.peers().pin();
+    let pinned = receiver.cache().pin();
     let index = pinned
         .resolve(4, &known.local_address().expect("address"))
         .expect("resolve")

@@ -34,7 +34,7 @@ fn exchange(
     let done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
         scope.spawn(|| {
-            let pinned = sender.peers().pin();
+            let pinned = sender.cache().pin();
             let peer = pinned.resolve(1, &address).expect("resolve");
             for message in messages {
                 sender.send_within(peer, message, PATIENCE).expect("sent");

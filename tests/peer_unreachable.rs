@@ -22,7 +22,7 @@ fn writes_to_a_peer_that_closed_complete_with_peer_unreachable() {
     let address = client.local_address().unwrap();
     let remote = target.remote();
     let fi_addr = with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).unwrap();
+        let lease = server.cache().lease(1, &address).unwrap();
         let fi_addr = lease.fi_addr();
         server
             .write(
@@ -42,7 +42,7 @@ fn writes_to_a_peer_that_closed_complete_with_peer_unreachable() {
     // Posted once the client has stopped reading (a write completes when sent, not when
     // landed): more than the socket buffers hold, so some are in flight at the close.
     for id in 1..128 {
-        let lease = server.peers().lease(1, &address).unwrap();
+        let lease = server.cache().lease(1, &address).unwrap();
         let slot = remote.slice(id * len as u64, len as u64).unwrap();
         server
             .write(lease, source.segment(0, len).unwrap(), slot, id)
@@ -73,7 +73,7 @@ fn writes_to_a_peer_that_closed_complete_with_peer_unreachable() {
     eprintln!("{unreachable} of 127 writes answered PeerUnreachable");
     assert!(unreachable > 0, "no write was in flight at the close");
     assert_eq!(0, server.operations_in_flight());
-    assert_eq!(0, server.peers().stats().leases);
+    assert_eq!(0, server.cache().stats().leases);
 }
 
 /// Issue 31, item 4, the case the provider does not report: the *first* post to a peer whose
@@ -95,7 +95,7 @@ fn a_first_post_to_a_peer_that_refuses_connections_is_would_block_saying_so() {
         (gone.local_address().expect("address"), target.remote())
     }; // closed: its port now refuses connections
     for id in 1..=2 {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         let refused = server.write_within(
             lease,
             source.segment(0, 8).expect("segment"),
@@ -112,7 +112,7 @@ fn a_first_post_to_a_peer_that_refuses_connections_is_would_block_saying_so() {
             assert!(text.contains(needle), "{needle:?} is not in {text:?}");
         }
         assert_eq!(0, server.operations_in_flight(), "nothing was posted");
-        assert_eq!(0, server.peers().stats().leases, "the lease came back");
+        assert_eq!(0, server.cache().stats().leases, "the lease came back");
     }
 }
 
@@ -160,7 +160,7 @@ fn rma_to_a_killed_peer_is_refused_after_its_first_failed_completion() {
 
     let server = rma_tcp();
     let source = server.register(CHUNK).expect("server memory");
-    let lease = server.peers().lease(1, &address).expect("a lease");
+    let lease = server.cache().lease(1, &address).expect("a lease");
     let dead_index = lease.fi_addr();
     server
         .write(
@@ -175,7 +175,7 @@ fn rma_to_a_killed_peer_is_refused_after_its_first_failed_completion() {
     let mut stdin = child.stdin.take().expect("piped");
     stdin.write_all(b"h").expect("tell the peer to hold");
     for id in 1..=WRITES {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         server
             .write_within(
                 lease,
@@ -210,7 +210,7 @@ fn rma_to_a_killed_peer_is_refused_after_its_first_failed_completion() {
 
     // The next write and read are refused at once, with nothing posted and the lease given back.
     let lease = server
-        .peers()
+        .cache()
         .lease(1, &address)
         .expect("the entry is still there");
     let refused = server.write(
@@ -225,7 +225,7 @@ fn rma_to_a_killed_peer_is_refused_after_its_first_failed_completion() {
     assert_eq!(dead_index, peer);
     eprintln!("refused: {reason}");
     let lease = server
-        .peers()
+        .cache()
         .lease(1, &address)
         .expect("the entry is still there");
     let refused = server.read(
@@ -241,20 +241,20 @@ fn rma_to_a_killed_peer_is_refused_after_its_first_failed_completion() {
     assert_eq!(0, server.operations_in_flight(), "nothing was posted");
     assert_eq!(
         0,
-        server.peers().stats().leases,
+        server.cache().stats().leases,
         "the refused posts' leases came back"
     );
 
     // Released and removed, its index goes to the next peer resolved (FI_AV_TABLE hands out the
     // lowest free index): a live peer there is not refused for the dead one's sake.
-    server.peers().release(1);
-    server.peers().quiesce_with_patience(PATIENCE);
+    server.cache().release(1);
+    server.cache().quiesce_with_patience(PATIENCE);
     let live = rma_tcp();
     let landing = live.register(8).expect("live memory");
     source.write_bytes(0, &[5; 8]).expect("source bytes");
     with_progress(&live, || {
         let lease = server
-            .peers()
+            .cache()
             .lease(2, &live.local_address().expect("address"))
             .expect("a lease");
         assert_eq!(dead_index, lease.fi_addr(), "the index was reused");

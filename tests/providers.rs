@@ -122,7 +122,7 @@ fn native_tcp_is_rdm_on_2x_and_turned_down_on_1x() {
         let address = client.local_address().expect("address");
         std::thread::scope(|scope| {
             let received = scope.spawn(|| client.receive(Duration::from_secs(10)));
-            let pinned = server.peers().pin();
+            let pinned = server.cache().pin();
             let peer = pinned.resolve(1, &address).expect("resolve");
             server.send(peer, b"native").expect("send");
             let received = received.join().expect("receiver").expect("receive");

@@ -169,7 +169,7 @@ fn a_failed_stripe_fails_the_one_completion() {
         assert_eq!(0, server.transfers_in_flight());
     });
     for rail in 0..2 {
-        assert_eq!(0, server.rail(rail).peers().stats().leases, "rail {rail}");
+        assert_eq!(0, server.rail(rail).cache().stats().leases, "rail {rail}");
         assert_eq!(0, server.rail(rail).operations_in_flight());
     }
     let mut more = Vec::new();
@@ -211,7 +211,7 @@ fn mismatched_shapes_are_refused_and_post_nothing() {
     }
     assert_eq!(0, server.transfers_in_flight());
     for rail in 0..2 {
-        assert_eq!(0, server.rail(rail).peers().stats().leases);
+        assert_eq!(0, server.rail(rail).cache().stats().leases);
         assert_eq!(0, server.rail(rail).operations_in_flight());
     }
     assert!(matches!(
@@ -239,7 +239,7 @@ fn bad_addresses_leave_every_rail_empty_and_release_empties_them_all() {
     for rail in 0..2 {
         assert_eq!(
             0,
-            server.rail(rail).peers().stats().misses,
+            server.rail(rail).cache().stats().misses,
             "no rail was asked"
         );
     }
@@ -251,7 +251,7 @@ fn bad_addresses_leave_every_rail_empty_and_release_empties_them_all() {
     }
     server.quiesce();
     for rail in 0..2 {
-        let stats = server.rail(rail).peers().stats();
+        let stats = server.rail(rail).cache().stats();
         assert_eq!(
             (0, 1, 1),
             (stats.entries, stats.inserts, stats.removes),
@@ -343,4 +343,24 @@ fn dropping_a_rail_set_with_stripes_in_flight_abandons_them_in_order() {
             .unwrap();
         assert_eq!(Ok(()), server.wait_for(1, PATIENCE).unwrap().result);
     });
+}
+
+/// The names renamed in 0.2.0 (`CHANGELOG.md`, "Deprecated") still work for one release: the
+/// alias `RailsPinned` is the type `RailSet::pin` returns, and `peers()` is the endpoint's
+/// `cache()`, the very same cache.
+#[test]
+#[allow(deprecated)]
+fn the_deprecated_names_still_name_the_same_things() {
+    let rails = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"]).unwrap();
+    let client = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"]).unwrap();
+    let addresses = addresses(&client);
+    let pinned: dma_libfabric::RailsPinned<'_> = rails.pin();
+    let peers = pinned.resolve(3, &slices(&addresses)).unwrap();
+    let endpoint = rails.rail(1);
+    assert!(std::ptr::eq(endpoint.peers(), endpoint.cache()));
+    assert_eq!(1, endpoint.peers().stats().entries);
+    assert_eq!(
+        Some(addresses[1].as_slice()),
+        endpoint.lookup(peers.rail(1).fi_addr()).unwrap().as_deref()
+    );
 }

@@ -85,7 +85,7 @@ fn a_striped_write_with_no_deadline_completes() {
     server.release(1);
     server.quiesce();
     for rail in 0..2 {
-        assert_eq!(0, server.rail(rail).peers().stats().entries);
+        assert_eq!(0, server.rail(rail).cache().stats().entries);
     }
 }
 

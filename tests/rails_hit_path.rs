@@ -11,7 +11,7 @@ static GLOBAL: CountingAllocator = CountingAllocator;
 /// Resolve `clients` on every rail `rounds` times through `pin`, once warmed: the allocations
 /// counted meanwhile.
 fn hits<'r>(
-    pin: impl Fn() -> dma_libfabric::RailsPinned<'r>,
+    pin: impl Fn() -> dma_libfabric::RailPinned<'r>,
     lease: impl Fn(u64, &[&[u8]]),
     clients: &[Vec<&[u8]>],
 ) -> u64 {

@@ -27,7 +27,7 @@ fn numbered<A: AsRef<[u8]>>(addresses: &[A]) -> Vec<(u64, &[u8])> {
 #[test]
 fn hits_and_misses_come_back_in_request_order_on_the_real_av() {
     let endpoint = tcp();
-    let cache = endpoint.peers();
+    let cache = endpoint.cache();
     let addresses: Vec<Vec<u8>> = (0..200).map(sockaddr).collect();
     // Every other client is already in: a mix of hits and misses, across four chunks.
     {

@@ -94,8 +94,8 @@ fn a_write_lands_in_the_peers_memory_and_completes_once_with_its_id() {
     let address = client.local_address().expect("address");
 
     let completion = with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
-        assert_eq!(1, server.peers().stats().leases);
+        let lease = server.cache().lease(1, &address).expect("a lease");
+        assert_eq!(1, server.cache().stats().leases);
         server
             .write(
                 lease,
@@ -120,7 +120,7 @@ fn a_write_lands_in_the_peers_memory_and_completes_once_with_its_id() {
     );
     assert_eq!(
         0,
-        server.peers().stats().leases,
+        server.cache().stats().leases,
         "dropped with the completion"
     );
     assert_eq!(0, server.operations_in_flight());
@@ -139,7 +139,7 @@ fn a_read_fetches_the_peers_memory() {
     let address = client.local_address().expect("address");
 
     let completion = with_progress(&client, || {
-        let lease = server.peers().lease(7, &address).expect("a lease");
+        let lease = server.cache().lease(7, &address).expect("a lease");
         server
             .read(
                 lease,
@@ -157,7 +157,7 @@ fn a_read_fetches_the_peers_memory() {
     let mut fetched = [0; 16];
     landing.read_bytes(0, &mut fetched).expect("in range");
     assert_eq!(b"the peer's bytes", &fetched);
-    assert_eq!(0, server.peers().stats().leases);
+    assert_eq!(0, server.cache().stats().leases);
 }
 
 #[test]
@@ -192,7 +192,7 @@ fn many_writes_complete_through_poll_completions_from_another_thread_while_other
                 }
                 all
             });
-            let pinned_lease = server.peers().lease(1, &address).expect("a lease");
+            let pinned_lease = server.cache().lease(1, &address).expect("a lease");
             for n in 0..1000_u64 {
                 let at = 8 * n as usize;
                 server
@@ -227,7 +227,7 @@ fn many_writes_complete_through_poll_completions_from_another_thread_while_other
             .iter()
             .all(|completion| completion.result.is_ok())
     );
-    assert_eq!(0, server.peers().stats().leases);
+    assert_eq!(0, server.cache().stats().leases);
 }
 
 #[test]
@@ -238,7 +238,7 @@ fn a_full_slab_is_backpressure_until_completions_are_taken() {
     let source = server.register(8).expect("server memory");
     let address = client.local_address().expect("address");
     with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         let mut posted = 0_u64;
         // Nobody takes completions, so slots run out: then a clear WouldBlock, nothing posted.
         let refused = loop {
@@ -271,7 +271,7 @@ fn a_full_slab_is_backpressure_until_completions_are_taken() {
             .expect("room again");
         server.wait_for(0, PATIENCE).expect("completed");
     });
-    assert_eq!(0, server.peers().stats().leases);
+    assert_eq!(0, server.cache().stats().leases);
 }
 
 /// Connect `server` to `client` (tcp connects on the first transfer, and only while the target
@@ -286,7 +286,7 @@ fn connect(server: &LibfabricEndpoint, client: &LibfabricEndpoint, client_id: u6
     source.write_bytes(0, &[0xab; 8]).expect("fits");
     let target = client.register(8).expect("client memory");
     with_progress(client, || {
-        let lease = server.peers().lease(client_id, &address).expect("a lease");
+        let lease = server.cache().lease(client_id, &address).expect("a lease");
         server
             .write(
                 lease,
@@ -315,7 +315,7 @@ fn a_read_with_a_bad_key_completes_with_an_error_and_drops_the_lease() {
         ..exposed.remote()
     };
     let completion = with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         server
             .read(lease, landing.segment(0, 8).expect("segment"), wrong, 9)
             .expect("posted");
@@ -332,7 +332,7 @@ fn a_read_with_a_bad_key_completes_with_an_error_and_drops_the_lease() {
     };
     assert_eq!("fi_read", *call);
     assert!(*code < 0, "{code} {message}");
-    assert_eq!(0, server.peers().stats().leases);
+    assert_eq!(0, server.cache().stats().leases);
 }
 
 #[test]
@@ -351,7 +351,7 @@ fn a_peer_that_goes_away_under_a_read_gives_an_error_completion() {
     drop(client);
     let completion = server.wait_for(3, PATIENCE).expect("completed");
     assert!(completion.result.is_err(), "{completion:?}");
-    assert_eq!(0, server.peers().stats().leases);
+    assert_eq!(0, server.cache().stats().leases);
 }
 
 #[test]
@@ -364,7 +364,7 @@ fn a_foreign_lease_or_segment_is_refused_and_changes_nothing() {
     let source = server.register(64).expect("server memory");
     let foreign_memory = other.register(64).expect("other memory");
 
-    let foreign_lease = other.peers().lease(1, &address).expect("a lease on other");
+    let foreign_lease = other.cache().lease(1, &address).expect("a lease on other");
     assert!(matches!(
         server.write(
             foreign_lease,
@@ -376,11 +376,11 @@ fn a_foreign_lease_or_segment_is_refused_and_changes_nothing() {
     ));
     assert_eq!(
         0,
-        other.peers().stats().leases,
+        other.cache().stats().leases,
         "the refused lease was dropped"
     );
 
-    let lease = server.peers().lease(1, &address).expect("a lease");
+    let lease = server.cache().lease(1, &address).expect("a lease");
     assert!(matches!(
         server.write(
             lease.clone(),
@@ -401,7 +401,7 @@ fn a_foreign_lease_or_segment_is_refused_and_changes_nothing() {
     ));
     assert_eq!(
         (0, 0),
-        (server.operations_in_flight(), server.peers().stats().leases)
+        (server.operations_in_flight(), server.cache().stats().leases)
     );
 }
 
@@ -418,22 +418,22 @@ fn dropping_a_region_with_a_read_in_flight_keeps_it_until_the_completion() {
     post_reads(&server, &address, &landing, &exposed, [5]);
     assert_eq!(1, landing.in_flight());
     drop(landing); // the memory stays registered and allocated for the read
-    assert_eq!(1, server.peers().stats().leases);
-    server.peers().release(1);
-    server.peers().quiesce();
+    assert_eq!(1, server.cache().stats().leases);
+    server.cache().release(1);
+    server.cache().quiesce();
     assert_eq!(
         1,
-        server.peers().stats().removals_awaiting_leases,
+        server.cache().stats().removals_awaiting_leases,
         "held by the read"
     );
 
     let completion = with_progress(&client, || server.wait_for(5, PATIENCE).expect("completed"));
     assert_eq!(Ok(()), completion.result);
-    assert_eq!(0, server.peers().stats().leases);
-    server.peers().quiesce();
+    assert_eq!(0, server.cache().stats().leases);
+    server.cache().quiesce();
     assert_eq!(
         0,
-        server.peers().stats().pending_removals,
+        server.cache().stats().pending_removals,
         "removed once the lease went"
     );
 }
@@ -447,7 +447,7 @@ fn post_reads(
     exposed: &MemoryRegion<'_>,
     ids: impl IntoIterator<Item = u64>,
 ) {
-    let lease = server.peers().lease(1, address).expect("a lease");
+    let lease = server.cache().lease(1, address).expect("a lease");
     for id in ids {
         server
             .read(
@@ -472,7 +472,7 @@ fn dropping_an_endpoint_with_operations_in_flight_drains_or_abandons_them() {
         post_reads(&server, &address, &landing, &exposed, 0..4);
         drop(landing);
         assert_eq!(4, server.operations_in_flight());
-        assert_eq!(4, server.peers().stats().leases);
+        assert_eq!(4, server.cache().stats().leases);
         // The client does not progress, so these never complete: drop abandons them after
         // DRAIN_PATIENCE, closing the endpoint before freeing their memory and leases.
     }
@@ -481,11 +481,11 @@ fn dropping_an_endpoint_with_operations_in_flight_drains_or_abandons_them() {
     connect(&server, &client, 1);
     let landing = server.register(64).expect("server memory");
     post_reads(&server, &address, &landing, &exposed, 0..4);
-    assert_eq!(4, server.peers().stats().leases);
+    assert_eq!(4, server.cache().stats().leases);
     with_progress(&client, || assert_eq!(0, server.drain_operations(PATIENCE)));
     assert_eq!(
         (0, 0),
-        (server.operations_in_flight(), server.peers().stats().leases)
+        (server.operations_in_flight(), server.cache().stats().leases)
     );
     let mut completions = Vec::new();
     server.poll_completions(&mut completions).expect("poll");
@@ -502,7 +502,7 @@ fn a_peer_that_never_connects_is_bounded_backpressure_and_leaves_nothing_in_flig
         let target = client.register(64).expect("client memory");
         (client.local_address().expect("address"), target.remote())
     };
-    let lease = server.peers().lease(1, &address).expect("a lease");
+    let lease = server.cache().lease(1, &address).expect("a lease");
     let refused = server.write_within(
         lease,
         source.segment(0, 8).expect("segment"),
@@ -513,7 +513,7 @@ fn a_peer_that_never_connects_is_bounded_backpressure_and_leaves_nothing_in_flig
     assert_eq!(Err(DmaError::WouldBlock), refused);
     assert_eq!(
         (0, 0),
-        (server.operations_in_flight(), server.peers().stats().leases)
+        (server.operations_in_flight(), server.cache().stats().leases)
     );
     assert_eq!(0, source.in_flight());
 }

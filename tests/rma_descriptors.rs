@@ -22,7 +22,7 @@ fn abandon_reads() {
     let server = rma_tcp();
     let source = server.register(64).expect("server memory");
     source.write_bytes(0, &[0xab; 8]).expect("fits");
-    let lease = server.peers().lease(1, &address).expect("a lease");
+    let lease = server.cache().lease(1, &address).expect("a lease");
     // Connect: tcp connects on the first transfer, while the target progresses.
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {

@@ -51,7 +51,7 @@ fn connect(server: &LibfabricEndpoint, client: &LibfabricEndpoint) {
     source.write_bytes(0, &[0xee; 8]).expect("fits");
     let target = client.register(8).expect("client memory");
     with_progress(client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         server
             .write(
                 lease,
@@ -95,7 +95,7 @@ fn a_peers_write_racing_the_drop_never_lands_in_unrelated_memory() {
 
         let unrelated = std::thread::scope(|scope| {
             let writer = scope.spawn(|| {
-                let lease = server.peers().lease(1, &address).expect("a lease");
+                let lease = server.cache().lease(1, &address).expect("a lease");
                 server
                     .write(
                         lease.clone(),
@@ -196,7 +196,7 @@ fn a_peers_read_racing_the_drop_never_returns_unrelated_memory() {
 
         let (result, unrelated) = std::thread::scope(|scope| {
             let reader = scope.spawn(|| {
-                let lease = server.peers().lease(1, &address).expect("a lease");
+                let lease = server.cache().lease(1, &address).expect("a lease");
                 server
                     .read(
                         lease,
@@ -329,7 +329,7 @@ fn a_write_with_another_clients_descriptor_does_not_land() {
     let address_b = client_b.local_address().expect("B's address");
 
     let (write, read) = with_progress(&client_b, || {
-        let lease = server.peers().lease(2, &address_b).expect("B's lease");
+        let lease = server.cache().lease(2, &address_b).expect("B's lease");
         server
             .write(
                 lease.clone(),
@@ -471,7 +471,7 @@ fn a_write_to_a_hand_built_descriptor_that_wraps_is_refused_at_the_post() {
     let client = rma_tcp();
     let address = client.local_address().expect("address");
     let source = server.register(8).expect("server memory");
-    let lease = server.peers().lease(1, &address).expect("a lease");
+    let lease = server.cache().lease(1, &address).expect("a lease");
     let wrapping = RemoteRegion {
         address: u64::MAX - 3,
         key: 1,
@@ -483,5 +483,5 @@ fn a_write_to_a_hand_built_descriptor_that_wraps_is_refused_at_the_post() {
         "{refused:?}"
     );
     assert_eq!(0, server.operations_in_flight());
-    assert_eq!(0, server.peers().stats().leases, "the lease went back");
+    assert_eq!(0, server.cache().stats().leases, "the lease went back");
 }

@@ -60,13 +60,13 @@ fn a_wait_for_a_stalled_write_sleeps() {
     let address = client.local_address().unwrap();
     with_progress(&client, || {
         // Connect while the client progresses.
-        let lease = server.peers().lease(1, &address).unwrap();
+        let lease = server.cache().lease(1, &address).unwrap();
         server
             .write(lease, source.segment(0, 64).unwrap(), target.remote(), 1)
             .unwrap();
         server.wait_for(1, PATIENCE).expect("connected");
     });
-    let lease = server.peers().lease(1, &address).unwrap();
+    let lease = server.cache().lease(1, &address).unwrap();
     server
         .write(lease, source.segment(0, len).unwrap(), target.remote(), 2)
         .unwrap();
@@ -119,7 +119,7 @@ fn a_target_that_only_sleeps_in_receive_lands_a_write() {
             }
             panic!("no message");
         });
-        let lease = server.peers().lease(1, &address).unwrap();
+        let lease = server.cache().lease(1, &address).unwrap();
         server
             .write_within(
                 lease,
@@ -131,7 +131,7 @@ fn a_target_that_only_sleeps_in_receive_lands_a_write() {
             .unwrap();
         let done = server.wait_for(1, PATIENCE).expect("completed");
         assert_eq!(Ok(()), done.result);
-        let pinned = server.peers().pin();
+        let pinned = server.cache().pin();
         let peer = pinned.resolve(1, &address).unwrap();
         server.send_within(peer, b"done", PATIENCE).unwrap();
         drop(pinned);
@@ -175,7 +175,7 @@ fn a_target_in_progress_sleeping_lands_a_write_and_sleeps_when_idle() {
             }
             panic!("the write never landed");
         });
-        let lease = server.peers().lease(1, &address).unwrap();
+        let lease = server.cache().lease(1, &address).unwrap();
         server
             .write_within(
                 lease,
@@ -222,7 +222,7 @@ fn many_sleeping_waiters_each_get_their_own_completion() {
             ready.wait();
             // Posted in reverse, so the first waiter's completion comes last.
             for id in (0..8_u64).rev() {
-                let lease = server.peers().lease(1, &address).unwrap();
+                let lease = server.cache().lease(1, &address).unwrap();
                 let slot = target.remote().slice(id * 4096, 4096).unwrap();
                 server
                     .write(lease, source.segment(0, 4096).unwrap(), slot, id)
@@ -232,7 +232,7 @@ fn many_sleeping_waiters_each_get_their_own_completion() {
                 let done = waiter.join().unwrap().expect("its own completion");
                 assert_eq!((id as u64, Ok(())), (done.id, done.result));
             }
-            let pinned = client.peers().pin();
+            let pinned = client.cache().pin();
             let peer = pinned.resolve(2, &client_address).unwrap();
             client.send_within(peer, b"hello", PATIENCE).unwrap();
             drop(pinned);

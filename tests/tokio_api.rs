@@ -59,7 +59,7 @@ async fn write_then_read() {
     back.read_bytes(0, &mut seen).unwrap();
     assert!(seen == data, "the read fetched other bytes");
     assert_eq!(0, server.endpoint().operations_in_flight());
-    assert_eq!(0, server.endpoint().peers().stats().leases);
+    assert_eq!(0, server.endpoint().cache().stats().leases);
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -189,7 +189,7 @@ async fn every_future_resolves_when_the_peer_closes_mid_transfer() {
     let failed = failed.len();
     assert_eq!(64, completed + failed);
     assert_eq!(0, server.endpoint().operations_in_flight());
-    assert_eq!(0, server.endpoint().peers().stats().leases);
+    assert_eq!(0, server.endpoint().cache().stats().leases);
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -165,7 +165,7 @@ async fn drop_at_random(operations: usize, seed: u64) {
     }
     assert_eq!(
         0,
-        server.endpoint().peers().stats().leases,
+        server.endpoint().cache().stats().leases,
         "a lease outlived its operation"
     );
     let grown = heap::live() - live - (server.endpoint().parked_memory() as isize - parked);

@@ -216,7 +216,7 @@ async fn every_write_future_resolves_when_one_peer_is_killed_and_another_stopped
                 .overdue_operations(Duration::ZERO, &mut overdue),
         "{overdue:?}"
     );
-    assert!(0 < server.endpoint().peers().stats().leases);
+    assert!(0 < server.endpoint().cache().stats().leases);
     if 0 < unreachable {
         // The killed peer is marked: a new write to it is refused at once (item 4).
         let source = server.endpoint().register(8).unwrap();
@@ -246,5 +246,5 @@ async fn every_write_future_resolves_when_one_peer_is_killed_and_another_stopped
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(0, server.endpoint().peers().stats().leases);
+    assert_eq!(0, server.endpoint().cache().stats().leases);
 }

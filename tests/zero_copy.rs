@@ -86,7 +86,7 @@ fn the_registered_memory_is_the_applications_buffer() {
     };
 
     with_progress(&client, || {
-        let lease = client.peers().lease(2, &server.local_address().unwrap());
+        let lease = client.cache().lease(2, &server.local_address().unwrap());
         let lease = lease.expect("a lease");
         let landing = client.register(64).expect("landing");
         // The client reads the server's Remote region: it sees the bytes written through the
@@ -107,7 +107,7 @@ fn the_registered_memory_is_the_applications_buffer() {
         });
         wait_for_bytes(&landing, 0, b"through the Vec");
 
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         server
             .write(
                 lease,
@@ -168,7 +168,7 @@ fn the_source_of_a_write_in_flight_cannot_be_mutated() {
         .register_buffer(b"before the post".to_vec(), Exposure::Local)
         .expect("registered");
     with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         server
             .write(lease, source.segment(0, 15).unwrap(), target.remote(), 5)
             .expect("posted");
@@ -199,18 +199,18 @@ fn a_read_into_a_region_whose_slice_is_lent_is_refused() {
         .register_buffer(vec![0_u8; 64], Exposure::Local)
         .expect("registered");
     let slice = landing.as_slice().expect("idle");
-    let lease = server.peers().lease(1, &address).expect("a lease");
+    let lease = server.cache().lease(1, &address).expect("a lease");
     assert!(matches!(
         server.read(lease, landing.segment(0, 8).unwrap(), exposed.remote(), 3),
         Err(DmaError::Busy)
     ));
     assert_eq!(0, server.operations_in_flight(), "nothing posted");
-    assert_eq!(0, server.peers().stats().leases, "the lease went back");
+    assert_eq!(0, server.cache().stats().leases, "the lease went back");
     assert!(slice.iter().all(|&byte| 0 == byte));
     drop(slice);
     exposed.write_bytes(0, b"the peer").expect("fits");
     with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         server
             .read(lease, landing.segment(0, 8).unwrap(), exposed.remote(), 3)
             .expect("posted once the slice is gone");
@@ -236,7 +236,7 @@ fn into_buffer_with_a_read_in_flight_gives_the_region_back() {
         .register_buffer(vec![0_u8; 64], Exposure::Local)
         .expect("registered");
     let landing = with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         server
             .read(lease, landing.segment(0, 7).unwrap(), exposed.remote(), 9)
             .expect("posted");
@@ -275,7 +275,7 @@ fn a_dropped_remote_buffer_outlives_a_peers_write_until_the_endpoint_closes() {
     let source = client.register(LEN).expect("client memory");
     source.write_bytes(LEN - 4, b"tail").expect("fits");
     let lease = client
-        .peers()
+        .cache()
         .lease(1, &server.local_address().unwrap())
         .expect("a lease");
     // Connect first (the server progresses), so that the large write is then posted while the
@@ -321,7 +321,7 @@ fn a_peer_cannot_reach_a_local_region() {
     assert_eq!(u64::MAX, local.remote().key, "FI_KEY_NOTAVAIL");
     let landing = client.register(64).expect("client memory");
     let lease = client
-        .peers()
+        .cache()
         .lease(1, &server.local_address().unwrap())
         .expect("a lease");
     let completion = with_progress(&server, || {
@@ -421,7 +421,7 @@ fn host_memory_registers_through_fi_hmem_system() {
     assert_eq!(MemoryInterface::System, region.interface());
     let landing = client.register(64).expect("landing");
     let lease = client
-        .peers()
+        .cache()
         .lease(1, &server.local_address().unwrap())
         .expect("a lease");
     with_progress(&server, || {
@@ -452,7 +452,7 @@ fn a_rail_set_registers_one_buffer_on_every_rail() {
     let landing = client.register(16).expect("landing");
     for rail in 0..2 {
         let lease = client
-            .peers()
+            .cache()
             .lease(1 + rail as u64, &server.rail(rail).local_address().unwrap())
             .expect("a lease");
         testkit::with_rails_progress(&server, || {
@@ -495,7 +495,7 @@ fn a_memory_mapping_registers_in_place() {
     let target = client.register(64).expect("client memory");
     let address = client.local_address().expect("address");
     with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         server
             .write(lease, region.segment(4096, 4).unwrap(), target.remote(), 1)
             .expect("posted");

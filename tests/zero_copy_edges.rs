@@ -37,7 +37,7 @@ fn a_gather_past_the_limit_is_split_and_joined_into_one_completion() {
     let target = client.register(order.len() * PAGE).expect("client memory");
     let address = client.local_address().expect("address");
     with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         let pieces: Vec<Segment<'_>> = order
             .iter()
             .map(|&page| pool.segment(page * PAGE, PAGE).unwrap())
@@ -60,7 +60,7 @@ fn a_gather_past_the_limit_is_split_and_joined_into_one_completion() {
     server.poll_completions(&mut rest).expect("poll");
     assert!(rest.is_empty(), "one completion for the transfer: {rest:?}");
     assert_eq!(0, server.operations_in_flight());
-    assert_eq!(0, server.peers().stats().leases, "every part's lease went");
+    assert_eq!(0, server.cache().stats().leases, "every part's lease went");
     pool.as_mut_slice()
         .expect("idle once the completion was read")[0] = 0;
 }
@@ -78,7 +78,7 @@ fn a_scatter_read_lands_each_piece_in_its_page() {
         .register_buffer(vec![0_u8; 18 * PAGE], Exposure::Local)
         .expect("registered");
     with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         let pieces: Vec<Segment<'_>> = (0..9)
             .map(|piece| landing.segment(2 * piece * PAGE, PAGE).unwrap())
             .collect();
@@ -118,14 +118,14 @@ fn bad_pieces_are_refused_with_nothing_posted() {
     let address = client.local_address().expect("address");
     let one = server.register(2 * PAGE).expect("one region");
     let other = server.register(PAGE).expect("another region");
-    let lease = || server.peers().lease(1, &address).expect("a lease");
+    let lease = || server.cache().lease(1, &address).expect("a lease");
     let refused = |result: Result<(), DmaError>| {
         assert!(
             matches!(result, Err(DmaError::InvalidArgument(_))),
             "{result:?}"
         );
         assert_eq!(0, server.operations_in_flight());
-        assert_eq!(0, server.peers().stats().leases);
+        assert_eq!(0, server.cache().stats().leases);
     };
     refused(server.write_gather(lease(), &[], target.remote(), 1));
     refused(server.write_gather(
@@ -173,7 +173,7 @@ fn a_write_with_data_notifies_the_target() {
         .register_buffer(b"chunk landed".to_vec(), Exposure::Local)
         .expect("registered");
     let notifications = with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         server
             .write_with_data(
                 lease,
@@ -318,7 +318,7 @@ fn cuda_memory_is_written_from_in_place() {
     let target = client.register(LEN).expect("client memory");
     let address = client.local_address().expect("address");
     with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         server
             .write(lease, device.segment(0, LEN).unwrap(), target.remote(), 1)
             .expect("posted");
@@ -392,7 +392,7 @@ fn bounds_threads_and_durations_at_their_edges() {
         });
         let (first, slice) = lent.join().expect("the other thread");
         assert_eq!(1, first);
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         let piece = [pool.segment(0, PAGE).unwrap()];
         assert!(matches!(
             server.write_gather_within(lease, &piece, target.remote(), 1, std::time::Duration::MAX),
@@ -401,7 +401,7 @@ fn bounds_threads_and_durations_at_their_edges() {
         drop(slice);
     });
     with_progress(&client, || {
-        let lease = server.peers().lease(1, &address).expect("a lease");
+        let lease = server.cache().lease(1, &address).expect("a lease");
         let piece = [pool.segment(PAGE, PAGE).unwrap()];
         server
             .write_gather_within(lease, &piece, target.remote(), 2, std::time::Duration::MAX)

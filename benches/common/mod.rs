@@ -212,7 +212,7 @@ impl Subject {
     /// Resolve every key once, so the cache is warm.
     pub fn warm(&self, keys: &Keys) {
         match self {
-            Self::Tcp(endpoint) => warm(endpoint.peers(), keys),
+            Self::Tcp(endpoint) => warm(endpoint.cache(), keys),
             Self::Efa(cache) => warm(cache, keys),
         }
     }

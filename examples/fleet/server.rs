@@ -143,7 +143,7 @@ impl Server {
             );
         }
         self.departures.fetch_add(1, Ordering::Relaxed);
-        self.endpoint.peers().release(registration.key);
+        self.endpoint.cache().release(registration.key);
         {
             let mut current = lock(&self.current[registration.id as usize]);
             if current
@@ -297,7 +297,7 @@ pub fn run(flags: &Flags) -> Result<()> {
             }
         }
     }
-    let cache = server.endpoint.peers();
+    let cache = server.endpoint.cache();
     cache.quiesce_with_patience(Duration::from_secs(2));
     let stats = cache.stats();
     let counts = all.iter().fold(Counts::default(), |sum, registration| {
@@ -502,7 +502,7 @@ fn post(server: &Server, thread_index: usize) -> Result<()> {
     let mut random = protocol::Random(0x9e37_79b9_7f4a_7c15 ^ (thread_index as u64 + 1) | 1);
     let source = server.endpoint.register(SOURCE_SLOTS * RECORD_LEN)?;
     let slots = &server.slots[thread_index];
-    let cache = server.endpoint.peers();
+    let cache = server.endpoint.cache();
     let clients = server.current.len() as u64;
     let mut next_slot = 0;
     let mut idle = 0_u32;

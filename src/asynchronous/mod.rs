@@ -262,7 +262,7 @@ impl AsyncEndpoint {
     /// # Errors
     /// As [`AddressCache::lease`](crate::cache::AddressCache::lease).
     pub async fn lease(&self, client: u64, address: &[u8]) -> Result<Lease<'_>, DmaError> {
-        let peers = self.shared.endpoint.peers();
+        let peers = self.shared.endpoint.cache();
         match peers.lease_within(client, address, Duration::ZERO) {
             Err(DmaError::WouldBlock) => {}
             done => return done,
@@ -270,7 +270,7 @@ impl AsyncEndpoint {
         let endpoint = Arc::clone(&self.shared.endpoint);
         let owned = address.to_vec();
         let resolved = tokio::task::spawn_blocking(move || {
-            endpoint.peers().pin().resolve(client, &owned).map(|_| ())
+            endpoint.cache().pin().resolve(client, &owned).map(|_| ())
         })
         .await
         .map_err(|error| {

@@ -269,14 +269,14 @@ impl Core {
 /// let client = LibfabricEndpoint::open(&Configuration::default(), None)?;
 /// let address = client.local_address()?;
 ///
-/// let pinned = server.peers().pin();
+/// let pinned = server.cache().pin();
 /// let peer = pinned.resolve(7, &address)?;
 /// assert_eq!(Some(address), server.lookup(peer.fi_addr())?);
 /// drop(pinned);
 ///
-/// server.peers().release(7);
-/// server.peers().quiesce();
-/// assert_eq!(0, server.peers().stats().entries);
+/// server.cache().release(7);
+/// server.cache().quiesce();
+/// assert_eq!(0, server.cache().stats().entries);
 /// # Ok::<(), dma_libfabric::DmaError>(())
 /// ```
 pub struct AddressCache<B: AvBackend = FabricAv> {

@@ -22,23 +22,18 @@
 //! rail set's by its transfers in flight).
 
 use std::ffi::c_void;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::LibfabricEndpoint;
 use super::deadline::Deadline;
-use super::rma::{BATCH, Completion, Operations, lock};
+use super::rma::operations::{BATCH, Completion, Operations};
 use crate::error::DmaError;
+use crate::sync::lock;
 use dma_libfabric_sys as sys;
 
-/// Who receives the completions of the operations the crate posts for itself.
-pub(crate) trait CompletionOwner: Send + Sync {
-    /// The operation posted with `completion.id` as its token has completed; its lease and
-    /// buffer have been dropped and its slot freed. Called by whichever thread read the
-    /// completion, with no lock of the endpoint held.
-    fn completed(&self, completion: Completion);
-}
+/// Who receives the crate's own completions (defined beside the slots that hold them).
+pub(crate) use super::rma::operations::{CompletionOwner, Owner};
 
 /// Why an operation failed, as read from its error entry.
 pub(in crate::endpoint) enum Failure {
@@ -56,9 +51,6 @@ fn fabric_text(error: &DmaError) -> String {
         other => other.to_string(),
     }
 }
-
-/// An owner shared with the slots of its operations in flight.
-pub(crate) type Owner = Arc<dyn CompletionOwner>;
 
 impl Operations {
     /// Read every completion the transmit queue `cq` holds now, handing RMA completions to their

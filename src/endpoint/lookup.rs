@@ -13,8 +13,23 @@ use dma_libfabric_sys as sys;
 
 impl LibfabricEndpoint {
     /// The cache of address-vector entries that posting threads resolve peers through.
-    pub fn peers(&self) -> &AddressCache {
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
+    ///
+    /// let endpoint = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
+    /// assert_eq!(0, endpoint.cache().stats().entries);
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn cache(&self) -> &AddressCache {
         &self.peers
+    }
+
+    /// The endpoint's [`cache`](Self::cache), under its old name: it returns an
+    /// [`AddressCache`], not a list of peers.
+    #[deprecated(since = "0.2.0", note = "renamed to `cache()`")]
+    pub fn peers(&self) -> &AddressCache {
+        self.cache()
     }
 
     /// What the provider chose.
@@ -70,7 +85,7 @@ impl LibfabricEndpoint {
     /// assert_eq!(None, endpoint.lookup(5)?, "nothing handed out yet");
     /// assert_eq!(None, endpoint.lookup(1 << 40)?, "far outside the table");
     /// let address = endpoint.local_address()?;
-    /// let pinned = endpoint.peers().pin();
+    /// let pinned = endpoint.cache().pin();
     /// let peer = pinned.resolve(1, &address)?;
     /// assert_eq!(Some(address), endpoint.lookup(peer.fi_addr())?);
     /// # Ok::<(), dma_libfabric::DmaError>(())

@@ -73,10 +73,10 @@ impl LibfabricEndpoint {
     ///
     /// let server = LibfabricEndpoint::open(&Configuration::default(), None)?;
     /// let client = LibfabricEndpoint::open(&Configuration::default(), None)?;
-    /// let pinned = server.peers().pin();
+    /// let pinned = server.cache().pin();
     /// let peer = pinned.resolve(1, &client.local_address()?)?;
     /// drop(pinned);
-    /// server.peers().release(1);
+    /// server.cache().release(1);
     /// server.send(peer, b"stale")?; // error: `pinned` was dropped while `peer` borrowed it
     /// # Ok::<(), dma_libfabric::DmaError>(())
     /// ```
@@ -117,7 +117,7 @@ impl LibfabricEndpoint {
     ///
     /// let one = LibfabricEndpoint::open(&Configuration::default(), None)?;
     /// let two = LibfabricEndpoint::open(&Configuration::default(), None)?;
-    /// let pinned = two.peers().pin();
+    /// let pinned = two.cache().pin();
     /// let peer_of_two = pinned.resolve(1, &one.local_address()?)?;
     /// assert!(matches!(
     ///     one.send_within(peer_of_two, b"x", Duration::from_millis(10)),
@@ -716,7 +716,7 @@ mod tests {
         let (outbox, inbox) = mpsc::channel::<Vec<u8>>();
         std::thread::scope(|scope| {
             let sending = scope.spawn(move || {
-                let pinned = sender.peers().pin();
+                let pinned = sender.cache().pin();
                 let peer = pinned.resolve(1, &address).expect("resolve");
                 loop {
                     match inbox.try_recv() {

@@ -57,255 +57,27 @@
 //! dropped, before the endpoint drops its cache (`LibfabricEndpoint::drop` drains and abandons
 //! first), so no stored lease outlives the counters it points into.
 
-use std::cell::UnsafeCell;
-use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
+use self::operations::{InFlight, JoinPart, Owner};
 use super::LibfabricEndpoint;
-use super::completions::Owner;
 use super::deadline::Deadline;
-use super::in_flight::PostedAt;
-use super::memory::pool::Pool;
-use super::memory::registration::{Keys, OperationHold};
+use super::memory::registration::OperationHold;
 use super::memory::{RemoteRegion, Segment};
-use super::vectored::{Join, JoinPart, Notifications};
-use super::wait::{Source, Waiter};
-use crate::av::fabric::HandedOut;
 use crate::cache::{Lease, Peer};
 use crate::error::DmaError;
+use crate::sync::lock;
 use dma_libfabric_sys as sys;
 
-/// The most RMA operations one endpoint keeps in flight, whatever the transmit queue allows.
-pub const MAX_OPERATIONS: usize = 4096;
-
-/// How many completions one read of the queue takes.
-pub(super) const BATCH: usize = 16;
-
 mod messages;
+pub(super) mod notifications;
+pub(super) mod operations;
 
-/// Which operation a completion is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Operation {
-    /// An `fi_write`: local memory into a peer's.
-    Write,
-    /// An `fi_read`: a peer's memory into local memory.
-    Read,
-    /// An `fi_send` of registered memory ([`LibfabricEndpoint::send_from`]).
-    Send,
-    /// An `fi_recv` into registered memory ([`LibfabricEndpoint::receive_into`]); its
-    /// completion's `len` is the length received.
-    Receive,
-}
-
-impl Operation {
-    /// The libfabric call that posts it.
-    pub fn call(self) -> &'static str {
-        match self {
-            Self::Write => "fi_write",
-            Self::Read => "fi_read",
-            Self::Send => "fi_send",
-            Self::Receive => "fi_recv",
-        }
-    }
-}
-
-/// The completion of one RMA operation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Completion {
-    /// The id the caller chose when posting.
-    pub id: u64,
-    /// What was posted.
-    pub operation: Operation,
-    /// How many bytes were to be transferred; for a [`receive_into`](LibfabricEndpoint::receive_into),
-    /// how many were received.
-    pub len: usize,
-    /// Who sent a [`receive_into`](LibfabricEndpoint::receive_into)'s message: the sender's index
-    /// in this endpoint's address vector where the provider names it (`FI_SOURCE`, see
-    /// [`receive_from`](LibfabricEndpoint::receive_from) for what it means and when it is `None`);
-    /// `None` for every other operation.
-    pub sender: Option<sys::fi_addr_t>,
-    /// `Ok` when the transfer is complete: for a read, its bytes are here; for a write, the
-    /// provider has sent them (on tcp they land when the target progresses: a write asks for
-    /// `FI_COMPLETION` alone, no acknowledgement, see `docs/benchmarks.md`); [`DmaError::PeerUnreachable`] naming the peer's `fi_addr_t` when the provider
-    /// says its connection was refused, reset or lost (tcp's provider errors `ECONNREFUSED`,
-    /// `ECONNRESET`, `ECONNABORTED`, `ENOTCONN`, `EPIPE`, `EHOSTDOWN`, `EHOSTUNREACH`,
-    /// `ENETUNREACH`, `ESHUTDOWN`, `ETIMEDOUT`: the one list of `av::unreachable`); the
-    /// error entry's detail otherwise ([`DmaError::Fabric`] naming the operation's call, whose
-    /// `code` is the negative `FI_E*` error, `-FI_ECANCELED` for a cancelled one, and whose
-    /// message has the provider's own text from `fi_cq_strerror`).
-    pub result: Result<(), DmaError>,
-}
-
-/// One operation in flight: what must outlive it.
-pub(super) struct InFlight {
-    pub(super) id: u64,
-    pub(super) operation: Operation,
-    pub(super) len: usize,
-    /// Held for its `Drop`, which runs when the completion has been read. `None` only for
-    /// [`LibfabricEndpoint::write_unleased`].
-    #[allow(dead_code)]
-    lease: Option<Lease<'static>>,
-    pub(super) region: OperationHold,
-    /// The peer it was posted to, for [`DmaError::PeerUnreachable`].
-    pub(super) fi_addr: sys::fi_addr_t,
-    /// `fi_addr`'s incarnation when it was posted: a connection-lost completion marks the peer
-    /// dead only if the index still holds it (see `av::unreachable`).
-    pub(super) incarnation: u32,
-    /// Who receives the completion: the application's ready queue when `None`, else the crate's
-    /// own party that posted it (see `completions`, "Routing").
-    pub(super) owner: Option<Owner>,
-    /// The joined transfer (a scatter/gather split past the provider's limits) this operation is
-    /// one part of: only its last part to complete delivers a completion.
-    pub(super) join: Option<Arc<Join>>,
-}
-
-/// A slot of the slab: `repr(C)` with the context first, so the context pointer is the slot's.
-#[repr(C)]
-pub(super) struct OperationSlot {
-    pub(super) context: UnsafeCell<sys::fi_context2>,
-    pub(super) operation: UnsafeCell<Option<InFlight>>,
-    /// When its operation was posted, for any thread to read (see `in_flight`).
-    pub(super) posted_at: PostedAt,
-}
-
-/// The slab of operation slots and the queues that hand them around.
-pub(super) struct Operations {
-    pub(super) slots: Box<[OperationSlot]>,
-    pub(super) free: Mutex<Vec<usize>>,
-    pub(super) ready: Mutex<VecDeque<(usize, Completion)>>,
-    /// Posted and not yet reaped.
-    pub(super) in_flight: AtomicUsize,
-    /// The threads waiting for completions (see `wait`).
-    pub(super) waiter: Waiter,
-    /// The completion queues' wait descriptors; `None` where the endpoint polls.
-    source: Option<Source>,
-    /// The time every slot's `posted_at` counts from.
-    pub(super) born: Instant,
-    /// The keys registrations request where the provider does not choose them (see `memory`,
-    /// "Keys").
-    pub(super) keys: Keys,
-    /// The memory of dropped regions (see `memory`, "parking"): dropped with the slab, after the
-    /// endpoint's handles have closed.
-    pub(super) pool: Arc<Pool>,
-    /// `domain_attr.mr_mode`.
-    mr_mode: i32,
-    enabled: bool,
-    /// Remote writes' data read from the receive queue (see `vectored`), at most `cq_size`.
-    pub(super) notifications: Notifications,
-    /// Sends in flight, whose completions share the transmit queue (see `sends`).
-    pub(super) sends: super::sends::Sends,
-    /// `receive_into`s posted and not completed: while any is, `progress` reads the receive
-    /// queue too (see `messages`).
-    receives_into: AtomicUsize,
-    /// The AV's record, whose `unreachable` marks the peers an operation's completion reported
-    /// gone (see `completions`), and whose marks [`LibfabricEndpoint::submit`] refuses.
-    pub(super) peers: Arc<HandedOut>,
-}
-
-// SAFETY: a slot's cells are touched only by the one thread that owns the slot at the time
-// (module docs: the free list, the provider and the completion queue hand it over, each a
-// synchronising hand-off); everything else is a mutex or an atomic.
-unsafe impl Sync for Operations {}
-// SAFETY: the slab owns plain memory and `Send` leases and `Arc`s.
-unsafe impl Send for Operations {}
-
-pub(super) use crate::sync::lock;
-
-impl Operations {
-    /// The slab for an endpoint opened with `info`: none unless `enabled` (the configuration
-    /// asked for RMA), else as many slots as the transmit queue and the completion queue hold.
-    ///
-    /// # Safety
-    /// `info` is the non-null `fi_info` the endpoint was opened with, `source` the wait
-    /// descriptors of its queues, if they have any, `sends` the send slab sharing its
-    /// transmit queue, and `peers` the record of its AV.
-    pub(super) unsafe fn new(
-        info: *const sys::fi_info,
-        enabled: bool,
-        cq_size: usize,
-        source: Option<Source>,
-        sends: super::sends::Sends,
-        peers: Arc<HandedOut>,
-    ) -> Self {
-        // SAFETY: fi_getinfo fills every attribute pointer of the entries it returns.
-        let (mr_mode, tx_size) =
-            unsafe { ((*(*info).domain_attr).mr_mode, (*(*info).tx_attr).size) };
-        let count = if enabled {
-            tx_size.min(cq_size).clamp(1, MAX_OPERATIONS)
-        } else {
-            0
-        };
-        Self {
-            slots: (0..count)
-                .map(|_| OperationSlot {
-                    context: UnsafeCell::new(sys::fi_context2::default()),
-                    operation: UnsafeCell::new(None),
-                    posted_at: PostedAt::default(),
-                })
-                .collect(),
-            free: Mutex::new((0..count).rev().collect()),
-            ready: Mutex::new(VecDeque::new()),
-            in_flight: AtomicUsize::new(0),
-            waiter: Waiter::default(),
-            source,
-            born: Instant::now(),
-            keys: Keys::new(),
-            pool: Arc::new(Pool::default()),
-            mr_mode,
-            enabled,
-            notifications: Notifications::new(cq_size),
-            sends,
-            receives_into: AtomicUsize::new(0),
-            peers,
-        }
-    }
-
-    /// Every slot's post time (`in_flight`).
-    pub(super) fn posted_at(&self) -> impl Iterator<Item = &PostedAt> {
-        self.slots.iter().map(|slot| &slot.posted_at)
-    }
-
-    /// The slot whose context is `context`, if it is one of ours: addresses only, nothing is
-    /// dereferenced.
-    /// What a wait sleeps on: nothing where the endpoint polls.
-    pub(super) fn sources(&self) -> &[Source] {
-        self.source.as_slice()
-    }
-
-    pub(super) fn index_of(&self, context: *mut c_void) -> Option<usize> {
-        let start = self.slots.as_ptr() as usize;
-        let offset = (context as usize).checked_sub(start)?;
-        let size = std::mem::size_of::<OperationSlot>();
-        let index = offset / size;
-        (0 == offset % size && index < self.slots.len()).then_some(index)
-    }
-
-    /// Close the registrations of the operations still in flight. Their memory stays allocated.
-    fn close_abandoned_registrations(&mut self) {
-        for slot in self.slots.iter_mut() {
-            if let Some(operation) = slot.operation.get_mut() {
-                operation.region.close_registration();
-            }
-        }
-    }
-
-    /// Drop what the operations still in flight hold: leases and memory. Only once the endpoint
-    /// is closed and the provider can no longer touch them.
-    fn forget_abandoned(&mut self) -> usize {
-        let mut abandoned = 0;
-        for slot in self.slots.iter_mut() {
-            if slot.operation.get_mut().take().is_some() {
-                abandoned += 1;
-            }
-            slot.posted_at.clear();
-        }
-        self.in_flight.store(0, Ordering::Release);
-        abandoned
-    }
-}
+pub(super) use self::operations::Operations;
+pub use self::operations::{Completion, MAX_OPERATIONS, Operation};
 
 /// What [`LibfabricEndpoint::submit`] posts.
 pub(super) struct Submission<'lease> {

@@ -93,11 +93,11 @@ impl LibfabricEndpoint {
     /// let server = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
     /// let client = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
     /// // The server knows the client as client 7: its address is in the server's AV.
-    /// let pinned = server.peers().pin();
+    /// let pinned = server.cache().pin();
     /// let client_index = pinned.resolve(7, &client.local_address()?)?.fi_addr();
     /// let received = std::thread::scope(|scope| {
     ///     let receiving = scope.spawn(|| server.receive_from(Duration::from_secs(20)));
-    ///     let pinned = client.peers().pin();
+    ///     let pinned = client.cache().pin();
     ///     let to_server = pinned.resolve(1, &server.local_address()?)?;
     ///     client.send_within(to_server, b"hello", Duration::from_secs(20))?;
     ///     // The client's provider progresses while it waits for the reply that never comes.
@@ -108,7 +108,7 @@ impl LibfabricEndpoint {
     /// assert_eq!(b"hello".to_vec(), received.message);
     /// // The default provider, tcp;ofi_rxm, names a sender that is in the AV.
     /// assert_eq!(Some(client_index), received.sender);
-    /// assert_eq!(vec![7], server.peers().clients_at(client_index));
+    /// assert_eq!(vec![7], server.cache().clients_at(client_index));
     /// # Ok::<(), dma_libfabric::DmaError>(())
     /// ```
     ///

@@ -30,15 +30,16 @@
 //! the receive queue they came from); past it the oldest is dropped and counted
 //! ([`dropped_notifications`](LibfabricEndpoint::dropped_notifications)).
 
-use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::LibfabricEndpoint;
 use super::memory::{RemoteRegion, Segment};
-use super::rma::{Completion, Operation, Posted, Submission, Target};
+#[cfg(doc)]
+use super::rma::operations::Completion;
+use super::rma::operations::{Join, JoinPart, Operation};
+use super::rma::{Posted, Submission, Target};
 use crate::cache::Lease;
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
@@ -47,103 +48,7 @@ use dma_libfabric_sys as sys;
 /// size of the arrays a message is built in, on the stack.
 pub const MAX_PIECES: usize = 16;
 
-/// A transfer split into parts: the last part to complete delivers its completion.
-pub(super) struct Join {
-    /// Parts not yet completed (or given up).
-    remaining: AtomicUsize,
-    /// The whole transfer's length.
-    len: usize,
-    /// The first part's error.
-    error: Mutex<Option<DmaError>>,
-}
-
-impl Join {
-    fn new(parts: usize, len: usize) -> Arc<Self> {
-        Arc::new(Self {
-            remaining: AtomicUsize::new(parts),
-            len,
-            error: Mutex::new(None),
-        })
-    }
-
-    /// Keep the first error.
-    pub(super) fn record(&self, result: Result<(), DmaError>) {
-        if let Err(error) = result {
-            let mut first = crate::sync::lock(&self.error);
-            first.get_or_insert(error);
-        }
-    }
-
-    /// Count `parts` parts done: `true` for the one caller that counts the last.
-    pub(super) fn finish(&self, parts: usize) -> bool {
-        // AcqRel: every part's `record` happens before the last one's `completion`.
-        parts == self.remaining.fetch_sub(parts, Ordering::AcqRel)
-    }
-
-    /// The joined completion: for the caller `finish` answered `true`.
-    pub(super) fn completion(&self, id: u64, operation: Operation) -> Completion {
-        let error = crate::sync::lock(&self.error).take();
-        Completion {
-            id,
-            operation,
-            len: self.len,
-            sender: None,
-            result: error.map_or(Ok(()), Err),
-        }
-    }
-}
-
-/// One part of a joined transfer, as [`LibfabricEndpoint::submit`] posts it.
-pub(super) struct JoinPart {
-    pub(super) join: Arc<Join>,
-    /// This part and those after it: what is given up if this one fails to post.
-    pub(super) unposted: usize,
-    /// Whether no part was posted before this one.
-    pub(super) first: bool,
-}
-
-/// A peer's write that notified (`fi_writedata`), as the target's receive queue reported it.
-/// (The entry's length is not kept: providers differ, and tcp reports 0; the data says what
-/// landed, in the application's own terms.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Notification {
-    /// The initiator's data.
-    pub data: u64,
-}
-
-/// Notifications read from the receive queue, waiting for the application.
-pub(super) struct Notifications {
-    waiting: Mutex<VecDeque<Notification>>,
-    bound: usize,
-    dropped: AtomicU64,
-}
-
-impl Notifications {
-    /// At most `bound` waiting (at least one).
-    pub(super) fn new(bound: usize) -> Self {
-        Self {
-            waiting: Mutex::new(VecDeque::new()),
-            bound: bound.max(1),
-            dropped: AtomicU64::new(0),
-        }
-    }
-
-    /// Set `entry` aside if it is a remote write's data, not a message: `true` if it was.
-    pub(super) fn accept(&self, entry: &sys::fi_cq_data_entry) -> bool {
-        let data = u64::from(sys::FI_REMOTE_CQ_DATA);
-        let received = u64::from(sys::FI_RECV);
-        if 0 == entry.flags & data || 0 != entry.flags & received {
-            return false;
-        }
-        let mut waiting = crate::sync::lock(&self.waiting);
-        if waiting.len() == self.bound {
-            waiting.pop_front();
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-        }
-        waiting.push_back(Notification { data: entry.data });
-        true
-    }
-}
+pub use super::rma::notifications::Notification;
 
 impl LibfabricEndpoint {
     /// `fi_writemsg` of `sources` (segments of one region), back to back, into the peer's
@@ -176,7 +81,7 @@ impl LibfabricEndpoint {
     ///     scope.spawn(|| while !done.load(std::sync::atomic::Ordering::Acquire) {
     ///         client.progress();
     ///     });
-    ///     let lease = server.peers().lease(1, &address)?;
+    ///     let lease = server.cache().lease(1, &address)?;
     ///     // Pages 3 and 1, in that order, into the peer's two pages: one message, no copy.
     ///     let pieces = [pool.segment(3 * 4096, 4096)?, pool.segment(4096, 4096)?];
     ///     server.write_gather(lease, &pieces, target.remote(), 7)?;
@@ -264,15 +169,17 @@ impl LibfabricEndpoint {
         iov.min(rma_iov).clamp(1, MAX_PIECES)
     }
 
-    fn post_vectored(
+    /// `pieces` checked against this endpoint and `remote`, before anything is taken: the first
+    /// piece (whose region every piece shares) and the length of them all.
+    ///
+    /// # Errors
+    /// As [`write_gather_within`](Self::write_gather_within)'s `InvalidArgument`s, but for the
+    /// lease's.
+    fn check_pieces<'a>(
         &self,
-        operation: Operation,
-        lease: Lease<'_>,
-        pieces: &[Segment<'_>],
-        remote: RemoteRegion,
-        id: u64,
-        timeout: Duration,
-    ) -> Result<(), DmaError> {
+        pieces: &'a [Segment<'a>],
+        remote: &RemoteRegion,
+    ) -> Result<(&'a Segment<'a>, usize), DmaError> {
         self.check_rma()?;
         let Some(first) = pieces.first() else {
             return Err(DmaError::InvalidArgument(
@@ -308,6 +215,19 @@ impl LibfabricEndpoint {
                 remote.address, remote.len
             )));
         }
+        Ok((first, total))
+    }
+
+    fn post_vectored(
+        &self,
+        operation: Operation,
+        lease: Lease<'_>,
+        pieces: &[Segment<'_>],
+        remote: RemoteRegion,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        let (first, total) = self.check_pieces(pieces, &remote)?;
         // Checked before anything is posted: a split transfer's later parts need no check.
         if !self.peers.owns(lease.peer()) {
             return Err(DmaError::InvalidArgument(
@@ -493,94 +413,5 @@ impl LibfabricEndpoint {
             Duration::from_secs(1),
         )
         .map(drop)
-    }
-
-    /// Move every [`Notification`] set aside so far (by [`try_receive`](Self::try_receive) and
-    /// [`receive`](Self::receive), which read the receive queue) into `out`, oldest first.
-    /// Returns how many it added.
-    pub fn poll_notifications(&self, out: &mut Vec<Notification>) -> usize {
-        let mut waiting = crate::sync::lock(&self.operations.notifications.waiting);
-        let count = waiting.len();
-        out.extend(waiting.drain(..));
-        count
-    }
-
-    /// How many notifications were dropped, oldest first, because
-    /// [`Configuration::cq_size`](crate::configuration::Configuration::cq_size) were already waiting.
-    pub fn dropped_notifications(&self) -> u64 {
-        self.operations
-            .notifications
-            .dropped
-            .load(Ordering::Relaxed)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests assert by panicking
-
-    use super::*;
-
-    /// Three parts, the third given up when it failed to post (after the first two were posted):
-    /// whichever counts last, the posting thread giving up or the last part completing, delivers
-    /// one completion, with the whole length and the first error.
-    #[test]
-    fn a_join_delivers_once_with_the_first_error_whoever_counts_last() {
-        let failed = || DmaError::fabric("fi_write", -i64::from(sys::FI_EIO));
-        // The parts complete first, then the poster gives the third up.
-        let join = Join::new(3, 300);
-        join.record(Ok(()));
-        assert!(!join.finish(1));
-        join.record(Ok(()));
-        assert!(!join.finish(1));
-        join.record(Err(failed()));
-        assert!(join.finish(1), "the poster counts last: it delivers");
-        let completion = join.completion(9, Operation::Write);
-        assert_eq!((9, 300), (completion.id, completion.len));
-        assert!(completion.result.is_err());
-
-        // The poster gives up the last two parts first; the one posted part delivers.
-        let join = Join::new(3, 300);
-        join.record(Err(failed()));
-        assert!(!join.finish(2));
-        join.record(Err(DmaError::WouldBlock)); // a later error is not the one reported
-        assert!(join.finish(1));
-        let completion = join.completion(9, Operation::Read);
-        assert!(matches!(completion.result, Err(DmaError::Fabric { .. })));
-
-        // Every part fine: Ok.
-        let join = Join::new(2, 8);
-        join.record(Ok(()));
-        assert!(!join.finish(1));
-        join.record(Ok(()));
-        assert!(join.finish(1));
-        assert_eq!(Ok(()), join.completion(1, Operation::Write).result);
-    }
-
-    /// Notifications are bounded: past the bound the oldest goes, counted; message completions
-    /// (`FI_RECV`) and entries without remote CQ data are not taken.
-    #[test]
-    fn notifications_are_bounded_and_only_remote_data_is_taken() {
-        let notifications = Notifications::new(2);
-        let entry = |flags: u64, data: u64| sys::fi_cq_data_entry {
-            flags,
-            data,
-            ..Default::default()
-        };
-        let remote = u64::from(sys::FI_REMOTE_CQ_DATA | sys::FI_REMOTE_WRITE);
-        assert!(!notifications.accept(&entry(u64::from(sys::FI_RECV | sys::FI_MSG), 1)));
-        assert!(!notifications.accept(&entry(u64::from(sys::FI_RECV | sys::FI_REMOTE_CQ_DATA), 1)));
-        for data in 1..=3 {
-            assert!(notifications.accept(&entry(remote, data)));
-        }
-        let waiting: Vec<u64> = notifications
-            .waiting
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|notification| notification.data)
-            .collect();
-        assert_eq!(vec![2, 3], waiting, "the oldest dropped");
-        assert_eq!(1, notifications.dropped.load(Ordering::Relaxed));
     }
 }

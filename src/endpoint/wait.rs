@@ -498,7 +498,7 @@ mod tests {
                 .map(|id| {
                     let (server, source, target, address) = (&server, &source, &target, &address);
                     scope.spawn(move || {
-                        let lease = server.peers().lease(1, address).unwrap();
+                        let lease = server.cache().lease(1, address).unwrap();
                         let remote = target.remote().slice(id * len as u64, len as u64).unwrap();
                         let segment = source.segment(0, len).unwrap();
                         server.write(lease, segment, remote, id).unwrap();

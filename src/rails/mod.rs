@@ -4,9 +4,9 @@
 //! [`LibfabricEndpoint`] per NIC, a *rail*. [`RailSet`] opens them together and makes a client's
 //! rails one unit:
 //!
-//! - [`RailSet::pin`] pins every rail's cache at once ([`RailsPinned`]);
-//!   [`RailsPinned::resolve`] turns a client's advertised rail addresses into a [`Peer`] on every
-//!   rail ([`RailPeers`]), all or nothing; [`RailsPinned::lease`] and [`RailSet::lease`] hold
+//! - [`RailSet::pin`] pins every rail's cache at once ([`RailPinned`]);
+//!   [`RailPinned::resolve`] turns a client's advertised rail addresses into a [`Peer`] on every
+//!   rail ([`RailPeers`]), all or nothing; [`RailPinned::lease`] and [`RailSet::lease`] hold
 //!   every rail's entry for the operations in flight ([`RailLease`]).
 //! - [`RailSet::register`] registers one buffer in every rail's domain ([`RailRegion`]), whose
 //!   [`RailRemoteRegion`] carries one key per rail.
@@ -52,13 +52,13 @@
 //! at any moment, only on each cache's own guarantee 1 (a [`Peer`] maps to the address it was
 //! resolved for while its pin lives, a [`Lease`] while it lives) and on what the rail set holds.
 //!
-//! **Guarantee 1.** A [`RailPeers`] is made only by [`RailsPinned::resolve`], from one call's
+//! **Guarantee 1.** A [`RailPeers`] is made only by [`RailPinned::resolve`], from one call's
 //! address set `A`, and only once *every* rail has resolved: rail `i`'s peer comes from cache `i`
 //! under pin `P_i`, for address `A[i mod m]`. All the `P_i` are taken before any resolve (a
-//! `RailsPinned` pins every rail when it is made) and are dropped together when it drops, and the
-//! `RailPeers` borrows the `RailsPinned`. So for the whole life of a `RailPeers` every `P_i` is
+//! `RailPinned` pins every rail when it is made) and are dropped together when it drops, and the
+//! `RailPeers` borrows the `RailPinned`. So for the whole life of a `RailPeers` every `P_i` is
 //! live, and by cache `i`'s guarantee 1 every peer `i` maps, in AV `i`, to `A[i mod m]`.
-//! [`RailsPinned::lease`] takes a [`Lease`] on each peer under its pin, which extends the same
+//! [`RailPinned::lease`] takes a [`Lease`] on each peer under its pin, which extends the same
 //! guarantee past the pins, rail by rail, for as long as each lease lives; a striped transfer
 //! moves rail `i`'s lease into rail `i`'s stripe, and the endpoint drops it only once that
 //! stripe's completion has been read. So whatever the caches do meanwhile (release the client,
@@ -138,16 +138,18 @@
 //! # Ok::<(), dma_libfabric::DmaError>(())
 //! ```
 
-mod core;
+mod group;
 mod region;
 mod resolve;
 mod set;
 mod shape;
 mod stripe;
 
-pub use self::core::RailCaches;
+pub use self::group::RailCaches;
 pub use self::region::{RailRegion, RailRemoteRegion, RailSegment};
-pub use self::resolve::{RailLease, RailPeers, RailsPinned};
+#[allow(deprecated)] // the old name itself, re-exported where it was
+pub use self::resolve::RailsPinned;
+pub use self::resolve::{RailLease, RailPeers, RailPinned};
 pub use self::set::RailSet;
 pub use self::stripe::{MIN_STRIPE, STRIPE_ALIGN};
 

@@ -1,4 +1,4 @@
-//! One client on every rail: [`RailsPinned`] (a pin of every rail's cache), [`RailPeers`] (a
+//! One client on every rail: [`RailPinned`] (a pin of every rail's cache), [`RailPeers`] (a
 //! [`Peer`] per rail, all from one address set) and [`RailLease`] (a [`Lease`] per rail).
 
 use super::MAX_RAILS;
@@ -10,22 +10,27 @@ use crate::error::DmaError;
 /// valid, on every rail, until it is dropped. Made by [`RailSet::pin`](super::RailSet::pin).
 ///
 /// Not `Send`: a pin belongs to the thread that took it.
-pub struct RailsPinned<'rails> {
+pub struct RailPinned<'rails> {
     /// Rail `i`'s pin in slot `i`, for `i < count`.
     pins: [Option<Pinned<'rails>>; MAX_RAILS],
     rails: &'rails dyn Rails,
 }
 
-impl std::fmt::Debug for RailsPinned<'_> {
+/// [`RailPinned`] under its old name, kept one release: every other rail type is `Rail` and the
+/// one-rail type it bundles ([`RailLease`] of [`Lease`]s), so a pin of every rail is `RailPinned`.
+#[deprecated(since = "0.2.0", note = "renamed to `RailPinned`")]
+pub type RailsPinned<'rails> = RailPinned<'rails>;
+
+impl std::fmt::Debug for RailPinned<'_> {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter
-            .debug_struct("RailsPinned")
+            .debug_struct("RailPinned")
             .field("rails", &self.rails.count())
             .finish_non_exhaustive()
     }
 }
 
-impl<'rails> RailsPinned<'rails> {
+impl<'rails> RailPinned<'rails> {
     /// Pin every rail of `rails`, rail 0 first.
     pub(crate) fn new(rails: &'rails dyn Rails) -> Self {
         Self {
@@ -165,7 +170,7 @@ impl<'rails> RailsPinned<'rails> {
 }
 
 /// A client's peer on every rail, resolved together from one address set, valid while the
-/// [`RailsPinned`] it came from lives.
+/// [`RailPinned`] it came from lives.
 ///
 /// ```compile_fail
 /// use dma_libfabric::{AddressCache, AddressFormat, ModelAv, RailCaches};

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::MAX_RAILS;
-use super::core::RailCore;
+use super::group::RailGroup;
 use super::region::{RailRegion, RailRemoteRegion, RailSegment};
-use super::resolve::{RailLease, RailsPinned};
+use super::resolve::{RailLease, RailPinned};
 use super::stripe::{Transfers, plan};
 use crate::configuration::Configuration;
 use crate::endpoint::completions::Owner;
@@ -41,11 +41,11 @@ const POST_TIMEOUT: Duration = Duration::from_secs(1);
 /// drop(pinned);
 /// server.release(7);
 /// server.quiesce();
-/// assert!((0..server.len()).all(|rail| 0 == server.rail(rail).peers().stats().entries));
+/// assert!((0..server.len()).all(|rail| 0 == server.rail(rail).cache().stats().entries));
 /// # Ok::<(), dma_libfabric::DmaError>(())
 /// ```
 pub struct RailSet {
-    core: RailCore<LibfabricEndpoint>,
+    group: RailGroup<LibfabricEndpoint>,
     addresses: Vec<Vec<u8>>,
     /// Shared with the slots of the stripes in flight, which hand their completions to it.
     transfers: Arc<Transfers>,
@@ -59,7 +59,7 @@ impl std::fmt::Debug for RailSet {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter
             .debug_struct("RailSet")
-            .field("rails", &self.core.len())
+            .field("rails", &self.group.len())
             .field("transfers_in_flight", &self.transfers.in_flight())
             .finish_non_exhaustive()
     }
@@ -105,7 +105,7 @@ impl RailSet {
             sources.clear();
         }
         Ok(Self {
-            core: RailCore::new(rails)?,
+            group: RailGroup::new(rails)?,
             addresses,
             transfers: Arc::default(),
             sources,
@@ -115,12 +115,12 @@ impl RailSet {
 
     /// How many rails.
     pub fn len(&self) -> usize {
-        self.core.len()
+        self.group.len()
     }
 
     /// Always `false`: a rail set has at least one rail.
     pub fn is_empty(&self) -> bool {
-        0 == self.core.len()
+        0 == self.group.len()
     }
 
     /// Rail `rail`'s endpoint: for sends and receives on it. RMA on a rail goes through the set
@@ -130,19 +130,19 @@ impl RailSet {
     /// # Panics
     /// If `rail >= len()`, as slice indexing does.
     pub fn rail(&self, rail: usize) -> &LibfabricEndpoint {
-        self.core.rail(rail)
+        self.group.rail(rail)
     }
 
     /// Every rail's address, rail 0 first: what a client sends its peers, which give it to
-    /// [`RailsPinned::resolve`] or [`lease`](Self::lease).
+    /// [`RailPinned::resolve`] or [`lease`](Self::lease).
     pub fn local_addresses(&self) -> Vec<Vec<u8>> {
         self.addresses.clone()
     }
 
-    /// Pin every rail's cache (see [`RailsPinned`]). A client an efa eviction dropped on some
+    /// Pin every rail's cache (see [`RailPinned`]). A client an efa eviction dropped on some
     /// rail is released on the others by the evicting writer itself (module docs, guarantee 3).
-    pub fn pin(&self) -> RailsPinned<'_> {
-        self.core.pin()
+    pub fn pin(&self) -> RailPinned<'_> {
+        self.group.pin()
     }
 
     /// A [`RailLease`] on `client` on every rail, without a pin: registers it on every rail (on
@@ -151,7 +151,7 @@ impl RailSet {
     /// of its own while a rail waits; all or nothing.
     ///
     /// # Errors
-    /// As [`RailsPinned::resolve`], except `WouldBlock`; and as
+    /// As [`RailPinned::resolve`], except `WouldBlock`; and as
     /// [`AddressCache::lease`](crate::cache::AddressCache::lease) for each rail (refused at once under
     /// the calling thread's own pin; [`DmaError::OutOfPatience`] once rail 0's cache's patience
     /// has passed, in all). On an error `client` is released on every rail (bad input aside,
@@ -169,31 +169,31 @@ impl RailSet {
     /// server.quiesce();
     /// // Released, but the lease holds both rails' entries in their AVs until it is dropped.
     /// assert_eq!(Some(addresses[1]), server.rail(1).lookup(lease.rail(1).fi_addr())?.as_deref());
-    /// assert_eq!(1, server.rail(1).peers().stats().removals_awaiting_leases);
+    /// assert_eq!(1, server.rail(1).cache().stats().removals_awaiting_leases);
     /// drop(lease);
     /// server.quiesce();
-    /// assert_eq!(0, server.rail(1).peers().stats().entries);
+    /// assert_eq!(0, server.rail(1).cache().stats().entries);
     /// # Ok::<(), dma_libfabric::DmaError>(())
     /// ```
     pub fn lease(&self, client: u64, addresses: &[&[u8]]) -> Result<RailLease<'_>, DmaError> {
-        self.core.lease(client, addresses)
+        self.group.lease(client, addresses)
     }
 
     /// Let go of `client` on every rail. Returns at once (see
     /// [`AddressCache::release`](crate::cache::AddressCache::release)).
     pub fn release(&self, client: u64) {
-        self.core.release(client);
+        self.group.release(client);
     }
 
     /// [`AddressCache::quiesce`](crate::cache::AddressCache::quiesce) on every rail, after releasing
     /// everywhere the clients an eviction dropped on one rail.
     pub fn quiesce(&self) {
-        self.core.quiesce();
+        self.group.quiesce();
     }
 
     /// How many clients an efa eviction on one rail has released on every rail so far.
     pub fn evictions_propagated(&self) -> u64 {
-        self.core.evictions_propagated()
+        self.group.evictions_propagated()
     }
 
     /// Register `len` bytes of fresh zeroed memory on every rail: one buffer (rail 0's), under
@@ -218,10 +218,10 @@ impl RailSet {
     /// # Ok::<(), dma_libfabric::DmaError>(())
     /// ```
     pub fn register(&self, len: usize) -> Result<RailRegion<'_>, DmaError> {
-        let primary = self.core.rail(0).register(len)?;
+        let primary = self.group.rail(0).register(len)?;
         let mut regions = Vec::with_capacity(self.len());
-        for rail in &self.core.rails()[1..] {
-            // SAFETY: rail 0's endpoint outlives every other rail's: `RailCore` drops its rails
+        for rail in &self.group.rails()[1..] {
+            // SAFETY: rail 0's endpoint outlives every other rail's: `RailGroup` drops its rails
             // last to first.
             regions.push(unsafe { rail.register_alias(&primary) }?);
         }
@@ -298,11 +298,15 @@ impl RailSet {
         buffer: B,
         exposure: crate::endpoint::Exposure,
     ) -> Result<RailRegion<'_, B>, DmaError> {
-        let primary = self.core.rail(0).register_buffer(buffer, exposure)?.erase();
+        let primary = self
+            .group
+            .rail(0)
+            .register_buffer(buffer, exposure)?
+            .erase();
         let mut regions = Vec::with_capacity(self.len());
         regions.push(primary);
-        for rail in &self.core.rails()[1..] {
-            // SAFETY: rail 0's endpoint outlives every other rail's: `RailCore` drops its rails
+        for rail in &self.group.rails()[1..] {
+            // SAFETY: rail 0's endpoint outlives every other rail's: `RailGroup` drops its rails
             // last to first.
             let alias = unsafe { rail.register_alias(&regions[0]) }?;
             regions.push(alias);
@@ -440,7 +444,7 @@ impl RailSet {
             .transfers
             .begin(id, operation, local.len(), stripes.len());
         for (posted, (rail, segment, target)) in posts.into_iter().enumerate() {
-            let endpoint = self.core.rail(rail);
+            let endpoint = self.group.rail(rail);
             let len = segment.len();
             let result = match leases.get_mut(rail).and_then(Option::take) {
                 Some(lease) => match operation {
@@ -486,7 +490,7 @@ impl RailSet {
     /// As [`LibfabricEndpoint::poll_completions`].
     pub fn poll_completions(&self, out: &mut Vec<Completion>) -> Result<usize, DmaError> {
         let mut added = 0;
-        for rail in self.core.rails() {
+        for rail in self.group.rails() {
             added += rail.poll_completions(out)?;
         }
         Ok(added + self.transfers.take_ready(out))
@@ -516,7 +520,7 @@ impl RailSet {
     /// Drive progress on every rail: a tcp target progresses the transfers into its memory only
     /// while it calls libfabric.
     pub fn progress(&self) {
-        for rail in self.core.rails() {
+        for rail in self.group.rails() {
             rail.progress();
         }
     }

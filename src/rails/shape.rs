@@ -1,13 +1,13 @@
 //! What both sides of the rail logic use: the [`Rails`] a pin calls through (implemented by
-//! `core`'s `RailCore`, called by `resolve`'s pins), each rail's [`Shape`], and the address checks
-//! made before any rail's writer is asked anything. Its own room, so that the rails' core and the
+//! `group`'s `RailGroup`, called by `resolve`'s pins), each rail's [`Shape`], and the address checks
+//! made before any rail's writer is asked anything. Its own room, so that the rail group and the
 //! pins each import it and not each other.
 
 use super::MAX_RAILS;
 use crate::cache::Pinned;
 use crate::error::DmaError;
 
-/// The calls a [`RailsPinned`](super::RailsPinned) makes on every rail, whatever the backend: object safe, so the
+/// The calls a [`RailPinned`](super::RailPinned) makes on every rail, whatever the backend: object safe, so the
 /// pin carries no backend type.
 pub(crate) trait Rails: Sync {
     /// How many rails.

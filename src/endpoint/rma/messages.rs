@@ -8,13 +8,15 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{InFlight, Operation, Submission, Target, lock};
+use super::operations::{InFlight, Operation};
+use super::{Submission, Target};
 use crate::cache::Lease;
 use crate::endpoint::LibfabricEndpoint;
 use crate::endpoint::completions::Failure;
 use crate::endpoint::deadline::Deadline;
 use crate::endpoint::memory::Segment;
 use crate::error::DmaError;
+use crate::sync::lock;
 use dma_libfabric_sys as sys;
 
 impl LibfabricEndpoint {
@@ -38,12 +40,12 @@ impl LibfabricEndpoint {
     /// let message = std::thread::scope(|scope| {
     ///     // The receiver progresses inside `receive`: rxm connects on the first send.
     ///     let receiving = scope.spawn(|| receiver.receive(Duration::from_secs(20)));
-    ///     let lease = sender.peers().lease(1, &receiver.local_address()?)?;
+    ///     let lease = sender.cache().lease(1, &receiver.local_address()?)?;
     ///     sender.send_from_within(lease, region.segment(0, 4096)?, 42, Duration::from_secs(20))?;
-    ///     assert_eq!(1, sender.peers().stats().leases, "held until the completion is read");
+    ///     assert_eq!(1, sender.cache().stats().leases, "held until the completion is read");
     ///     let completion = sender.wait_for(42, Duration::from_secs(20))?;
     ///     assert_eq!((Operation::Send, 4096, Ok(())), (completion.operation, completion.len, completion.result));
-    ///     assert_eq!(0, sender.peers().stats().leases);
+    ///     assert_eq!(0, sender.cache().stats().leases);
     ///     receiving.join().expect("the receiving thread")
     /// })?;
     /// assert_eq!(Some(vec![7; 4096]), message);
@@ -147,11 +149,11 @@ impl LibfabricEndpoint {
     ///         let first = receiver.receive(Duration::from_secs(20));
     ///         (first, receiver.wait_for(9, Duration::from_secs(20)))
     ///     });
-    ///     let pinned = sender.peers().pin();
+    ///     let pinned = sender.cache().pin();
     ///     let peer = pinned.resolve(1, &receiver.local_address()?)?;
     ///     sender.send_within(peer, b"first", Duration::from_secs(20))?;
     ///     drop(pinned);
-    ///     let lease = sender.peers().lease(1, &receiver.local_address()?)?;
+    ///     let lease = sender.cache().lease(1, &receiver.local_address()?)?;
     ///     sender.send_from_within(lease, source.segment(0, 10_000)?, 1, Duration::from_secs(20))?;
     ///     sender.wait_for(1, Duration::from_secs(20))?;
     ///     let (first, landed) = receiving.join().expect("the receiving thread");

@@ -290,7 +290,7 @@ pub fn run_tcp_av(data: &[u8]) -> String {
             Ok(endpoint) => endpoint,
             Err(error) => fail(&format!("no tcp endpoint on 127.0.0.1: {error}")),
         };
-        let cache = endpoint.peers();
+        let cache = endpoint.cache();
         let rules = Rules {
             format: cache.format(),
             address_len: cache.address_len(),

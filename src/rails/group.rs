@@ -2,7 +2,7 @@
 //! [`AvBackend`] (the model AV in tests), and the same code under [`RailSet`](super::RailSet).
 //!
 //! A rail is anything that has an [`AddressCache`]: the cache itself, or a
-//! [`LibfabricEndpoint`], whose cache is its AV's. [`RailCore`] holds the rails, the hooks through
+//! [`LibfabricEndpoint`], whose cache is its AV's. [`RailGroup`] holds the rails, the hooks through
 //! which an efa eviction on one rail releases the client on all the others, and the calls that act
 //! on every rail: pin, lease, release, quiesce. See the [module docs](super) for the ordering.
 
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::MAX_RAILS;
-use super::resolve::{RailLease, RailsPinned};
+use super::resolve::{RailLease, RailPinned};
 use super::shape::{Rails, Shape, address_for, check_addresses};
 use crate::av::{AvBackend, FabricAv};
 use crate::cache::{AddressCache, Pinned, ReleaseQueue};
@@ -35,7 +35,7 @@ impl<B: AvBackend> RailCache for AddressCache<B> {
 impl RailCache for LibfabricEndpoint {
     type Backend = FabricAv;
     fn cache(&self) -> &AddressCache<FabricAv> {
-        self.peers()
+        LibfabricEndpoint::cache(self)
     }
 }
 
@@ -71,14 +71,14 @@ impl Evictions {
 }
 
 /// The rails, and what acts on all of them.
-pub(crate) struct RailCore<T: RailCache> {
+pub(crate) struct RailGroup<T: RailCache> {
     /// Rail 0 first. Dropped last to first (see `Drop`).
     rails: Vec<T>,
     shape: Shape,
     evictions: Arc<Evictions>,
 }
 
-impl<T: RailCache> RailCore<T> {
+impl<T: RailCache> RailGroup<T> {
     /// Rails over `rails`, with every cache's eviction hook set to queue for the others.
     pub(crate) fn new(rails: Vec<T>) -> Result<Self, DmaError> {
         if rails.is_empty() || rails.len() > MAX_RAILS {
@@ -143,8 +143,8 @@ impl<T: RailCache> RailCore<T> {
         self.evictions.propagated.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn pin(&self) -> RailsPinned<'_> {
-        RailsPinned::new(self)
+    pub(crate) fn pin(&self) -> RailPinned<'_> {
+        RailPinned::new(self)
     }
 
     /// Register `client` on every rail (waiting as [`AddressCache::lease`] does) and lease it
@@ -211,7 +211,7 @@ impl<T: RailCache> RailCore<T> {
     }
 }
 
-impl<T: RailCache> Rails for RailCore<T> {
+impl<T: RailCache> Rails for RailGroup<T> {
     fn count(&self) -> usize {
         self.rails.len()
     }
@@ -231,7 +231,7 @@ impl<T: RailCache> Rails for RailCore<T> {
     }
 }
 
-impl<T: RailCache> Drop for RailCore<T> {
+impl<T: RailCache> Drop for RailGroup<T> {
     /// Last rail first: a rail set's region is memory of rail 0's endpoint registered again on
     /// the others, so rail 0 closes after every other domain that may still reach it.
     fn drop(&mut self) {
@@ -263,14 +263,14 @@ impl<T: RailCache> Drop for RailCore<T> {
 /// # Ok::<(), dma_libfabric::DmaError>(())
 /// ```
 pub struct RailCaches<B: AvBackend> {
-    core: RailCore<AddressCache<B>>,
+    group: RailGroup<AddressCache<B>>,
 }
 
 impl<B: AvBackend> std::fmt::Debug for RailCaches<B> {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter
             .debug_struct("RailCaches")
-            .field("rails", &self.core.len())
+            .field("rails", &self.group.len())
             .finish_non_exhaustive()
     }
 }
@@ -282,18 +282,18 @@ impl<B: AvBackend> RailCaches<B> {
     /// [`DmaError::InvalidArgument`] for no caches or more than [`MAX_RAILS`].
     pub fn new(caches: Vec<AddressCache<B>>) -> Result<Self, DmaError> {
         Ok(Self {
-            core: RailCore::new(caches)?,
+            group: RailGroup::new(caches)?,
         })
     }
 
     /// How many rails.
     pub fn len(&self) -> usize {
-        self.core.len()
+        self.group.len()
     }
 
     /// Always `false`: a rail set has at least one rail.
     pub fn is_empty(&self) -> bool {
-        0 == self.core.len()
+        0 == self.group.len()
     }
 
     /// Rail `rail`'s cache.
@@ -301,12 +301,12 @@ impl<B: AvBackend> RailCaches<B> {
     /// # Panics
     /// If `rail >= len()`, as slice indexing does.
     pub fn rail(&self, rail: usize) -> &AddressCache<B> {
-        self.core.rail(rail)
+        self.group.rail(rail)
     }
 
     /// As [`RailSet::pin`](super::RailSet::pin).
-    pub fn pin(&self) -> RailsPinned<'_> {
-        self.core.pin()
+    pub fn pin(&self) -> RailPinned<'_> {
+        self.group.pin()
     }
 
     /// As [`RailSet::lease`](super::RailSet::lease).
@@ -314,21 +314,21 @@ impl<B: AvBackend> RailCaches<B> {
     /// # Errors
     /// As [`RailSet::lease`](super::RailSet::lease).
     pub fn lease(&self, client: u64, addresses: &[&[u8]]) -> Result<RailLease<'_>, DmaError> {
-        self.core.lease(client, addresses)
+        self.group.lease(client, addresses)
     }
 
     /// As [`RailSet::release`](super::RailSet::release).
     pub fn release(&self, client: u64) {
-        self.core.release(client);
+        self.group.release(client);
     }
 
     /// As [`RailSet::quiesce`](super::RailSet::quiesce).
     pub fn quiesce(&self) {
-        self.core.quiesce();
+        self.group.quiesce();
     }
 
     /// How many clients an efa eviction on one rail has released on every rail so far.
     pub fn evictions_propagated(&self) -> u64 {
-        self.core.evictions_propagated()
+        self.group.evictions_propagated()
     }
 }

@@ -1,0 +1,115 @@
+//! Writes that notify, on the target's side: a peer's `fi_writedata` lands a completion carrying its
+//! data in this endpoint's receive queue, which the receive path sets aside here as a
+//! [`Notification`] for [`LibfabricEndpoint::poll_notifications`] (see `vectored`, "Writes that
+//! notify", for the initiator's side).
+//!
+//! # Bounds
+//!
+//! At most [`Configuration::cq_size`](crate::configuration::Configuration::cq_size) notifications
+//! wait (the bound of the receive queue they came from); past it the oldest is dropped and counted
+//! ([`LibfabricEndpoint::dropped_notifications`]).
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::endpoint::LibfabricEndpoint;
+use dma_libfabric_sys as sys;
+
+/// A peer's write that notified (`fi_writedata`), as the target's receive queue reported it.
+/// (The entry's length is not kept: providers differ, and tcp reports 0; the data says what
+/// landed, in the application's own terms.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Notification {
+    /// The initiator's data.
+    pub data: u64,
+}
+
+/// Notifications read from the receive queue, waiting for the application.
+pub(in crate::endpoint) struct Notifications {
+    waiting: Mutex<VecDeque<Notification>>,
+    bound: usize,
+    dropped: AtomicU64,
+}
+
+impl Notifications {
+    /// At most `bound` waiting (at least one).
+    pub(in crate::endpoint) fn new(bound: usize) -> Self {
+        Self {
+            waiting: Mutex::new(VecDeque::new()),
+            bound: bound.max(1),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Set `entry` aside if it is a remote write's data, not a message: `true` if it was.
+    pub(in crate::endpoint) fn accept(&self, entry: &sys::fi_cq_data_entry) -> bool {
+        let data = u64::from(sys::FI_REMOTE_CQ_DATA);
+        let received = u64::from(sys::FI_RECV);
+        if 0 == entry.flags & data || 0 != entry.flags & received {
+            return false;
+        }
+        let mut waiting = crate::sync::lock(&self.waiting);
+        if waiting.len() == self.bound {
+            waiting.pop_front();
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        waiting.push_back(Notification { data: entry.data });
+        true
+    }
+}
+
+impl LibfabricEndpoint {
+    /// Move every [`Notification`] set aside so far (by [`try_receive`](Self::try_receive) and
+    /// [`receive`](Self::receive), which read the receive queue) into `out`, oldest first.
+    /// Returns how many it added.
+    pub fn poll_notifications(&self, out: &mut Vec<Notification>) -> usize {
+        let mut waiting = crate::sync::lock(&self.operations.notifications.waiting);
+        let count = waiting.len();
+        out.extend(waiting.drain(..));
+        count
+    }
+
+    /// How many notifications were dropped, oldest first, because
+    /// [`Configuration::cq_size`](crate::configuration::Configuration::cq_size) were already waiting.
+    pub fn dropped_notifications(&self) -> u64 {
+        self.operations
+            .notifications
+            .dropped
+            .load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests assert by panicking
+
+    use super::*;
+
+    /// Notifications are bounded: past the bound the oldest goes, counted; message completions
+    /// (`FI_RECV`) and entries without remote CQ data are not taken.
+    #[test]
+    fn notifications_are_bounded_and_only_remote_data_is_taken() {
+        let notifications = Notifications::new(2);
+        let entry = |flags: u64, data: u64| sys::fi_cq_data_entry {
+            flags,
+            data,
+            ..Default::default()
+        };
+        let remote = u64::from(sys::FI_REMOTE_CQ_DATA | sys::FI_REMOTE_WRITE);
+        assert!(!notifications.accept(&entry(u64::from(sys::FI_RECV | sys::FI_MSG), 1)));
+        assert!(!notifications.accept(&entry(u64::from(sys::FI_RECV | sys::FI_REMOTE_CQ_DATA), 1)));
+        for data in 1..=3 {
+            assert!(notifications.accept(&entry(remote, data)));
+        }
+        let waiting: Vec<u64> = notifications
+            .waiting
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|notification| notification.data)
+            .collect();
+        assert_eq!(vec![2, 3], waiting, "the oldest dropped");
+        assert_eq!(1, notifications.dropped.load(Ordering::Relaxed));
+    }
+}
