@@ -27,7 +27,6 @@ const PENDING: &[(&str, &str)] = &[
     ("src/cache/writer/run.rs", "run"),
     ("src/endpoint/vectored.rs", "post_vectored"),
     // Being split into named phases on this branch.
-    ("examples/churn.rs", "run"),
     ("examples/fleet/server.rs", "run"),
     ("examples/fleet/supervisor.rs", "run"),
     ("examples/fleet/supervisor/report.rs", "report"),
