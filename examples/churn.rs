@@ -49,8 +49,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use dma_libfabric::{
-    AddressCache, CacheStats, Configuration, DmaError, LibfabricEndpoint, MIN_STRIPE, MemoryRegion,
-    Peer, Pinned, Provider, RailRegion, RailRemoteRegion, RailSet, RemoteRegion,
+    AddressCache, CacheStats, Configuration, Description, DmaError, LibfabricEndpoint, MIN_STRIPE,
+    MemoryRegion, Peer, Pinned, Provider, RailRegion, RailRemoteRegion, RailSet, RemoteRegion,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 // An RMA record (client id, incarnation, sequence, checksum) and the report table, shared with
@@ -982,9 +982,25 @@ fn main() -> ExitCode {
     }
 }
 
-/// Run the demo; `Ok(false)` when a message was misdirected or an AV entry leaked.
+/// Run the demo, phase by phase; `Ok(false)` when a message was misdirected or an AV entry
+/// leaked.
 fn run() -> Result<bool> {
     let flags = Flags::parse();
+    let provider = check_flags(&flags)?;
+    let (world, description, server_node) = open_world(&flags, provider)?;
+    start_clients(&world)?;
+    announce(&flags, &description, server_node.as_deref());
+    let threads = spawn_threads(&world, &flags)?;
+    let elapsed = show_progress(&flags, &world, &threads.post_stats)?;
+    let traffic = stop_traffic(&flags, &world, threads)?;
+    let end = shut_down(&world)?;
+    let summary = Summary::count(&world, traffic, end, elapsed)?;
+    print_table(&report(&flags, &world, &description, &summary)?);
+    Ok(verdict(&flags, &world, &summary))
+}
+
+/// The flags' own checks, and the provider they name.
+fn check_flags(flags: &Flags) -> Result<Provider> {
     if 0 == flags.clients || 0 == flags.threads {
         return Err("--clients and --threads must be at least 1".into());
     }
@@ -994,7 +1010,15 @@ fn run() -> Result<bool> {
     if flags.rails > dma_libfabric::MAX_RAILS {
         return Err(format!("--rails is at most {}", dma_libfabric::MAX_RAILS).into());
     }
-    let provider = provider(&flags.provider)?;
+    provider(&flags.provider)
+}
+
+/// Open the server (and with `--rails`, its rail set) and the world the threads share, with
+/// every client still to start: the world, the server's description, and the node it is on.
+fn open_world(
+    flags: &Flags,
+    provider: Provider,
+) -> Result<(Arc<World>, Description, Option<String>)> {
     let configuration = Configuration {
         providers: vec![provider],
         bind: None,
@@ -1045,9 +1069,19 @@ fn run() -> Result<bool> {
         write_size: flags.write_size,
         stop_completions: AtomicBool::new(false),
     });
-    for id in 0..flags.clients {
+    Ok((world, description, server_node))
+}
+
+/// Open every client's first incarnation and advertise it.
+fn start_clients(world: &World) -> Result<()> {
+    for id in 0..world.clients.len() {
         world.start_client(id, 0)?;
     }
+    Ok(())
+}
+
+/// The line that says what runs.
+fn announce(flags: &Flags, description: &Description, server_node: Option<&str>) {
     println!(
         "churn: {}{}server on {} ({}), {} clients, {} posting threads, {} restarts/s, {} s",
         match (flags.rma, flags.no_leases) {
@@ -1061,15 +1095,29 @@ fn run() -> Result<bool> {
             String::new()
         },
         description.provider,
-        server_node.as_deref().unwrap_or("provider's choice"),
+        server_node.unwrap_or("provider's choice"),
         flags.clients,
         flags.threads,
         flags.churn_per_sec,
         flags.seconds
     );
+}
 
+/// The threads of the run, while they run.
+struct Threads {
+    receiver: thread::JoinHandle<()>,
+    /// What each posting thread counts, as it counts it.
+    post_stats: Vec<Arc<PostStats>>,
+    posters: Vec<thread::JoinHandle<Result<Samples>>>,
+    reaper: thread::JoinHandle<()>,
+    churner: thread::JoinHandle<Result<()>>,
+}
+
+/// Start the receiver, the posting threads, the completion thread and the churn thread, in that
+/// order.
+fn spawn_threads(world: &Arc<World>, flags: &Flags) -> Result<Threads> {
     let receiver = {
-        let world = Arc::clone(&world);
+        let world = Arc::clone(world);
         thread::Builder::new()
             .name("receiver".into())
             .spawn(move || receive(&world))?
@@ -1081,7 +1129,7 @@ fn run() -> Result<bool> {
         .iter()
         .enumerate()
         .map(|(n, stats)| {
-            let world = Arc::clone(&world);
+            let world = Arc::clone(world);
             let stats = Arc::clone(stats);
             let rma = flags.rma;
             thread::Builder::new()
@@ -1099,19 +1147,30 @@ fn run() -> Result<bool> {
         })
         .collect::<std::result::Result<_, _>>()?;
     let reaper = {
-        let world = Arc::clone(&world);
+        let world = Arc::clone(world);
         thread::Builder::new()
             .name("completions".into())
             .spawn(move || reap_completions(&world))?
     };
     let churner = {
-        let world = Arc::clone(&world);
+        let world = Arc::clone(world);
         let rate = flags.churn_per_sec;
         thread::Builder::new()
             .name("churn".into())
             .spawn(move || churn(&world, rate, 0x2545_f491))?
     };
+    Ok(Threads {
+        receiver,
+        post_stats,
+        posters,
+        reaper,
+        churner,
+    })
+}
 
+/// Let the traffic run for `--seconds`, showing its rates on the progress bar (hidden with
+/// `--no-progress`); the time it ran.
+fn show_progress(flags: &Flags, world: &World, post_stats: &[Arc<PostStats>]) -> Result<Duration> {
     let started = Instant::now();
     let run_for = Duration::from_secs_f64(flags.seconds.max(0.0));
     let bar = if flags.no_progress {
@@ -1126,7 +1185,7 @@ fn run() -> Result<bool> {
     while started.elapsed() < run_for {
         // The bar's refresh period: pacing, not synchronisation.
         thread::sleep(Duration::from_millis(200).min(run_for.saturating_sub(started.elapsed())));
-        let (sent, hits, misses, _, _) = totals(&post_stats);
+        let (sent, hits, misses, _, _) = totals(post_stats);
         let now = Instant::now();
         let rate = (sent - last.1) as f64 / now.duration_since(last.0).as_secs_f64().max(1e-9);
         last = (now, sent);
@@ -1142,18 +1201,59 @@ fn run() -> Result<bool> {
         ));
     }
     bar.finish_and_clear();
-    let elapsed = started.elapsed();
+    Ok(started.elapsed())
+}
 
+/// What the run's threads leave once they have stopped.
+struct Stopped {
+    /// Every posting thread's latency samples, together.
+    samples: Samples,
+    post_stats: Vec<Arc<PostStats>>,
+    /// The traffic of each client's last incarnation, still live.
+    last_incarnations: Vec<Arc<Traffic>>,
+}
+
+/// Stop the threads in order: the posting threads and the churn thread; then, once what is in
+/// flight has arrived ([`drain`]), the completion thread and the receiver.
+fn stop_traffic(flags: &Flags, world: &World, threads: Threads) -> Result<Stopped> {
     world.stop_posting.store(true, Ordering::Relaxed);
     let mut samples = Samples::default();
-    for poster in posters {
+    for poster in threads.posters {
         let mut part = poster.join().map_err(|_| "a posting thread panicked")??;
         samples.hits.append(&mut part.hits);
         samples.misses.append(&mut part.misses);
     }
-    churner.join().map_err(|_| "the churn thread panicked")??;
+    threads
+        .churner
+        .join()
+        .map_err(|_| "the churn thread panicked")??;
+    drain(world, flags.rma);
+    world.stop_completions.store(true, Ordering::Relaxed);
+    threads
+        .reaper
+        .join()
+        .map_err(|_| "the completion thread panicked")?;
+    world.stop_receiving.store(true, Ordering::Relaxed);
+    threads
+        .receiver
+        .join()
+        .map_err(|_| "the receiver thread panicked")?;
+    let last_incarnations: Vec<Arc<Traffic>> = world
+        .clients
+        .iter()
+        .filter_map(|client| client.advert.read().ok().and_then(|advert| advert.clone()))
+        .map(|advert| advert.traffic)
+        .collect();
+    Ok(Stopped {
+        samples,
+        post_stats: threads.post_stats,
+        last_incarnations,
+    })
+}
 
-    // Let what is in flight to live clients arrive.
+/// Let what is in flight arrive, for at most [`DRAIN_PATIENCE`]: every write's completion with
+/// `rma`, else every message to a live client.
+fn drain(world: &World, rma: bool) {
     let drain_deadline = Instant::now() + DRAIN_PATIENCE;
     let live_pending = || -> u64 {
         world
@@ -1174,25 +1274,21 @@ fn run() -> Result<bool> {
             > world.rma.completed_ok.load(Ordering::Relaxed)
                 + world.rma.completed_error.load(Ordering::Relaxed)
     };
-    while (rma_pending() || (!flags.rma && 0 < live_pending())) && Instant::now() < drain_deadline {
+    while (rma_pending() || (!rma && 0 < live_pending())) && Instant::now() < drain_deadline {
         thread::yield_now();
     }
-    world.stop_completions.store(true, Ordering::Relaxed);
-    reaper
-        .join()
-        .map_err(|_| "the completion thread panicked")?;
-    world.stop_receiving.store(true, Ordering::Relaxed);
-    receiver
-        .join()
-        .map_err(|_| "the receiver thread panicked")?;
-    let last_incarnations: Vec<Arc<Traffic>> = world
-        .clients
-        .iter()
-        .filter_map(|client| client.advert.read().ok().and_then(|advert| advert.clone()))
-        .map(|advert| advert.traffic)
-        .collect();
+}
 
-    // Every client leaves; the AV must end empty.
+/// The server's caches once every client has left.
+struct End {
+    /// Every cache's stats, summed.
+    stats: CacheStats,
+    /// Registrations still in the caches' indexes.
+    indexed: usize,
+}
+
+/// Every client leaves, and the caches quiesce: the AV must end empty.
+fn shut_down(world: &World) -> Result<End> {
     for id in 0..world.clients.len() {
         world.stop_client(id)?;
     }
@@ -1201,36 +1297,159 @@ fn run() -> Result<bool> {
         rails.quiesce();
     }
     let (stats, indexed) = world.stats();
-    let leaked = stats.entries != 0
-        || stats.leases != 0
-        || stats.pending_removals != 0
-        || stats.inserts != stats.removes
-        || indexed != 0;
+    Ok(End { stats, indexed })
+}
 
-    let missing = |traffic: &Arc<Traffic>| {
-        traffic
-            .sent
-            .load(Ordering::Relaxed)
-            .saturating_sub(traffic.received.load(Ordering::Relaxed))
-    };
-    let undelivered_live: u64 = last_incarnations.iter().map(missing).sum();
-    let departed = world.departed.lock().map_err(|_| "poisoned")?;
-    let lost_departed = departed
-        .iter()
-        .map(missing)
-        .sum::<u64>()
-        .saturating_sub(undelivered_live);
-    let received: u64 = departed
-        .iter()
-        .map(|traffic| traffic.received.load(Ordering::Relaxed))
-        .sum();
-    drop(departed);
-    let (sent, hits, misses, undeliverable, resolve_errors) = totals(&post_stats);
-    let misdirected = world.misdirected.load(Ordering::Relaxed);
-    samples.hits.sort_unstable();
-    samples.misses.sort_unstable();
+/// The run's figures, counted once everything has stopped.
+struct Summary {
+    elapsed: Duration,
+    /// Hit and miss latencies, sorted.
+    samples: Samples,
+    sent: u64,
+    hits: u64,
+    misses: u64,
+    undeliverable: u64,
+    resolve_errors: u64,
+    /// Messages the departed incarnations received that were meant for them.
+    received: u64,
+    misdirected: u64,
+    lost_departed: u64,
+    undelivered_live: u64,
+    end: End,
+    /// The AV did not end empty, or an insert was not matched by a remove.
+    leaked: bool,
+    writes_posted: u64,
+    writes_ok: u64,
+    writes_error: u64,
+    writes_without_completion: u64,
+    writes_misdirected: u64,
+}
 
-    let rows: Vec<(&str, String)> = vec![
+impl Summary {
+    /// Count what `stopped` and `end` left, over `elapsed`.
+    fn count(world: &World, stopped: Stopped, end: End, elapsed: Duration) -> Result<Self> {
+        let stats = &end.stats;
+        let leaked = stats.entries != 0
+            || stats.leases != 0
+            || stats.pending_removals != 0
+            || stats.inserts != stats.removes
+            || end.indexed != 0;
+        let missing = |traffic: &Arc<Traffic>| {
+            traffic
+                .sent
+                .load(Ordering::Relaxed)
+                .saturating_sub(traffic.received.load(Ordering::Relaxed))
+        };
+        let undelivered_live: u64 = stopped.last_incarnations.iter().map(missing).sum();
+        let departed = world.departed.lock().map_err(|_| "poisoned")?;
+        let lost_departed = departed
+            .iter()
+            .map(missing)
+            .sum::<u64>()
+            .saturating_sub(undelivered_live);
+        let received: u64 = departed
+            .iter()
+            .map(|traffic| traffic.received.load(Ordering::Relaxed))
+            .sum();
+        drop(departed);
+        let (sent, hits, misses, undeliverable, resolve_errors) = totals(&stopped.post_stats);
+        let mut samples = stopped.samples;
+        samples.hits.sort_unstable();
+        samples.misses.sort_unstable();
+        let writes_posted = world.rma.posted.load(Ordering::Relaxed);
+        let writes_ok = world.rma.completed_ok.load(Ordering::Relaxed);
+        let writes_error = world.rma.completed_error.load(Ordering::Relaxed);
+        Ok(Self {
+            elapsed,
+            samples,
+            sent,
+            hits,
+            misses,
+            undeliverable,
+            resolve_errors,
+            received,
+            misdirected: world.misdirected.load(Ordering::Relaxed),
+            lost_departed,
+            undelivered_live,
+            end,
+            leaked,
+            writes_posted,
+            writes_ok,
+            writes_error,
+            writes_without_completion: writes_posted.saturating_sub(writes_ok + writes_error),
+            writes_misdirected: world.rma.misdirected.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// One row of the report: the figure's name, which scripts grep for, and its value.
+type Row = (&'static str, String);
+
+/// The report's rows: the message rows, or with `--rma` the RMA rows instead of the message
+/// counts (and with `--rails` the rail rows, one rail resolve latency instead of hits and
+/// misses).
+fn report(
+    flags: &Flags,
+    world: &World,
+    description: &Description,
+    summary: &Summary,
+) -> Result<Vec<Row>> {
+    let mut rows = message_rows(flags, world, description, summary);
+    if flags.rma {
+        // These count messages, which --rma does not send.
+        rows.retain(|(name, _)| {
+            ![
+                "messages sent",
+                "messages/s",
+                "messages received",
+                "misdirected",
+                "lost to departed clients",
+                "undelivered to live clients",
+                "undeliverable sends (peer gone or busy)",
+                "receive error completions",
+            ]
+            .contains(name)
+        });
+        rows.splice(4..4, rma_rows(flags, world, summary)?);
+        if let Some(rails) = &world.rail_server {
+            rows.splice(4..4, rail_rows(world, rails));
+            // A rail resolve is not told apart as a hit or a miss: its latency is one row.
+            rows.retain(|(name, _)| {
+                !["hit rate", "hits / misses", "resolve p50 / p99, miss"].contains(name)
+            });
+            for (name, _) in &mut rows {
+                if *name == "resolve p50 / p99, hit" {
+                    *name = "rail resolve + lease p50 / p99";
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The rows of every run: the messages, the resolves and the cache.
+fn message_rows(
+    flags: &Flags,
+    world: &World,
+    description: &Description,
+    summary: &Summary,
+) -> Vec<Row> {
+    let Summary {
+        elapsed,
+        samples,
+        sent,
+        hits,
+        misses,
+        undeliverable,
+        resolve_errors,
+        received,
+        misdirected,
+        lost_departed,
+        undelivered_live,
+        end: End { stats, indexed },
+        ..
+    } = summary;
+    vec![
         ("provider", description.provider.clone()),
         (
             "clients / posting threads",
@@ -1244,7 +1463,7 @@ fn run() -> Result<bool> {
         ("messages sent", sent.to_string()),
         (
             "messages/s",
-            format!("{:.0}", sent as f64 / elapsed.as_secs_f64()),
+            format!("{:.0}", *sent as f64 / elapsed.as_secs_f64()),
         ),
         ("messages received", received.to_string()),
         ("misdirected", misdirected.to_string()),
@@ -1263,7 +1482,7 @@ fn run() -> Result<bool> {
             "hit rate",
             format!(
                 "{:.3}%",
-                100.0 * hits as f64 / (hits + misses).max(1) as f64
+                100.0 * *hits as f64 / (hits + misses).max(1) as f64
             ),
         ),
         ("hits / misses", format!("{hits} / {misses}")),
@@ -1295,127 +1514,113 @@ fn run() -> Result<bool> {
             stats.pending_removals.to_string(),
         ),
         ("index registrations after shutdown", indexed.to_string()),
-    ];
-    let mut rows = rows;
-    let writes_posted = world.rma.posted.load(Ordering::Relaxed);
-    let writes_ok = world.rma.completed_ok.load(Ordering::Relaxed);
-    let writes_error = world.rma.completed_error.load(Ordering::Relaxed);
-    let writes_without_completion = writes_posted.saturating_sub(writes_ok + writes_error);
-    let writes_misdirected = world.rma.misdirected.load(Ordering::Relaxed);
-    if flags.rma {
-        // These count messages, which --rma does not send.
-        rows.retain(|(name, _)| {
-            ![
-                "messages sent",
-                "messages/s",
-                "messages received",
-                "misdirected",
-                "lost to departed clients",
-                "undelivered to live clients",
-                "undeliverable sends (peer gone or busy)",
-                "receive error completions",
-            ]
-            .contains(name)
-        });
-        let records: u64 = world
-            .departed
-            .lock()
-            .map_err(|_| "poisoned")?
-            .iter()
-            .map(|traffic| traffic.records.load(Ordering::Relaxed))
-            .sum();
-        let rma_rows: Vec<(&str, String)> = vec![
-            (
-                "leases",
-                if flags.no_leases {
-                    "no (--no-leases)"
-                } else {
-                    "yes"
-                }
-                .to_string(),
-            ),
-            (
-                "FI_AV_REMOVE_CLEANUP",
-                std::env::var("FI_AV_REMOVE_CLEANUP").unwrap_or_else(|_| "unset".into()),
-            ),
-            ("bytes per write", flags.write_size.to_string()),
-            ("writes posted", writes_posted.to_string()),
-            (
-                "writes/s",
-                format!("{:.0}", writes_posted as f64 / elapsed.as_secs_f64()),
-            ),
-            ("writes completed ok", writes_ok.to_string()),
-            ("writes completed with error", writes_error.to_string()),
-            (
-                "  of which cancelled (FI_ECANCELED)",
-                world.rma.cancelled.load(Ordering::Relaxed).to_string(),
-            ),
-            (
-                "writes without a completion",
-                writes_without_completion.to_string(),
-            ),
-            ("writes misdirected", writes_misdirected.to_string()),
-            ("records checked in client memory", records.to_string()),
-            (
-                "torn records read (re-read later)",
-                world.rma.torn.load(Ordering::Relaxed).to_string(),
-            ),
-            (
-                "writes not posted (peer gone or busy)",
-                undeliverable.to_string(),
-            ),
-            (
-                "removals held back by a lease (peak)",
-                world
-                    .rma
-                    .peak_awaiting_leases
-                    .load(Ordering::Relaxed)
-                    .to_string(),
-            ),
-            ("leases left after shutdown", stats.leases.to_string()),
-        ];
-        rows.splice(4..4, rma_rows);
-        if let Some(rails) = &world.rail_server {
-            let bytes = rails.bytes_per_rail();
-            let rail_rows: Vec<(&str, String)> = vec![
-                ("rails", rails.len().to_string()),
-                ("writes striped", rails.striped_transfers().to_string()),
-                (
-                    "bytes per rail (min / max)",
-                    format!(
-                        "{} / {}",
-                        bytes.iter().min().copied().unwrap_or(0),
-                        bytes.iter().max().copied().unwrap_or(0)
-                    ),
-                ),
-                (
-                    "striped records torn",
-                    world.striped_torn.load(Ordering::Relaxed).to_string(),
-                ),
-                (
-                    "evictions released on every rail",
-                    rails.evictions_propagated().to_string(),
-                ),
-            ];
-            rows.splice(4..4, rail_rows);
-            // A rail resolve is not told apart as a hit or a miss: its latency is one row.
-            rows.retain(|(name, _)| {
-                !["hit rate", "hits / misses", "resolve p50 / p99, miss"].contains(name)
-            });
-            for (name, _) in &mut rows {
-                if *name == "resolve p50 / p99, hit" {
-                    *name = "rail resolve + lease p50 / p99";
-                }
-            }
-        }
-    }
-    print_table(&rows);
+    ]
+}
 
+/// The rows of an `--rma` run: the writes, and what the leases held back.
+fn rma_rows(flags: &Flags, world: &World, summary: &Summary) -> Result<Vec<Row>> {
+    let records: u64 = world
+        .departed
+        .lock()
+        .map_err(|_| "poisoned")?
+        .iter()
+        .map(|traffic| traffic.records.load(Ordering::Relaxed))
+        .sum();
+    Ok(vec![
+        (
+            "leases",
+            if flags.no_leases {
+                "no (--no-leases)"
+            } else {
+                "yes"
+            }
+            .to_string(),
+        ),
+        (
+            "FI_AV_REMOVE_CLEANUP",
+            std::env::var("FI_AV_REMOVE_CLEANUP").unwrap_or_else(|_| "unset".into()),
+        ),
+        ("bytes per write", flags.write_size.to_string()),
+        ("writes posted", summary.writes_posted.to_string()),
+        (
+            "writes/s",
+            format!(
+                "{:.0}",
+                summary.writes_posted as f64 / summary.elapsed.as_secs_f64()
+            ),
+        ),
+        ("writes completed ok", summary.writes_ok.to_string()),
+        (
+            "writes completed with error",
+            summary.writes_error.to_string(),
+        ),
+        (
+            "  of which cancelled (FI_ECANCELED)",
+            world.rma.cancelled.load(Ordering::Relaxed).to_string(),
+        ),
+        (
+            "writes without a completion",
+            summary.writes_without_completion.to_string(),
+        ),
+        ("writes misdirected", summary.writes_misdirected.to_string()),
+        ("records checked in client memory", records.to_string()),
+        (
+            "torn records read (re-read later)",
+            world.rma.torn.load(Ordering::Relaxed).to_string(),
+        ),
+        (
+            "writes not posted (peer gone or busy)",
+            summary.undeliverable.to_string(),
+        ),
+        (
+            "removals held back by a lease (peak)",
+            world
+                .rma
+                .peak_awaiting_leases
+                .load(Ordering::Relaxed)
+                .to_string(),
+        ),
+        (
+            "leases left after shutdown",
+            summary.end.stats.leases.to_string(),
+        ),
+    ])
+}
+
+/// The rows of an `--rma --rails` run: the rails, the striped writes and what they carried.
+fn rail_rows(world: &World, rails: &RailSet) -> Vec<Row> {
+    let bytes = rails.bytes_per_rail();
+    vec![
+        ("rails", rails.len().to_string()),
+        ("writes striped", rails.striped_transfers().to_string()),
+        (
+            "bytes per rail (min / max)",
+            format!(
+                "{} / {}",
+                bytes.iter().min().copied().unwrap_or(0),
+                bytes.iter().max().copied().unwrap_or(0)
+            ),
+        ),
+        (
+            "striped records torn",
+            world.striped_torn.load(Ordering::Relaxed).to_string(),
+        ),
+        (
+            "evictions released on every rail",
+            rails.evictions_propagated().to_string(),
+        ),
+    ]
+}
+
+/// Say what failed, on stderr, and what held: whether the run passed.
+fn verdict(flags: &Flags, world: &World, summary: &Summary) -> bool {
     let mut ok = true;
+    let misdirected = summary.misdirected;
     if 0 < misdirected {
         eprintln!("FAIL: {misdirected} messages reached a client they were not meant for");
         ok = false;
     }
+    let writes_misdirected = summary.writes_misdirected;
     if 0 < writes_misdirected {
         eprintln!("FAIL: {writes_misdirected} records landed in a client they were not meant for");
         ok = false;
@@ -1425,11 +1630,13 @@ fn run() -> Result<bool> {
         eprintln!("FAIL: {striped_torn} striped records landed in two incarnations");
         ok = false;
     }
+    let writes_without_completion = summary.writes_without_completion;
     if 0 < writes_without_completion {
         eprintln!("FAIL: {writes_without_completion} writes never completed");
         ok = false;
     }
-    if leaked {
+    if summary.leaked {
+        let End { stats, indexed } = &summary.end;
         eprintln!(
             "FAIL: AV entries leaked: {} live, {} pending, {} inserts vs {} removes, {} indexed",
             stats.entries, stats.pending_removals, stats.inserts, stats.removes, indexed
@@ -1441,5 +1648,5 @@ fn run() -> Result<bool> {
     } else if ok {
         println!("ok: no message misdirected, no AV entry leaked");
     }
-    Ok(ok)
+    ok
 }

@@ -671,13 +671,14 @@ mod tests {
         );
     }
 
-    /// Each bound refuses the value past it, naming both, and takes the value at it.
-    #[test]
-    fn every_size_is_checked_against_its_bounds() {
-        let at = |configuration: Configuration| assert_eq!(Ok(()), configuration.validate());
-        let past = |configuration: Configuration, value: usize, bound: usize| match configuration
-            .validate()
-        {
+    /// `configuration` is accepted: a value at its bound is taken.
+    fn accepted(configuration: Configuration) {
+        assert_eq!(Ok(()), configuration.validate());
+    }
+
+    /// `configuration` is refused for `value`, past `bound`, with a reason naming both.
+    fn refused(configuration: Configuration, value: usize, bound: usize) {
+        match configuration.validate() {
             Err(DmaError::InvalidArgument(reason)) => {
                 assert!(
                     reason.contains(&format!("is {value},")),
@@ -689,13 +690,19 @@ mod tests {
                 );
             }
             other => panic!("expected InvalidArgument for {value}, got {other:?}"),
-        };
+        }
+    }
+
+    /// Each of the endpoint's sizes refuses the value past its bound (above and below), naming
+    /// both, and takes the value at it.
+    #[test]
+    fn every_endpoint_size_is_checked_against_its_bounds() {
         let base = Configuration::default;
-        at(Configuration {
+        accepted(Configuration {
             av_capacity: Configuration::MAX_AV_CAPACITY,
             ..base()
         });
-        past(
+        refused(
             Configuration {
                 av_capacity: Configuration::MAX_AV_CAPACITY + 1,
                 ..base()
@@ -703,7 +710,7 @@ mod tests {
             Configuration::MAX_AV_CAPACITY + 1,
             Configuration::MAX_AV_CAPACITY,
         );
-        past(
+        refused(
             Configuration {
                 av_capacity: 0,
                 ..base()
@@ -711,11 +718,11 @@ mod tests {
             0,
             1,
         );
-        at(Configuration {
+        accepted(Configuration {
             cq_size: Configuration::MAX_CQ_SIZE,
             ..base()
         });
-        past(
+        refused(
             Configuration {
                 cq_size: usize::MAX,
                 ..base()
@@ -723,11 +730,11 @@ mod tests {
             usize::MAX,
             Configuration::MAX_CQ_SIZE,
         );
-        at(Configuration {
+        accepted(Configuration {
             receive_size: Configuration::MAX_RECEIVE_SIZE,
             ..base()
         });
-        past(
+        refused(
             Configuration {
                 receive_size: Configuration::MAX_RECEIVE_SIZE + 1,
                 ..base()
@@ -735,7 +742,7 @@ mod tests {
             Configuration::MAX_RECEIVE_SIZE + 1,
             Configuration::MAX_RECEIVE_SIZE,
         );
-        past(
+        refused(
             Configuration {
                 receive_size: 0,
                 ..base()
@@ -743,7 +750,7 @@ mod tests {
             0,
             1,
         );
-        past(
+        refused(
             Configuration {
                 receive_buffers: 0,
                 ..base()
@@ -751,17 +758,28 @@ mod tests {
             0,
             1,
         );
+    }
+
+    #[test]
+    fn an_empty_provider_list_is_refused() {
         assert!(matches!(
             Configuration {
                 providers: Vec::new(),
-                ..base()
+                ..Configuration::default()
             }
             .validate(),
             Err(DmaError::InvalidArgument(_))
         ));
+    }
+
+    /// Each of rxm's sizes refuses the value past its bound, naming both (`msg_rx_size` without
+    /// the shared receive context is bound by `msg_tx_size`'s bound), and all take the value at
+    /// their bound at once.
+    #[test]
+    fn every_rxm_size_is_checked_against_its_bounds() {
         let rxm = |sizing: RxmSizing| Configuration {
             rxm: sizing,
-            ..base()
+            ..Configuration::default()
         };
         let none = RxmSizing::provider_defaults;
         for (sizing, value, bound) in [
@@ -823,9 +841,9 @@ mod tests {
                 1,
             ),
         ] {
-            past(rxm(sizing), value, bound);
+            refused(rxm(sizing), value, bound);
         }
-        at(rxm(RxmSizing {
+        accepted(rxm(RxmSizing {
             buffer_size: Some(RxmSizing::MAX_BUFFER_SIZE),
             tx_size: Some(RxmSizing::MAX_TX_SIZE),
             rx_size: Some(RxmSizing::MAX_RX_SIZE),
@@ -833,8 +851,12 @@ mod tests {
             msg_rx_size: Some(RxmSizing::MAX_MSG_RX_SIZE),
             use_srx: None,
         }));
+    }
+
+    #[test]
+    fn more_receive_buffers_than_the_completion_queue_holds_are_refused() {
         assert!(matches!(
-            Configuration { receive_buffers: 513, ..base() }.validate(),
+            Configuration { receive_buffers: 513, ..Configuration::default() }.validate(),
             Err(DmaError::InvalidArgument(reason)) if reason.contains("513") && reason.contains("cq_size is 512")
         ));
     }

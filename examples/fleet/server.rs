@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, RemoteRegion};
+use dma_libfabric::{CacheStats, Configuration, DmaError, LibfabricEndpoint, RemoteRegion};
 
 use crate::protocol::{self, CLIENT_SLOTS, Counts, Framer, Message, Polled, RECORD_LEN, Sample};
 use crate::{Flags, Result, signals};
@@ -179,9 +179,28 @@ impl Server {
     }
 }
 
-/// Run the server until a `stop` line or EOF on stdin.
+/// Run the server until a `stop` line or EOF on stdin, phase by phase: open, announce the
+/// control port, run the threads, stop them in order, depart every registration, and print the
+/// totals the supervisor reads.
 pub fn run(flags: &Flags) -> Result<()> {
     signals::die_with_parent(flags.supervisor_pid)?;
+    let (server, listener) = open(flags)?;
+    announce(&listener)?;
+    let threads = spawn_threads(&server, listener)?;
+    wait_for_stop();
+    let (samples, in_flight) = stop_threads(&server, threads)?;
+    let all = depart_everyone(&server);
+    let cache = server.endpoint.cache();
+    cache.quiesce_with_patience(Duration::from_secs(2));
+    let stats = cache.stats();
+    if let Some(path) = &flags.samples {
+        write_samples(path, &samples)?;
+    }
+    print_totals(&server, &all, &stats, in_flight, samples.len())
+}
+
+/// Open the endpoint and the control listener, and the state the threads share.
+fn open(flags: &Flags) -> Result<(Arc<Server>, TcpListener)> {
     let clients = flags.clients.max(1) as usize;
     let configuration = Configuration {
         rma: true,
@@ -224,34 +243,57 @@ pub fn run(flags: &Flags) -> Result<()> {
         oldest_write: AtomicU64::new(0),
         longest_lease_after_departure: AtomicU64::new(0),
     });
-    {
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "listening port={}", listener.local_addr()?.port())?;
-        stdout.flush()?;
-    }
+    Ok((server, listener))
+}
 
+/// Tell the supervisor the control port (`listening port=`).
+fn announce(listener: &TcpListener) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "listening port={}", listener.local_addr()?.port())?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// The server's threads, while they run.
+struct Threads {
+    /// Accepts control connections; returns their threads.
+    acceptor: thread::JoinHandle<Vec<thread::JoinHandle<()>>>,
+    posters: Vec<thread::JoinHandle<Result<()>>>,
+    /// Reaps the completions; returns the post-to-completion samples.
+    reaper: thread::JoinHandle<Vec<Sample>>,
+}
+
+/// Start the acceptor (which owns `listener`), the posting threads and the completion thread.
+fn spawn_threads(server: &Arc<Server>, listener: TcpListener) -> Result<Threads> {
     let acceptor = {
-        let server = Arc::clone(&server);
+        let server = Arc::clone(server);
         thread::Builder::new()
             .name("acceptor".into())
             .spawn(move || accept(&server, &listener))?
     };
     let posters = (0..POSTERS)
         .map(|n| {
-            let server = Arc::clone(&server);
+            let server = Arc::clone(server);
             thread::Builder::new()
                 .name(format!("poster-{n}"))
                 .spawn(move || post(&server, n))
         })
         .collect::<std::io::Result<Vec<_>>>()?;
     let reaper = {
-        let server = Arc::clone(&server);
+        let server = Arc::clone(server);
         thread::Builder::new()
             .name("completions".into())
             .spawn(move || reap(&server))?
     };
+    Ok(Threads {
+        acceptor,
+        posters,
+        reaper,
+    })
+}
 
-    // Until the supervisor says stop (or goes away: EOF).
+/// Until the supervisor says stop (or goes away: EOF).
+fn wait_for_stop() {
     for line in std::io::stdin().lock().lines() {
         match line {
             Ok(line) if line.trim() == "stop" => break,
@@ -259,9 +301,15 @@ pub fn run(flags: &Flags) -> Result<()> {
             Err(_) => break,
         }
     }
+}
 
+/// Stop the threads in order: the posting threads; the completion thread once the writes in
+/// flight completed (or after [`SHUTDOWN_PATIENCE`]); then the control connections. The
+/// post-to-completion samples, and the operations still in flight when the completion thread
+/// stopped.
+fn stop_threads(server: &Server, threads: Threads) -> Result<(Vec<Sample>, usize)> {
     server.stop_posting.store(true, Ordering::SeqCst);
-    for poster in posters {
+    for poster in threads.posters {
         poster.join().map_err(|_| "a posting thread panicked")??;
     }
     let deadline = Instant::now() + SHUTDOWN_PATIENCE;
@@ -274,15 +322,25 @@ pub fn run(flags: &Flags) -> Result<()> {
         thread::sleep(Duration::from_millis(1));
     }
     server.stop_completions.store(true, Ordering::SeqCst);
-    let samples = reaper
+    let samples = threads
+        .reaper
         .join()
         .map_err(|_| "the completion thread panicked")?;
     let in_flight = server.endpoint.operations_in_flight();
     server.stop_control.store(true, Ordering::SeqCst);
-    let handlers = acceptor.join().map_err(|_| "the acceptor panicked")?;
+    let handlers = threads
+        .acceptor
+        .join()
+        .map_err(|_| "the acceptor panicked")?;
     for handler in handlers {
         handler.join().map_err(|_| "a control thread panicked")?;
     }
+    Ok((samples, in_flight))
+}
+
+/// Depart every registration ever made (`shutdown`), and count how long those still holding
+/// writes have held their leases: every registration.
+fn depart_everyone(server: &Server) -> Vec<Arc<Registration>> {
     let all = lock(&server.all).clone();
     for registration in &all {
         server.depart(registration, "shutdown");
@@ -297,9 +355,28 @@ pub fn run(flags: &Flags) -> Result<()> {
             }
         }
     }
-    let cache = server.endpoint.cache();
-    cache.quiesce_with_patience(Duration::from_secs(2));
-    let stats = cache.stats();
+    all
+}
+
+/// Write the post-to-completion samples to `path`, for the supervisor.
+fn write_samples(path: &std::path::Path, samples: &[Sample]) -> Result<()> {
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for sample in samples {
+        out.write_all(&sample.to_bytes())?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Print what the supervisor reads: a `FLEET-DEPARTURE` line per registration, `FLEET-ERRORS`
+/// and `FLEET-TOTALS`.
+fn print_totals(
+    server: &Server,
+    all: &[Arc<Registration>],
+    stats: &CacheStats,
+    in_flight: usize,
+    samples: usize,
+) -> Result<()> {
     let counts = all.iter().fold(Counts::default(), |sum, registration| {
         let counts = *lock(&registration.counts);
         Counts {
@@ -313,18 +390,10 @@ pub fn run(flags: &Flags) -> Result<()> {
         .iter()
         .filter(|registration| lock(&registration.counts).last)
         .count();
-
-    if let Some(path) = &flags.samples {
-        let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-        for sample in &samples {
-            out.write_all(&sample.to_bytes())?;
-        }
-        out.flush()?;
-    }
     let av_entries =
         (stats.entries + stats.pending_removals).max(stats.inserts.saturating_sub(stats.removes));
     let mut stdout = std::io::stdout().lock();
-    for registration in &all {
+    for registration in all {
         writeln!(
             stdout,
             "FLEET-DEPARTURE id={} incarnation={} why={} detected={} leases_returned={} \
@@ -372,7 +441,7 @@ pub fn run(flags: &Flags) -> Result<()> {
         stats.inserts,
         stats.removes,
         stats.failed_removes,
-        samples.len(),
+        samples,
     )?;
     stdout.flush()?;
     Ok(())

@@ -466,7 +466,9 @@ fn drain_lines(fleet: &mut Fleet, lines: &Receiver<Line>, totals: &mut Option<St
     }
 }
 
-/// Run the fleet; `Ok(false)` when a requirement failed.
+/// Run the fleet, phase by phase: check the flags (or run the fleet inside a namespace of its
+/// own), start the server and the clients, inject faults for `--seconds`, end the faults, stop
+/// the clients and then the server, and report; `Ok(false)` when a requirement failed.
 pub fn run(flags: &Flags) -> Result<bool> {
     if flags.tcp_retries2.is_some() && !flags.netns {
         return Err(
@@ -489,46 +491,77 @@ pub fn run(flags: &Flags) -> Result<bool> {
         return Err("rates cannot be negative".into());
     }
     signals::catch_interrupts()?;
-    let supervisor_pid = i32::try_from(std::process::id())?;
-    sweep_scratch();
-    let scratch = std::env::temp_dir().join(format!("{SCRATCH_PREFIX}{supervisor_pid}"));
-    std::fs::create_dir_all(&scratch)?;
-    let (sender, lines) = mpsc::channel();
-    let mut fleet = Fleet {
-        executable: std::env::current_exe()?,
-        supervisor_pid,
-        scratch,
-        server: None,
-        server_stdin: None,
-        server_port: 0,
-        clients: Vec::new(),
-        lines: sender,
-        windows: Vec::new(),
-        reuse_ports: flags.reuse_ports,
-        provider: flags.provider,
-        write_deadline: flags.write_deadline,
-        inside_netns: flags.inside_netns,
-        partitions: 0,
-        partitions_for_good: 0,
-        lost_to_partition: 0,
-        started: 0,
-        killed: 0,
-        stopped: 0,
-        reuse_attempts: 0,
-        reused: 0,
-        unexpected_exits: Vec::new(),
-        skipped: 0,
-        killed_stopped: 0,
-        kills: Vec::new(),
-        cuts: Vec::new(),
-        shutdown_at: u64::MAX,
-        errors: None,
-        departures: Vec::new(),
-    };
+    let (mut fleet, lines) = Fleet::new(flags)?;
     let mut totals = None;
+    start(&mut fleet, &lines, flags.clients)?;
+    announce(flags);
+    inject_faults(&mut fleet, &lines, &mut totals, flags)?;
+    end_faults(&mut fleet, &lines, &mut totals)?;
+    let mut ok = stop_clients(&mut fleet)?;
+    ok &= stop_server(&mut fleet)?;
+    collect_last_lines(&mut fleet, &lines, &mut totals);
+    let Some(totals) = totals else {
+        eprintln!("FAIL: the server printed no totals");
+        return Ok(false);
+    };
+    ok &= report::report(flags, &fleet, &totals)?;
+    for exit in &fleet.unexpected_exits {
+        // Nothing but the supervisor ends a client during the run: one that exits on its own
+        // crashed, or its server turned it away.
+        eprintln!("FAIL: {exit}");
+        ok = false;
+    }
+    Ok(ok)
+}
 
-    // The server, then the clients, each announcing itself on stdout.
-    fleet.spawn_server(flags.clients)?;
+impl Fleet {
+    /// A fleet with nothing started yet, its scratch directory made (after sweeping those of
+    /// supervisors that are gone), and the receiving end of its children's output.
+    fn new(flags: &Flags) -> Result<(Self, Receiver<Line>)> {
+        let supervisor_pid = i32::try_from(std::process::id())?;
+        sweep_scratch();
+        let scratch = std::env::temp_dir().join(format!("{SCRATCH_PREFIX}{supervisor_pid}"));
+        std::fs::create_dir_all(&scratch)?;
+        let (sender, lines) = mpsc::channel();
+        let fleet = Fleet {
+            executable: std::env::current_exe()?,
+            supervisor_pid,
+            scratch,
+            server: None,
+            server_stdin: None,
+            server_port: 0,
+            clients: Vec::new(),
+            lines: sender,
+            windows: Vec::new(),
+            reuse_ports: flags.reuse_ports,
+            provider: flags.provider,
+            write_deadline: flags.write_deadline,
+            inside_netns: flags.inside_netns,
+            partitions: 0,
+            partitions_for_good: 0,
+            lost_to_partition: 0,
+            started: 0,
+            killed: 0,
+            stopped: 0,
+            reuse_attempts: 0,
+            reused: 0,
+            unexpected_exits: Vec::new(),
+            skipped: 0,
+            killed_stopped: 0,
+            kills: Vec::new(),
+            cuts: Vec::new(),
+            shutdown_at: u64::MAX,
+            errors: None,
+            departures: Vec::new(),
+        };
+        Ok((fleet, lines))
+    }
+}
+
+/// Start the server, then `clients` clients, each announcing itself on stdout, all within
+/// [`START_PATIENCE`].
+fn start(fleet: &mut Fleet, lines: &Receiver<Line>, clients: u32) -> Result<()> {
+    fleet.spawn_server(clients)?;
     let deadline = Instant::now() + START_PATIENCE;
     while 0 == fleet.server_port {
         if signals::interrupted() {
@@ -544,7 +577,7 @@ pub fn run(flags: &Flags) -> Result<bool> {
             return Err("the server did not start in time".into());
         }
     }
-    for id in 0..flags.clients {
+    for id in 0..clients {
         fleet.spawn_client(id, 0, None)?;
     }
     while !fleet.clients.iter().all(|client| client.ready) {
@@ -559,6 +592,11 @@ pub fn run(flags: &Flags) -> Result<bool> {
             return Err("the clients did not start in time".into());
         }
     }
+    Ok(())
+}
+
+/// The line that says what runs.
+fn announce(flags: &Flags) {
     println!(
         "fleet: server and {} client processes on {}, {}, {} s ({:.1} s without faults first), \
          kill rate {}/s, stop rate {}/s{}{}",
@@ -590,19 +628,51 @@ pub fn run(flags: &Flags) -> Result<bool> {
             String::new()
         }
     );
+}
 
-    // The run: a quarter without faults (the baseline), then faults at the given rates.
-    let mut random = Random(u64::from(std::process::id()) ^ 0x2545_f491_4f6c_dd1d | 1);
+/// When each kind of fault is next due: a Poisson process at each rate, from a quarter into
+/// the run (the first quarter is the baseline, without faults).
+struct Schedule {
+    random: Random,
+    next_kill: Option<Instant>,
+    next_stop: Option<Instant>,
+    next_partition: Option<Instant>,
+}
+
+impl Schedule {
+    /// The first faults, from `faults_from`.
+    fn new(flags: &Flags, faults_from: Instant) -> Self {
+        let mut random = Random(u64::from(std::process::id()) ^ 0x2545_f491_4f6c_dd1d | 1);
+        let next_kill = next_after(&mut random, flags.kill_rate, faults_from);
+        let next_stop = next_after(&mut random, flags.stop_rate, faults_from);
+        let next_partition = next_after(&mut random, flags.partition_rate, faults_from);
+        Self {
+            random,
+            next_kill,
+            next_stop,
+            next_partition,
+        }
+    }
+}
+
+/// When a fault at `rate` a second is next due after `from`: an exponential gap (a Poisson
+/// process); `None` when the rate is 0.
+fn next_after(random: &mut Random, rate: f64, from: Instant) -> Option<Instant> {
+    (rate > 0.0).then(|| from + Duration::from_secs_f64(-(1.0 - random.unit()).ln() / rate))
+}
+
+/// The run: a quarter without faults (the baseline), then faults at the given rates, until
+/// `--seconds` have passed.
+fn inject_faults(
+    fleet: &mut Fleet,
+    lines: &Receiver<Line>,
+    totals: &mut Option<String>,
+    flags: &Flags,
+) -> Result<()> {
     let started = Instant::now();
     let run_for = Duration::from_secs_f64(flags.seconds);
     let faults_from = started + run_for / 4;
-    let next_after = |random: &mut Random, rate: f64, from: Instant| -> Option<Instant> {
-        // Exponential gaps: a Poisson process at `rate`.
-        (rate > 0.0).then(|| from + Duration::from_secs_f64(-(1.0 - random.unit()).ln() / rate))
-    };
-    let mut next_kill = next_after(&mut random, flags.kill_rate, faults_from);
-    let mut next_stop = next_after(&mut random, flags.stop_rate, faults_from);
-    let mut next_partition = next_after(&mut random, flags.partition_rate, faults_from);
+    let mut schedule = Schedule::new(flags, faults_from);
     let panic_at = crate::panic_injected(crate::Role::Supervisor).then_some(faults_from);
     while started.elapsed() < run_for {
         if signals::interrupted() {
@@ -612,57 +682,84 @@ pub fn run(flags: &Flags) -> Result<bool> {
             panic!("FLEET_PANIC=supervisor: a panic injected into the supervisor");
         }
         thread::sleep(TICK);
-        drain_lines(&mut fleet, &lines, &mut totals);
+        drain_lines(fleet, lines, totals);
         fleet.reap_unexpected()?;
         let now = Instant::now();
-        for id in 0..fleet.clients.len() as u32 {
-            if fleet.clients[id as usize]
-                .stopped_until
-                .is_some_and(|until| until <= now)
-            {
-                fleet.resume(id)?;
-            }
-            if fleet.clients[id as usize]
-                .cut_until
-                .is_some_and(|until| until.is_some_and(|until| until <= now))
-            {
-                fleet.heal(id)?;
-            }
+        end_due_faults(fleet, now)?;
+        start_due_faults(fleet, &mut schedule, flags, now)?;
+    }
+    Ok(())
+}
+
+/// Resume the clients whose stop is over and heal those whose partition is, at `now`.
+fn end_due_faults(fleet: &mut Fleet, now: Instant) -> Result<()> {
+    for id in 0..fleet.clients.len() as u32 {
+        if fleet.clients[id as usize]
+            .stopped_until
+            .is_some_and(|until| until <= now)
+        {
+            fleet.resume(id)?;
         }
-        if next_partition.is_some_and(|at| at <= now) {
-            next_partition = next_after(&mut random, flags.partition_rate, now);
-            match fleet.pick(&mut random, true) {
-                Some(id) => {
-                    // Some last until the run ends; the rest 1-10 s.
-                    let until = (random.unit() >= flags.partition_for_good)
-                        .then(|| now + Duration::from_secs_f64(1.0 + 9.0 * random.unit()));
-                    fleet.partition(id, until)?;
-                }
-                None => fleet.skipped += 1,
-            }
-        }
-        if next_kill.is_some_and(|at| at <= now) {
-            next_kill = next_after(&mut random, flags.kill_rate, now);
-            // Any client, stopped or not: a hung process is what gets `kill -9`.
-            match fleet.pick(&mut random, false) {
-                Some(id) => fleet.kill_and_restart(id)?,
-                None => fleet.skipped += 1,
-            }
-        }
-        if next_stop.is_some_and(|at| at <= now) {
-            next_stop = next_after(&mut random, flags.stop_rate, now);
-            match fleet.pick(&mut random, true) {
-                Some(id) => {
-                    let hold = Duration::from_secs_f64(0.5 + 2.5 * random.unit());
-                    fleet.stop(id, now + hold)?;
-                }
-                None => fleet.skipped += 1,
-            }
+        if fleet.clients[id as usize]
+            .cut_until
+            .is_some_and(|until| until.is_some_and(|until| until <= now))
+        {
+            fleet.heal(id)?;
         }
     }
+    Ok(())
+}
 
-    // Shutdown: heal the partitions, resume the stopped, let restarts finish, ask each client to leave, then the
-    // server; each bounded.
+/// Start the faults due at `now` (a partition, a SIGKILL, a SIGSTOP, in that order), each on a
+/// random eligible client, and schedule the next of each; a fault with no eligible client is
+/// skipped and counted.
+fn start_due_faults(
+    fleet: &mut Fleet,
+    schedule: &mut Schedule,
+    flags: &Flags,
+    now: Instant,
+) -> Result<()> {
+    let random = &mut schedule.random;
+    if schedule.next_partition.is_some_and(|at| at <= now) {
+        schedule.next_partition = next_after(random, flags.partition_rate, now);
+        match fleet.pick(random, true) {
+            Some(id) => {
+                // Some last until the run ends; the rest 1-10 s.
+                let until = (random.unit() >= flags.partition_for_good)
+                    .then(|| now + Duration::from_secs_f64(1.0 + 9.0 * random.unit()));
+                fleet.partition(id, until)?;
+            }
+            None => fleet.skipped += 1,
+        }
+    }
+    if schedule.next_kill.is_some_and(|at| at <= now) {
+        schedule.next_kill = next_after(random, flags.kill_rate, now);
+        // Any client, stopped or not: a hung process is what gets `kill -9`.
+        match fleet.pick(random, false) {
+            Some(id) => fleet.kill_and_restart(id)?,
+            None => fleet.skipped += 1,
+        }
+    }
+    if schedule.next_stop.is_some_and(|at| at <= now) {
+        schedule.next_stop = next_after(random, flags.stop_rate, now);
+        match fleet.pick(random, true) {
+            Some(id) => {
+                let hold = Duration::from_secs_f64(0.5 + 2.5 * random.unit());
+                fleet.stop(id, now + hold)?;
+            }
+            None => fleet.skipped += 1,
+        }
+    }
+    Ok(())
+}
+
+/// End the faults: heal the partitions, resume the stopped, let restarts finish (within
+/// [`START_PATIENCE`]), and close every fault window still open.
+fn end_faults(
+    fleet: &mut Fleet,
+    lines: &Receiver<Line>,
+    totals: &mut Option<String>,
+) -> Result<()> {
     for id in 0..fleet.clients.len() as u32 {
         if fleet.clients[id as usize].stopped_until.is_some() {
             fleet.resume(id)?;
@@ -677,7 +774,7 @@ pub fn run(flags: &Flags) -> Result<bool> {
             return Err("interrupted".into());
         }
         thread::sleep(TICK);
-        drain_lines(&mut fleet, &lines, &mut totals);
+        drain_lines(fleet, lines, totals);
         fleet.reap_unexpected()?;
     }
     let end_of_faults = protocol::unix_nanos();
@@ -689,6 +786,12 @@ pub fn run(flags: &Flags) -> Result<bool> {
             end_of_faults
         });
     }
+    Ok(())
+}
+
+/// Ask every client to leave, and wait for each within [`CLIENT_EXIT_PATIENCE`] in all (one
+/// still running then is killed); `Ok(false)` when one failed or hung.
+fn stop_clients(fleet: &mut Fleet) -> Result<bool> {
     for client in &mut fleet.clients {
         if let Some(mut stdin) = client.stdin.take() {
             let _ = stdin.write_all(b"stop\n");
@@ -732,6 +835,12 @@ pub fn run(flags: &Flags) -> Result<bool> {
         client.child = None;
     }
     fleet.lost_to_partition += lost_after_run;
+    Ok(ok)
+}
+
+/// Ask the server to stop, and wait for it within [`SERVER_EXIT_PATIENCE`]; `Ok(false)` when it
+/// failed or hung.
+fn stop_server(fleet: &mut Fleet) -> Result<bool> {
     if let Some(mut stdin) = fleet.server_stdin.take() {
         let _ = stdin.write_all(b"stop\n");
     }
@@ -740,23 +849,27 @@ pub fn run(flags: &Flags) -> Result<bool> {
         None => None,
     };
     match server_status {
-        Some(status) if status.success() => {}
+        Some(status) if status.success() => Ok(true),
         Some(status) => {
             eprintln!("FAIL: the server exited with {status}");
-            ok = false;
+            Ok(false)
         }
         None => {
             eprintln!(
                 "FAIL: the server did not exit within {SERVER_EXIT_PATIENCE:?} (hung): killed"
             );
-            ok = false;
+            Ok(false)
         }
     }
-    // The output threads end with the children: take what is left.
+}
+
+/// The output threads end with the children: take what is left, until the server's totals
+/// arrive (or 2 s pass).
+fn collect_last_lines(fleet: &mut Fleet, lines: &Receiver<Line>, totals: &mut Option<String>) {
     let deadline = Instant::now() + Duration::from_secs(2);
     while totals.is_none() && Instant::now() < deadline {
         match lines.recv_timeout(TICK) {
-            Ok((Who::Server, line)) if line.starts_with("FLEET-TOTALS ") => totals = Some(line),
+            Ok((Who::Server, line)) if line.starts_with("FLEET-TOTALS ") => *totals = Some(line),
             Ok((Who::Server, line)) if line.starts_with("FLEET-DEPARTURE ") => {
                 fleet.departures.push(line);
             }
@@ -768,16 +881,4 @@ pub fn run(flags: &Flags) -> Result<bool> {
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
-    let Some(totals) = totals else {
-        eprintln!("FAIL: the server printed no totals");
-        return Ok(false);
-    };
-    ok &= report::report(flags, &fleet, &totals)?;
-    for exit in &fleet.unexpected_exits {
-        // Nothing but the supervisor ends a client during the run: one that exits on its own
-        // crashed, or its server turned it away.
-        eprintln!("FAIL: {exit}");
-        ok = false;
-    }
-    Ok(ok)
 }

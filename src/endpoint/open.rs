@@ -1,15 +1,20 @@
-//! Opening an endpoint: the hints `fi_getinfo` is asked with, what the provider it chose demands
-//! and allows, the refusals and size checks made before any libfabric object opens, and the
-//! calls that open the fabric, domain, address vector, queues and endpoint.
+//! Opening an endpoint, in named steps: ask `fi_getinfo` (with the hints of `getinfo`) and check
+//! what the provider it chose demands and allows ([`choose`]: the refusals and size checks made
+//! before any libfabric object opens); open the fabric, domain and address vector, the
+//! completion queues, and the endpoint, bound and enabled; put the endpoint together; post its
+//! receives.
 //!
 //! Every check here runs before the first object opens, and a failure part-way through the
 //! opening closes what was opened (the [`Handles`] own it) and names the call that failed.
+
+mod getinfo;
 
 use std::ffi::{CStr, CString};
 use std::mem::ManuallyDrop;
 use std::ptr;
 use std::sync::Arc;
 
+use self::getinfo::{QueueSizes, getinfo_sized, size_misfit};
 #[cfg(doc)] // for the docs' links
 use super::POST_PATIENCE;
 use super::handles::Handles;
@@ -17,7 +22,7 @@ use super::lookup::describe;
 use super::receive::ReceiveSlots;
 use super::sends::Sends;
 use super::wait::{Source, Waiting};
-use super::{LibfabricEndpoint, check, rma};
+use super::{Description, LibfabricEndpoint, check, rma};
 use crate::av::FabricAv;
 use crate::av::fabric as av;
 use crate::cache::AddressCache;
@@ -87,171 +92,70 @@ impl LibfabricEndpoint {
         }
     }
 
+    /// Open an endpoint with `provider` alone, step by step: ask `fi_getinfo` and check what it
+    /// offers ([`choose`]), open the fabric, domain and address vector, the completion queues and
+    /// the endpoint, put the endpoint together ([`Self::assemble`]), and post its receives.
+    ///
+    /// Every check runs before the first object opens; `handles` owns each object as it opens,
+    /// so an error part-way closes exactly what was opened.
     fn open_with(
         configuration: &Configuration,
         provider: Provider,
         node: Option<&CStr>,
     ) -> Result<Self, DmaError> {
         let mut handles = Handles::new();
-        let Some(info) =
-            getinfo_sized(configuration, provider, node, QueueSizes::of(configuration))?
-        else {
-            return Err(size_misfit(configuration, provider, node)
-                .unwrap_or_else(|| crate::configuration::no_data(provider)));
-        };
-        handles.info = info;
-
-        // SAFETY: `info` is the non-null list head fi_getinfo returned; its attribute pointers
-        // are filled in by the provider for every entry.
-        let (description, demands, limits) =
-            unsafe { (describe(info), Demands::of(info), Limits::of(info)) };
-        if let Some(reason) = limits.misfit(configuration, &description.provider) {
-            return Err(DmaError::InvalidArgument(reason));
-        }
-        if let Some(reason) = refusal(provider, &demands) {
-            return Err(DmaError::Unsupported(reason));
-        }
-        crate::configuration::check_chosen(provider, &description.provider)?;
+        let description = choose(&mut handles, configuration, provider, node)?;
         // Before any libfabric object opens: memory that cannot be had is an error, not an abort.
         let receives =
             ReceiveSlots::new(configuration.receive_buffers, configuration.receive_size)?;
-
-        // SAFETY: every call below receives objects opened just above and still open (owned by
-        // `handles`, which closes them on any early return), out-pointers to fields of
-        // `handles`, and attribute structs that live across the call. `info` stays alive until
-        // `handles` drops.
-        let tx_cq_size = unsafe {
-            check(
-                "fi_fabric",
-                sys::fi_fabric(
-                    (*info).fabric_attr,
-                    &raw mut handles.fabric,
-                    ptr::null_mut(),
-                ),
-            )?;
-            check(
-                "fi_domain",
-                sys::fi_domain(
-                    handles.fabric,
-                    info,
-                    &raw mut handles.domain,
-                    ptr::null_mut(),
-                ),
-            )?;
-
-            let mut av_attr = sys::fi_av_attr {
-                type_: sys::FI_AV_TABLE,
-                count: configuration.av_capacity,
-                ..Default::default()
-            };
-            check(
-                "fi_av_open",
-                sys::fi_av_open(
-                    handles.domain,
-                    &raw mut av_attr,
-                    &raw mut handles.av,
-                    ptr::null_mut(),
-                ),
-            )?;
-
-            // Queues that sleep where the provider offers it (see `wait`); else, or if the
-            // provider refuses the wait object after all, queues that are polled.
-            let mut cq_attr = sys::fi_cq_attr {
-                format: sys::FI_CQ_FORMAT_DATA,
-                wait_obj: wait_object(configuration, &description.provider),
-                size: configuration.cq_size,
-                ..Default::default()
-            };
-            if sys::FI_WAIT_NONE != cq_attr.wait_obj {
-                let code = sys::fi_cq_open(
-                    handles.domain,
-                    &raw mut cq_attr,
-                    &raw mut handles.tx_cq,
-                    ptr::null_mut(),
-                );
-                if 0 != code {
-                    tracing::debug!(
-                        code,
-                        "the wait object was refused: the queues will be polled"
-                    );
-                    handles.tx_cq = ptr::null_mut();
-                    cq_attr.wait_obj = sys::FI_WAIT_NONE;
-                }
-            }
-            if handles.tx_cq.is_null() {
-                check(
-                    "fi_cq_open",
-                    sys::fi_cq_open(
-                        handles.domain,
-                        &raw mut cq_attr,
-                        &raw mut handles.tx_cq,
-                        ptr::null_mut(),
-                    ),
-                )?;
-            }
-            check(
-                "fi_cq_open",
-                sys::fi_cq_open(
-                    handles.domain,
-                    &raw mut cq_attr,
-                    &raw mut handles.rx_cq,
-                    ptr::null_mut(),
-                ),
-            )?;
-
-            check(
-                "fi_endpoint",
-                sys::fi_endpoint(handles.domain, info, &raw mut handles.ep, ptr::null_mut()),
-            )?;
-            check(
-                "fi_ep_bind",
-                sys::fi_ep_bind(handles.ep, &raw mut (*handles.av).fid, 0),
-            )?;
-            check(
-                "fi_ep_bind",
-                sys::fi_ep_bind(
-                    handles.ep,
-                    &raw mut (*handles.tx_cq).fid,
-                    sys::FI_TRANSMIT.into(),
-                ),
-            )?;
-            check(
-                "fi_ep_bind",
-                sys::fi_ep_bind(
-                    handles.ep,
-                    &raw mut (*handles.rx_cq).fid,
-                    sys::FI_RECV.into(),
-                ),
-            )?;
-            check("fi_enable", sys::fi_enable(handles.ep))?;
-            (cq_attr.size, cq_attr.wait_obj)
+        // SAFETY: `choose` left in `handles.info` the non-null list fi_getinfo returned, and
+        // nothing is open yet; each step opens, into `handles`, what the next one needs.
+        let queues = unsafe {
+            open_fabric_domain_and_av(&mut handles, configuration)?;
+            let queues =
+                open_completion_queues(&mut handles, configuration, &description.provider)?;
+            open_endpoint(&mut handles)?;
+            queues
         };
-        let (tx_cq_size, wait_obj) = tx_cq_size;
-        let cqs = [handles.tx_cq, handles.rx_cq];
-        let source = if sys::FI_WAIT_FD == wait_obj {
-            // SAFETY: the fabric and both queues are open, with the wait object asked, and stay
-            // open for as long as the slab that keeps the source (the slab is dropped after the
-            // handles close, and used only while the endpoint lives).
-            unsafe { Source::of(handles.fabric, cqs) }
-        } else if sys::FI_WAIT_UNSPEC == wait_obj {
-            // SAFETY: as for `Source::of` just above.
-            Some(unsafe { Source::blocking(handles.fabric, cqs) })
-        } else {
-            None
-        };
+        // SAFETY: the three steps above opened every object in `handles`.
+        let endpoint =
+            unsafe { Self::assemble(configuration, handles, description, receives, queues) }?;
+        endpoint.post_receives()?;
+        tracing::debug!(provider = %endpoint.description.provider, fabric = %endpoint.description.fabric, "endpoint open");
+        Ok(endpoint)
+    }
 
+    /// Put the endpoint together around its open objects: the completion queues' wait source,
+    /// the send slots (as many as the transmit queue and its completion queue hold), the RMA
+    /// operations, and the address cache over the address vector.
+    ///
+    /// # Safety
+    /// `handles` holds the list `fi_getinfo` returned and every object open, as
+    /// [`open_fabric_domain_and_av`], [`open_completion_queues`] (which returned `queues`) and
+    /// [`open_endpoint`] leave them.
+    unsafe fn assemble(
+        configuration: &Configuration,
+        handles: Handles,
+        mut description: Description,
+        receives: ReceiveSlots,
+        queues: CompletionQueues,
+    ) -> Result<Self, DmaError> {
+        let info = handles.info;
+        // SAFETY: the fabric and both queues are open, with the wait object asked, and stay
+        // open for as long as the slab that keeps the source (the slab is dropped after the
+        // handles close, and used only while the endpoint lives).
+        let source = unsafe { wait_source(&handles, queues.wait_obj) };
         // Unregistered in `Drop`, before `handles` closes the AV.
         let handed_out = av::register(handles.av, configuration.av_capacity);
         // As many sends in flight as the transmit queue and its completion queue hold.
         // SAFETY: `info` is the list head fi_getinfo returned, alive as long as `handles`.
         let tx_size = unsafe { (*(*info).tx_attr).size };
         let sends = Sends::new(
-            tx_size.min(tx_cq_size),
+            tx_size.min(queues.size),
             configuration.receive_size,
             configuration.av_capacity,
             Arc::clone(&handed_out),
         )?;
-        let mut description = description;
         description.max_send_size = sends.size();
         description.max_sends_in_flight = sends.capacity();
         description.max_sends_in_flight_per_peer = sends.peer_limit();
@@ -260,7 +164,7 @@ impl LibfabricEndpoint {
             rma::Operations::new(
                 info,
                 configuration.rma,
-                tx_cq_size,
+                queues.size,
                 source,
                 sends,
                 Arc::clone(&handed_out),
@@ -273,7 +177,7 @@ impl LibfabricEndpoint {
             configuration.av_capacity,
             Arc::clone(&handed_out),
         );
-        let endpoint = Self {
+        Ok(Self {
             peers: ManuallyDrop::new(
                 AddressCache::with_backend(backend).with_patience(configuration.cache_patience),
             ),
@@ -286,77 +190,236 @@ impl LibfabricEndpoint {
             #[cfg(test)]
             posts_ask_to_retry: std::sync::atomic::AtomicBool::new(false),
             operations,
-        };
-        for index in 0..endpoint.receives.len() {
-            endpoint.post_patiently(index)?;
+        })
+    }
+
+    /// Post every receive slot, each retried with progress for at most [`POST_PATIENCE`].
+    fn post_receives(&self) -> Result<(), DmaError> {
+        for index in 0..self.receives.len() {
+            self.post_patiently(index)?;
         }
-        tracing::debug!(provider = %endpoint.description.provider, fabric = %endpoint.description.fabric, "endpoint open");
-        Ok(endpoint)
+        Ok(())
     }
 }
 
-/// What the hints offer a provider: the modes, threading and memory-registration modes the
-/// endpoint asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Hints {
-    /// `fi_info.mode`: what the application is prepared to do for the provider.
-    mode: u64,
-    /// `domain_attr.threading`.
-    threading: u32,
-    /// `domain_attr.mr_mode`.
-    mr_mode: i32,
-    /// `tx_attr.op_flags`: the completion semantics of every transmit.
-    tx_op_flags: u64,
-    /// Secondary capabilities asked for besides `FI_MSG` (and `FI_RMA`, `FI_HMEM` as configured).
-    caps: u64,
+/// Ask `fi_getinfo` for `provider` and check what it offers against `configuration`, before any
+/// libfabric object opens: the list it returns goes into `handles.info` (freed with `handles` on
+/// any error), and the chosen provider's description comes back.
+///
+/// # Errors
+/// [`DmaError::InvalidArgument`] for a size past the provider's bounds; what
+/// `configuration::no_data` says when nothing is offered; [`DmaError::Unsupported`] for a
+/// provider the endpoint refuses ([`refusal`]); what `configuration::check_chosen` says of the
+/// provider `fi_getinfo` chose.
+fn choose(
+    handles: &mut Handles,
+    configuration: &Configuration,
+    provider: Provider,
+    node: Option<&CStr>,
+) -> Result<Description, DmaError> {
+    let Some(info) = getinfo_sized(configuration, provider, node, QueueSizes::of(configuration))?
+    else {
+        return Err(size_misfit(configuration, provider, node)
+            .unwrap_or_else(|| crate::configuration::no_data(provider)));
+    };
+    handles.info = info;
+    // SAFETY: `info` is the non-null list head fi_getinfo returned; its attribute pointers are
+    // filled in by the provider for every entry.
+    let (description, demands, limits) =
+        unsafe { (describe(info), Demands::of(info), Limits::of(info)) };
+    if let Some(reason) = limits.misfit(configuration, &description.provider) {
+        return Err(DmaError::InvalidArgument(reason));
+    }
+    if let Some(reason) = refusal(provider, &demands) {
+        return Err(DmaError::Unsupported(reason));
+    }
+    crate::configuration::check_chosen(provider, &description.provider)?;
+    Ok(description)
 }
 
-impl Hints {
-    /// The hints for `provider`: exactly what it asks for where that is known, so `fi_getinfo`
-    /// finds it and [`refusal`] can then say what the endpoint cannot honour.
-    ///
-    /// efa-direct (libfabric 2.6.0, `prov/efa/src/efa_prov_info.c`) requires `FI_CONTEXT2`
-    /// (line 475) and `FI_MR_LOCAL` (line 49), and its domain is `FI_THREAD_DOMAIN` (line 45);
-    /// hints without them never match it. The receive slots' contexts are `fi_context2`, so
-    /// `FI_CONTEXT2` is honoured; the other two are refused at `open`.
-    ///
-    /// tcp (under rxm, which hands `FI_TRANSMIT_COMPLETE` down to its tcp connections, and
-    /// native) is asked for `FI_TRANSMIT_COMPLETE`, which tcp implements as an acknowledgement
-    /// from the peer's provider: without it a send completes once it is in the socket, so a peer
-    /// that stopped reading absorbed tens of thousands of sends (the kernel's buffers) before
-    /// completions stopped, and a send written just before a peer died completed `Ok`. With it,
-    /// the count of sends in flight (see `sends`) bounds what a stopped peer holds, and a send
-    /// to a dead peer completes with an error. Measured on libfabric 1.17 and 2.6.0.
-    ///
-    /// tcp (under rxm, and native on 2.x) is asked for `FI_SOURCE`, so a receive's completion
-    /// names its sender (see `endpoint::senders`); rxm offers it only when asked
-    /// (`rxm_alter_info`, `rxm_init.c`), and native tcp offers it on its shared receive context
-    /// (`XNET_SRX_CAPS`, `prov/tcp/src/xnet_attr.c`, 2.6.0).
-    fn for_provider(provider: Provider) -> Self {
-        let mr_mode = (sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY) as i32;
-        match provider {
-            Provider::EfaDirect => Self {
-                mode: sys::FI_CONTEXT | sys::FI_CONTEXT2,
-                threading: sys::FI_THREAD_DOMAIN,
-                mr_mode: mr_mode | sys::FI_MR_LOCAL as i32,
-                tx_op_flags: 0,
-                caps: 0,
-            },
-            Provider::Tcp | Provider::TcpNative => Self {
-                mode: sys::FI_CONTEXT,
-                threading: sys::FI_THREAD_SAFE,
-                mr_mode,
-                tx_op_flags: u64::from(sys::FI_TRANSMIT_COMPLETE),
-                caps: sys::FI_SOURCE,
-            },
-            _ => Self {
-                mode: sys::FI_CONTEXT,
-                threading: sys::FI_THREAD_SAFE,
-                mr_mode,
-                tx_op_flags: 0,
-                caps: 0,
-            },
+/// Open the fabric, the domain and the address vector (a table of `av_capacity` entries) into
+/// `handles`.
+///
+/// # Safety
+/// `handles.info` is the non-null list `fi_getinfo` returned, and nothing in `handles` is open.
+unsafe fn open_fabric_domain_and_av(
+    handles: &mut Handles,
+    configuration: &Configuration,
+) -> Result<(), DmaError> {
+    let info = handles.info;
+    // SAFETY: `info` is the list the caller promises, alive until `handles` drops; each call
+    // receives objects opened just above (owned by `handles`, which closes them on any early
+    // return), out-pointers to fields of `handles`, and attribute structs that live across it.
+    unsafe {
+        check(
+            "fi_fabric",
+            sys::fi_fabric(
+                (*info).fabric_attr,
+                &raw mut handles.fabric,
+                ptr::null_mut(),
+            ),
+        )?;
+        check(
+            "fi_domain",
+            sys::fi_domain(
+                handles.fabric,
+                info,
+                &raw mut handles.domain,
+                ptr::null_mut(),
+            ),
+        )?;
+        let mut av_attr = sys::fi_av_attr {
+            type_: sys::FI_AV_TABLE,
+            count: configuration.av_capacity,
+            ..Default::default()
+        };
+        check(
+            "fi_av_open",
+            sys::fi_av_open(
+                handles.domain,
+                &raw mut av_attr,
+                &raw mut handles.av,
+                ptr::null_mut(),
+            ),
+        )
+    }
+}
+
+/// The completion queues as they were opened: their depth (the provider may round the asked
+/// `cq_size` up) and the wait object they have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CompletionQueues {
+    /// `fi_cq_attr.size` after the queues opened.
+    size: usize,
+    /// `fi_cq_attr.wait_obj`: `FI_WAIT_NONE` when the queues are polled.
+    wait_obj: sys::fi_wait_obj,
+}
+
+/// Open the transmit and receive completion queues into `handles`: queues that sleep where the
+/// provider offers it (see `wait`); else, or if the provider refuses the wait object after all,
+/// queues that are polled.
+///
+/// # Safety
+/// `handles.domain` is open ([`open_fabric_domain_and_av`]), and no queue is open yet.
+unsafe fn open_completion_queues(
+    handles: &mut Handles,
+    configuration: &Configuration,
+    provider: &str,
+) -> Result<CompletionQueues, DmaError> {
+    let mut cq_attr = sys::fi_cq_attr {
+        format: sys::FI_CQ_FORMAT_DATA,
+        wait_obj: wait_object(configuration, provider),
+        size: configuration.cq_size,
+        ..Default::default()
+    };
+    // SAFETY: the domain is open (the caller promises it) and owned by `handles`, which closes
+    // any queue opened here on an early return; the out-pointers are fields of `handles`, and
+    // `cq_attr` lives across every call.
+    unsafe {
+        if sys::FI_WAIT_NONE != cq_attr.wait_obj {
+            let code = sys::fi_cq_open(
+                handles.domain,
+                &raw mut cq_attr,
+                &raw mut handles.tx_cq,
+                ptr::null_mut(),
+            );
+            if 0 != code {
+                tracing::debug!(
+                    code,
+                    "the wait object was refused: the queues will be polled"
+                );
+                handles.tx_cq = ptr::null_mut();
+                cq_attr.wait_obj = sys::FI_WAIT_NONE;
+            }
         }
+        if handles.tx_cq.is_null() {
+            check(
+                "fi_cq_open",
+                sys::fi_cq_open(
+                    handles.domain,
+                    &raw mut cq_attr,
+                    &raw mut handles.tx_cq,
+                    ptr::null_mut(),
+                ),
+            )?;
+        }
+        check(
+            "fi_cq_open",
+            sys::fi_cq_open(
+                handles.domain,
+                &raw mut cq_attr,
+                &raw mut handles.rx_cq,
+                ptr::null_mut(),
+            ),
+        )?;
+    }
+    Ok(CompletionQueues {
+        size: cq_attr.size,
+        wait_obj: cq_attr.wait_obj,
+    })
+}
+
+/// Open the endpoint into `handles`, bind it to the address vector and to its transmit and
+/// receive completion queues, and enable it.
+///
+/// # Safety
+/// `handles.info` is the list `fi_getinfo` returned, and the domain, the address vector and both
+/// completion queues are open ([`open_fabric_domain_and_av`], [`open_completion_queues`]).
+unsafe fn open_endpoint(handles: &mut Handles) -> Result<(), DmaError> {
+    // SAFETY: every object passed is open (the caller promises it) and owned by `handles`, which
+    // closes the endpoint opened here on an early return; `fid` is the first member of each
+    // object, so `&raw mut (*x).fid` is the object's fid.
+    unsafe {
+        check(
+            "fi_endpoint",
+            sys::fi_endpoint(
+                handles.domain,
+                handles.info,
+                &raw mut handles.ep,
+                ptr::null_mut(),
+            ),
+        )?;
+        check(
+            "fi_ep_bind",
+            sys::fi_ep_bind(handles.ep, &raw mut (*handles.av).fid, 0),
+        )?;
+        check(
+            "fi_ep_bind",
+            sys::fi_ep_bind(
+                handles.ep,
+                &raw mut (*handles.tx_cq).fid,
+                sys::FI_TRANSMIT.into(),
+            ),
+        )?;
+        check(
+            "fi_ep_bind",
+            sys::fi_ep_bind(
+                handles.ep,
+                &raw mut (*handles.rx_cq).fid,
+                sys::FI_RECV.into(),
+            ),
+        )?;
+        check("fi_enable", sys::fi_enable(handles.ep))
+    }
+}
+
+/// How the endpoint waits for its completion queues with wait object `wait_obj`: a file
+/// descriptor to poll (`FI_WAIT_FD`), a thread that blocks in `fi_cq_sread` (`FI_WAIT_UNSPEC`),
+/// or nothing (`None`: polled).
+///
+/// # Safety
+/// The fabric and both completion queues in `handles` are open, with `wait_obj` asked, and stay
+/// open for as long as the returned source is used.
+unsafe fn wait_source(handles: &Handles, wait_obj: sys::fi_wait_obj) -> Option<Source> {
+    let cqs = [handles.tx_cq, handles.rx_cq];
+    if sys::FI_WAIT_FD == wait_obj {
+        // SAFETY: the caller promises what `Source::of` requires.
+        unsafe { Source::of(handles.fabric, cqs) }
+    } else if sys::FI_WAIT_UNSPEC == wait_obj {
+        // SAFETY: as for `Source::of` just above.
+        Some(unsafe { Source::blocking(handles.fabric, cqs) })
+    } else {
+        None
     }
 }
 
@@ -490,194 +553,11 @@ fn refusal(provider: Provider, demands: &Demands) -> Option<String> {
     (!reasons.is_empty()).then(|| format!("{provider} is refused: {}", reasons.join("; and ")))
 }
 
-/// Queue depths to ask `fi_getinfo` for (`tx_attr.size`, `rx_attr.size`); 0 takes the
-/// provider's default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct QueueSizes {
-    tx: usize,
-    rx: usize,
-}
-
-impl QueueSizes {
-    /// What `configuration` asks for.
-    fn of(configuration: &Configuration) -> Self {
-        Self {
-            tx: configuration.tx_size.unwrap_or(0),
-            rx: configuration.rx_size.unwrap_or(0),
-        }
-    }
-}
-
-/// One of an endpoint's two queues whose depth the configuration may ask for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Queue {
-    Transmit,
-    Receive,
-}
-
-impl Queue {
-    /// The configuration's depth for this queue, if it asks for one.
-    fn asked(self, configuration: &Configuration) -> Option<usize> {
-        match self {
-            Self::Transmit => configuration.tx_size,
-            Self::Receive => configuration.rx_size,
-        }
-        .filter(|&size| size > 0)
-    }
-
-    /// Hints that ask `size` of this queue and the provider's default of the other.
-    fn sizes(self, size: usize) -> QueueSizes {
-        match self {
-            Self::Transmit => QueueSizes { tx: size, rx: 0 },
-            Self::Receive => QueueSizes { tx: 0, rx: size },
-        }
-    }
-
-    /// The configuration field and the `fi_info` attribute.
-    fn names(self) -> (&'static str, &'static str) {
-        match self {
-            Self::Transmit => ("tx_size", "tx_attr.size"),
-            Self::Receive => ("rx_size", "rx_attr.size"),
-        }
-    }
-}
-
-/// When `fi_getinfo` offered nothing for the configuration's queue depths, whether a depth is
-/// why, as an error naming the depth and the provider's bound: the largest depth its
-/// `fi_getinfo` accepts, found by bisection (at most 64 calls, on this error path only).
-///
-/// The provider's bound is not in any `fi_info` it returns: without a size hint rxm reports its
-/// default (2,048, or `FI_OFI_RXM_TX_SIZE`/`FI_OFI_RXM_RX_SIZE`), and accepts hints up to its
-/// maximum (16,384 for transmits and 65,536 for receives in libfabric 1.17 and 2.6.0, `RXM_TX_SIZE`
-/// and `RXM_RX_SIZE`), answering `-FI_ENODATA` past it rather than a shallower queue. `None`
-/// when neither depth is why (the provider offers nothing here at all, or offers each depth
-/// alone).
-fn size_misfit(
-    configuration: &Configuration,
-    provider: Provider,
-    node: Option<&CStr>,
-) -> Option<DmaError> {
-    let offers = |sizes| {
-        getinfo_sized(configuration, provider, node, sizes)
-            .ok()
-            .flatten()
-            .is_some_and(|info| {
-                // SAFETY: the list fi_getinfo returned, freed once, here; nothing else holds it.
-                unsafe { sys::fi_freeinfo(info) };
-                true
-            })
-    };
-    for queue in [Queue::Transmit, Queue::Receive] {
-        let Some(asked) = queue.asked(configuration) else {
-            continue;
-        };
-        if offers(queue.sizes(asked)) {
-            continue;
-        }
-        if !offers(queue.sizes(0)) {
-            return None;
-        }
-        let (mut accepted, mut refused) = (0, asked);
-        while refused - accepted > 1 {
-            let middle = accepted + (refused - accepted) / 2;
-            if offers(queue.sizes(middle)) {
-                accepted = middle;
-            } else {
-                refused = middle;
-            }
-        }
-        let (field, attribute) = queue.names();
-        return Some(DmaError::InvalidArgument(format!(
-            "{field} is {asked}, above the bound of {accepted} that {} offers (the deepest \
-             {attribute} its fi_getinfo accepts): lower Configuration::{field} to {accepted} or \
-             less, or None for the provider's default",
-            provider.name()
-        )));
-    }
-    None
-}
-
-/// `fi_getinfo` for a reliable-datagram, table-AV endpoint of `provider`, with the
-/// [`Hints`] it asks for and queue depths `sizes`; `None` when it offers nothing
-/// (`-FI_ENODATA`).
-fn getinfo_sized(
-    configuration: &Configuration,
-    provider: Provider,
-    node: Option<&CStr>,
-    sizes: QueueSizes,
-) -> Result<Option<*mut sys::fi_info>, DmaError> {
-    // SAFETY: fi_allocinfo returns a zeroed info with its attribute structs allocated, or null.
-    let hints = unsafe { sys::fi_allocinfo() };
-    if hints.is_null() {
-        return Err(DmaError::fabric("fi_allocinfo", -(sys::FI_ENOMEM as i64)));
-    }
-    let mut info = ptr::null_mut();
-    let name = CString::new(provider.name())
-        .map_err(|_| DmaError::InvalidArgument("provider name".into()))?;
-    let fabric = provider
-        .fabric()
-        .map(CString::new)
-        .transpose()
-        .map_err(|_| DmaError::InvalidArgument("fabric name".into()))?;
-    let wanted = Hints::for_provider(provider);
-    // SAFETY: `hints` is a fresh info whose attribute pointers fi_allocinfo filled in; the names
-    // are copied onto the C heap by the shim (fi_freeinfo frees them); fi_getinfo writes one list
-    // head into `info`; `hints` is freed once, after the call.
-    let code = unsafe {
-        (*hints).caps = u64::from(sys::FI_MSG) | wanted.caps;
-        (*hints).mode = wanted.mode;
-        (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
-        (*(*hints).domain_attr).threading = wanted.threading;
-        (*(*hints).domain_attr).av_type = sys::FI_AV_TABLE;
-        (*(*hints).domain_attr).mr_mode = wanted.mr_mode;
-        (*(*hints).tx_attr).size = sizes.tx;
-        (*(*hints).rx_attr).size = sizes.rx;
-        (*(*hints).tx_attr).op_flags = wanted.tx_op_flags;
-        if configuration.rma {
-            // RMA: registered memory honours FI_MR_ENDPOINT too (see `memory`); FI_MR_LOCAL is
-            // not offered, because receive buffers are not registered.
-            (*hints).caps |= u64::from(sys::FI_RMA);
-            (*(*hints).domain_attr).mr_mode |= sys::FI_MR_ENDPOINT as i32;
-        }
-        if configuration.hmem {
-            // Device memory, registered through fi_mr_regattr (see `buffer`).
-            (*hints).caps |= sys::FI_HMEM;
-        }
-        let mut code = sys::dmafab_set_provider_name(hints, name.as_ptr());
-        if 0 == code {
-            if let Some(fabric) = &fabric {
-                code = sys::dmafab_set_fabric_name(hints, fabric.as_ptr());
-            }
-        }
-        if 0 == code {
-            crate::configuration::before_getinfo(configuration);
-            let flags = if node.is_some() { sys::FI_SOURCE } else { 0 };
-            code = sys::fi_getinfo(
-                sys::dmafab_version(),
-                node.map_or(ptr::null(), CStr::as_ptr),
-                ptr::null(),
-                flags,
-                hints,
-                &raw mut info,
-            );
-        }
-        sys::fi_freeinfo(hints);
-        code
-    };
-    if code == -(sys::FI_ENODATA as i32) {
-        return Ok(None);
-    }
-    check("fi_getinfo", code)?;
-    if info.is_null() {
-        return Err(DmaError::fabric("fi_getinfo", -(sys::FI_ENODATA as i64)));
-    }
-    Ok(Some(info))
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
+    use super::getinfo::Hints;
     use super::*;
 
     /// What efa-direct demands (libfabric 2.6.0 `prov/efa/src/efa_prov_info.c`), which no device

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::Fleet;
+use super::{Fleet, Window};
 use crate::protocol::Sample;
 use crate::{Flags, Result};
 
@@ -109,50 +109,144 @@ fn millis(nanos: u64) -> String {
     format!("{:.2} ms", nanos as f64 / 1e6)
 }
 
-/// Print the table; `Ok(false)` when a requirement failed.
-pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool> {
-    let totals: HashMap<&str, &str> = totals
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|pair| pair.split_once('='))
-        .collect();
-    let number = |key: &str| -> Result<u64> {
-        totals
+/// The server's `FLEET-TOTALS` line, as `key=value` fields.
+struct Totals<'a> {
+    fields: HashMap<&'a str, &'a str>,
+}
+
+impl<'a> Totals<'a> {
+    /// The fields of `line` (after its first word).
+    fn parse(line: &'a str) -> Self {
+        Self {
+            fields: line
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|pair| pair.split_once('='))
+                .collect(),
+        }
+    }
+
+    /// The number in field `key`: an error naming it when it is missing or not a number.
+    fn number(&self, key: &str) -> Result<u64> {
+        self.fields
             .get(key)
             .ok_or_else(|| format!("the server's totals lack {key}"))?
             .parse::<u64>()
             .map_err(|error| format!("the server's {key}: {error}").into())
-    };
-    let (posted, ok_writes, error_writes, in_flight) = (
-        number("posted")?,
-        number("ok")?,
-        number("error")?,
-        number("in_flight")?,
-    );
-    let without_completion = posted.saturating_sub(ok_writes + error_writes);
-    let (misdirected, checked, corrupt) = (
-        number("misdirected")?,
-        number("checked")?,
-        number("corrupt")?,
-    );
-    let (leases, av_entries) = (number("leases")?, number("av_entries")?);
+    }
+}
 
-    // Other clients' post-to-completion, during faults and without.
-    let bytes = std::fs::read(fleet.scratch.join("samples"))?;
-    let mut during = Vec::new();
-    let mut without = Vec::new();
-    // Writes to a client while it was stopped, and while it was cut off.
-    let mut to_stopped = Vec::new();
-    let mut to_cut = Vec::new();
-    let mut windows = fleet.windows.clone();
-    windows.sort_by_key(|window| window.start);
-    let (mut first, mut last) = (u64::MAX, 0_u64);
-    for sample in bytes.chunks_exact(16).filter_map(Sample::from_bytes) {
+/// What became of the writes, by the server's count and the clients'.
+struct Writes {
+    posted: u64,
+    ok: u64,
+    error: u64,
+    /// What the endpoint counts in flight at the end.
+    in_flight: u64,
+    /// Posted, and neither completed ok nor with an error.
+    without_completion: u64,
+    misdirected: u64,
+    checked: u64,
+    corrupt: u64,
+    leases: u64,
+    av_entries: u64,
+}
+
+impl Writes {
+    /// The writes' figures in `totals`.
+    fn of(totals: &Totals<'_>) -> Result<Self> {
+        let (posted, ok, error, in_flight) = (
+            totals.number("posted")?,
+            totals.number("ok")?,
+            totals.number("error")?,
+            totals.number("in_flight")?,
+        );
+        let (misdirected, checked, corrupt) = (
+            totals.number("misdirected")?,
+            totals.number("checked")?,
+            totals.number("corrupt")?,
+        );
+        let (leases, av_entries) = (totals.number("leases")?, totals.number("av_entries")?);
+        Ok(Self {
+            posted,
+            ok,
+            error,
+            in_flight,
+            without_completion: posted.saturating_sub(ok + error),
+            misdirected,
+            checked,
+            corrupt,
+            leases,
+            av_entries,
+        })
+    }
+}
+
+/// The server's post-to-completion samples, sorted into what the faults did to them.
+struct Latencies {
+    /// Other clients' post-to-completion during a fault, sorted.
+    during: Vec<u64>,
+    /// Post-to-completion while no fault went on, sorted.
+    without: Vec<u64>,
+    /// Writes to a client while it was stopped, sorted.
+    to_stopped: Vec<u64>,
+    /// Writes to a client while it was cut off, sorted.
+    to_cut: Vec<u64>,
+    /// The time within the sampled span that some fault window covers, and the rest.
+    during_nanos: u64,
+    without_nanos: u64,
+}
+
+impl Latencies {
+    /// Read the samples the server wrote to the scratch directory, and sort each into the fault
+    /// windows it was posted in.
+    fn read(fleet: &Fleet) -> Result<Self> {
+        let bytes = std::fs::read(fleet.scratch.join("samples"))?;
+        let mut latencies = Self {
+            during: Vec::new(),
+            without: Vec::new(),
+            to_stopped: Vec::new(),
+            to_cut: Vec::new(),
+            during_nanos: 0,
+            without_nanos: 0,
+        };
+        let mut windows = fleet.windows.clone();
+        windows.sort_by_key(|window| window.start);
+        let (mut first, mut last) = (u64::MAX, 0_u64);
+        for sample in bytes.chunks_exact(16).filter_map(Sample::from_bytes) {
+            latencies.add(&windows, &sample);
+            first = first.min(sample.posted);
+            last = last.max(sample.posted);
+        }
+        latencies.during.sort_unstable();
+        latencies.without.sort_unstable();
+        latencies.to_stopped.sort_unstable();
+        latencies.to_cut.sort_unstable();
+        // Other clients' completed writes a second, during faults and without: the time covered
+        // by some fault window, within the sampled span, and the rest.
+        let mut covered_to = first;
+        for window in &windows {
+            let start = window.start.clamp(first, last).max(covered_to);
+            let end = window.end.unwrap_or(last).clamp(first, last);
+            if start < end {
+                latencies.during_nanos += end - start;
+                covered_to = end;
+            }
+        }
+        latencies.without_nanos = last
+            .saturating_sub(first)
+            .saturating_sub(latencies.during_nanos);
+        Ok(latencies)
+    }
+
+    /// Sort `sample` by the `windows` (sorted by start) it was posted in: a write to the faulty
+    /// client itself counts apart, to a stopped or a cut-off one.
+    fn add(&mut self, windows: &[Window], sample: &Sample) {
         let mut active = false;
         let mut own = false;
         let mut own_stop = false;
         let mut own_cut = false;
-        for window in &windows {
+        for window in windows {
             if window.start > sample.posted {
                 break;
             }
@@ -164,45 +258,36 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
             }
         }
         if own_stop {
-            to_stopped.push(sample.latency_nanos());
+            self.to_stopped.push(sample.latency_nanos());
         }
         if own_cut {
-            to_cut.push(sample.latency_nanos());
+            self.to_cut.push(sample.latency_nanos());
         }
-        first = first.min(sample.posted);
-        last = last.max(sample.posted);
         match (active, own) {
-            (false, _) => without.push(sample.latency_nanos()),
-            (true, false) => during.push(sample.latency_nanos()),
+            (false, _) => self.without.push(sample.latency_nanos()),
+            (true, false) => self.during.push(sample.latency_nanos()),
             (true, true) => {}
         }
     }
-    during.sort_unstable();
-    without.sort_unstable();
-    to_stopped.sort_unstable();
-    to_cut.sort_unstable();
-    // Other clients' completed writes a second, during faults and without: the time covered by
-    // some fault window, within the sampled span, and the rest.
-    let mut during_nanos = 0_u64;
-    let mut covered_to = first;
-    for window in &windows {
-        let start = window.start.clamp(first, last).max(covered_to);
-        let end = window.end.unwrap_or(last).clamp(first, last);
-        if start < end {
-            during_nanos += end - start;
-            covered_to = end;
-        }
-    }
-    let without_nanos = last.saturating_sub(first).saturating_sub(during_nanos);
-    let rate = |count: usize, nanos: u64| {
-        if 0 == nanos {
-            "-".to_string()
-        } else {
-            format!("{:.0}/s", count as f64 * 1e9 / nanos as f64)
-        }
-    };
-    let (p99_during, p99_without) = (p99(&during), p99(&without));
+}
 
+/// Print the table, the details and the failures; `Ok(false)` when a requirement failed.
+pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool> {
+    let totals = Totals::parse(totals);
+    let writes = Writes::of(&totals)?;
+    let latencies = Latencies::read(fleet)?;
+    print_table(fleet, &totals, &writes, &latencies)?;
+    print_details(flags, fleet, &totals, &latencies)?;
+    Ok(check(fleet, &writes, &latencies))
+}
+
+/// The table whose rows other code reads.
+fn print_table(
+    fleet: &Fleet,
+    totals: &Totals<'_>,
+    writes: &Writes,
+    latencies: &Latencies,
+) -> Result<()> {
     let rows: Vec<(&str, String)> = vec![
         ("client processes started", fleet.started.to_string()),
         (
@@ -214,37 +299,65 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
             fleet.stopped.to_string(),
         ),
         ("partitions", fleet.partitions.to_string()),
-        ("writes posted", posted.to_string()),
-        ("writes completed ok", ok_writes.to_string()),
-        ("writes completed with error", error_writes.to_string()),
+        ("writes posted", writes.posted.to_string()),
+        ("writes completed ok", writes.ok.to_string()),
+        ("writes completed with error", writes.error.to_string()),
         (
             "writes without a completion",
-            without_completion.to_string(),
+            writes.without_completion.to_string(),
         ),
-        ("writes misdirected", misdirected.to_string()),
-        ("records checked by clients", checked.to_string()),
-        ("records corrupt", corrupt.to_string()),
+        ("writes misdirected", writes.misdirected.to_string()),
+        ("records checked by clients", writes.checked.to_string()),
+        ("records corrupt", writes.corrupt.to_string()),
         (
             "longest time a departed peer held a lease",
-            millis(number("longest_lease_ns")?),
+            millis(totals.number("longest_lease_ns")?),
         ),
         (
             "p99 post-to-completion, other clients, during faults / without",
             format!(
                 "{} / {}",
-                p99_during.map_or("-".into(), millis),
-                p99_without.map_or("-".into(), millis)
+                p99(&latencies.during).map_or("-".into(), millis),
+                p99(&latencies.without).map_or("-".into(), millis)
             ),
         ),
-        ("leases left after shutdown", leases.to_string()),
-        ("AV entries left after shutdown", av_entries.to_string()),
+        ("leases left after shutdown", writes.leases.to_string()),
+        (
+            "AV entries left after shutdown",
+            writes.av_entries.to_string(),
+        ),
     ];
     testkit::demo::print_table(&rows);
+    Ok(())
+}
+
+/// The `details:` lines below the table.
+fn print_details(
+    flags: &Flags,
+    fleet: &Fleet,
+    totals: &Totals<'_>,
+    latencies: &Latencies,
+) -> Result<()> {
+    let Latencies {
+        during,
+        without,
+        to_stopped,
+        to_cut,
+        during_nanos,
+        without_nanos,
+    } = latencies;
+    let rate = |count: usize, nanos: u64| {
+        if 0 == nanos {
+            "-".to_string()
+        } else {
+            format!("{:.0}/s", count as f64 * 1e9 / nanos as f64)
+        }
+    };
     println!(
         "details: writes posted to a client while it was stopped {}, their post-to-completion \
          p99 {} and longest {}",
         to_stopped.len(),
-        p99(&to_stopped).map_or("-".into(), millis),
+        p99(to_stopped).map_or("-".into(), millis),
         to_stopped.last().map_or("-".into(), |&p| millis(p))
     );
     if 0 < fleet.partitions {
@@ -253,7 +366,7 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
              p99 {} and longest {}; partitions for good {}, clients that lost their connections \
              to a partition (restarted) {}",
             to_cut.len(),
-            p99(&to_cut).map_or("-".into(), millis),
+            p99(to_cut).map_or("-".into(), millis),
             to_cut.last().map_or("-".into(), |&p| millis(p)),
             fleet.partitions_for_good,
             fleet.lost_to_partition,
@@ -264,10 +377,10 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
     println!(
         "details: other clients' completed writes during faults / without {} / {} (over {:.1} s / \
          {:.1} s); error completions by error: {}",
-        rate(during.len(), during_nanos),
-        rate(without.len(), without_nanos),
-        during_nanos as f64 / 1e9,
-        without_nanos as f64 / 1e9,
+        rate(during.len(), *during_nanos),
+        rate(without.len(), *without_nanos),
+        *during_nanos as f64 / 1e9,
+        *without_nanos as f64 / 1e9,
         fleet
             .errors
             .as_deref()
@@ -280,16 +393,16 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
          in flight seen {}, fi_av_insert / fi_av_remove {} / {}, \
          clients that sent a last report {} of {} registrations, samples during faults / \
          without {} / {}, faults skipped (no eligible client) {}{}",
-        totals.get("provider").unwrap_or(&"?"),
-        number("not_posted")?,
-        number("departures")?,
-        number("error_departures")?,
-        number("deadline_departures")?,
-        millis(number("oldest_write_ns")?),
-        number("inserts")?,
-        number("removes")?,
-        number("reported_last")?,
-        number("registrations")?,
+        totals.fields.get("provider").unwrap_or(&"?"),
+        totals.number("not_posted")?,
+        totals.number("departures")?,
+        totals.number("error_departures")?,
+        totals.number("deadline_departures")?,
+        millis(totals.number("oldest_write_ns")?),
+        totals.number("inserts")?,
+        totals.number("removes")?,
+        totals.number("reported_last")?,
+        totals.number("registrations")?,
         during.len(),
         without.len(),
         fleet.skipped,
@@ -302,16 +415,30 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
             String::new()
         }
     );
+    Ok(())
+}
 
+/// The requirements: each that failed said on stderr (`FAIL:`), `ok:` on stdout when all held;
+/// whether all held.
+fn check(fleet: &Fleet, writes: &Writes, latencies: &Latencies) -> bool {
     let mut ok = true;
     let mut fail = |message: String| {
         eprintln!("FAIL: {message}");
         ok = false;
     };
-    if 0 < misdirected {
+    let Writes {
+        misdirected,
+        corrupt,
+        without_completion,
+        in_flight,
+        leases,
+        av_entries,
+        ..
+    } = writes;
+    if 0 < *misdirected {
         fail(format!("{misdirected} records landed in the wrong client"));
     }
-    if 0 < corrupt {
+    if 0 < *corrupt {
         fail(format!("{corrupt} records were corrupt"));
     }
     if without_completion != in_flight {
@@ -319,13 +446,13 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
             "{without_completion} writes have no completion but the endpoint counts {in_flight} in flight"
         ));
     }
-    if 0 < leases {
+    if 0 < *leases {
         fail(format!("{leases} leases left after shutdown"));
     }
-    if 0 < av_entries {
+    if 0 < *av_entries {
         fail(format!("{av_entries} AV entries left after shutdown"));
     }
-    match (p99_during, p99_without) {
+    match (p99(&latencies.during), p99(&latencies.without)) {
         (Some(during), Some(without)) => {
             let ratio = during as f64 / without.max(P99_FLOOR_NANOS) as f64;
             if ratio > P99_BOUND {
@@ -342,5 +469,5 @@ pub(super) fn report(flags: &Flags, fleet: &Fleet, totals: &str) -> Result<bool>
     if ok {
         println!("ok: every requirement held");
     }
-    Ok(ok)
+    ok
 }
