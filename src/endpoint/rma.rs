@@ -121,7 +121,8 @@ impl LibfabricEndpoint {
     pub const DRAIN_PATIENCE: Duration = Duration::from_secs(2);
 
     rma_calls! {
-        lease: Lease<'_>, local: Segment<'_>, remote: RemoteRegion, patience: Duration::from_secs(1);
+        lease: Lease<'_>, local: Segment<'_>, remote: RemoteRegion,
+        patience: Duration::from_secs(1);
         /// `fi_write` of `source` into the peer's `target`, against `lease`, retrying backpressure
         /// for up to a second. The completion, with `id`, comes from
         /// [`poll_completions`](Self::poll_completions) or [`wait_for`](Self::wait_for); until it
@@ -135,8 +136,8 @@ impl LibfabricEndpoint {
         ///
         /// # Errors
         /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA, a lease of
-        /// another endpoint's cache, a segment of another endpoint's memory, or a target shorter than
-        /// the source; [`DmaError::PeerUnreachable`] (nothing posted, at once) when an earlier
+        /// another endpoint's cache, a segment of another endpoint's memory, or a target shorter
+        /// than the source; [`DmaError::PeerUnreachable`] (nothing posted, at once) when an earlier
         /// operation's or send's completion reported the peer's connection gone, until its index is
         /// inserted anew; [`DmaError::WouldBlock`] when the provider or the slab still pushed back
         /// after `timeout` (nothing posted); [`DmaError::Fabric`] when `fi_write` failed.
@@ -147,8 +148,8 @@ impl LibfabricEndpoint {
         /// # Errors
         /// As [`write_within`](Self::write_within).
         fn read;
-        /// [`read`](Self::read), retrying backpressure for at most `timeout` (any `Duration`, as for
-        /// [`write_within`](Self::write_within)).
+        /// [`read`](Self::read), retrying backpressure for at most `timeout` (any `Duration`, as
+        /// for [`write_within`](Self::write_within)).
         ///
         /// # Errors
         /// As [`write_within`](Self::write_within).

@@ -128,15 +128,15 @@ impl RailSet {
         fn rail;
         /// A [`RailLease`] on `client` on every rail, without a pin: registers it on every rail (on
         /// a miss, through each rail's writer) and leases it there. Blocks as
-        /// [`AddressCache::lease`](crate::cache::AddressCache::lease) does, rail by rail, holding no lease
-        /// of its own while a rail waits; all or nothing.
+        /// [`AddressCache::lease`](crate::cache::AddressCache::lease) does, rail by rail, holding
+        /// no lease of its own while a rail waits; all or nothing.
         ///
         /// # Errors
         /// As [`RailPinned::resolve`], except `WouldBlock`; and as
-        /// [`AddressCache::lease`](crate::cache::AddressCache::lease) for each rail (refused at once under
-        /// the calling thread's own pin; [`DmaError::OutOfPatience`] once rail 0's cache's patience
-        /// has passed, in all). On an error `client` is released on every rail (bad input aside,
-        /// which changes nothing).
+        /// [`AddressCache::lease`](crate::cache::AddressCache::lease) for each rail (refused at
+        /// once under the calling thread's own pin; [`DmaError::OutOfPatience`] once rail 0's
+        /// cache's patience has passed, in all). On an error `client` is released on every rail
+        /// (bad input aside, which changes nothing).
         ///
         /// ```
         /// use dma_libfabric::{Configuration, RailSet};
@@ -288,11 +288,12 @@ impl RailSet {
     }
 
     rma_calls! {
-        lease: RailLease<'_>, local: RailSegment<'_>, remote: RailRemoteRegion, patience: POST_TIMEOUT;
+        lease: RailLease<'_>, local: RailSegment<'_>, remote: RailRemoteRegion,
+        patience: POST_TIMEOUT;
         /// `fi_write` of `source` into the peer's `target`, striped across the rails (see
-        /// [`MIN_STRIPE`](super::MIN_STRIPE)): rail `i`'s stripe goes to the peer's rail
-        /// `i mod target.len()` under rail `i`'s lease, which it holds until its completion has been
-        /// read. [`poll_completions`](Self::poll_completions) gives one [`Completion`] with `id` once
+        /// [`MIN_STRIPE`](super::MIN_STRIPE)): rail `i`'s stripe goes to the peer's rail `i mod
+        /// target.len()` under rail `i`'s lease, which it holds until its completion has been read.
+        /// [`poll_completions`](Self::poll_completions) gives one [`Completion`] with `id` once
         /// every stripe has completed, carrying the first stripe error if any.
         ///
         /// # Errors
@@ -300,9 +301,9 @@ impl RailSet {
         /// count, a target whose rail count is not the lease's peer's, a source longer than the
         /// target, or a segment of another rail set; otherwise as
         /// [`LibfabricEndpoint::write_within`] for the first stripe. Once a stripe is posted the
-        /// call returns `Ok`: a later stripe that cannot be posted (backpressure past the timeout, a
-        /// failed `fi_write`) is the transfer's completion error, handed out once the posted stripes
-        /// have completed.
+        /// call returns `Ok`: a later stripe that cannot be posted (backpressure past the timeout,
+        /// a failed `fi_write`) is the transfer's completion error, handed out once the posted
+        /// stripes have completed.
         ///
         /// The [module docs](super) have an example.
         fn write;

@@ -1,9 +1,14 @@
 //! The four RMA calls, written once: `rma_calls!` gives a type that moves memory to and from a
 //! peer its `write`, `write_within`, `read` and `read_within`, every one a call of the type's own
-//! `transfer` with one [`RmaCall`], generic over where the segment goes. [`LibfabricEndpoint`](crate::endpoint::LibfabricEndpoint) posts one operation
-//! there, and [`RailSet`](crate::rails::RailSet) stripes one across its rails; what differs
-//! between them (the lease, the local memory, the remote region, and the docs) is what each
-//! passes in, and what the calls do with it (which operation, which timeout) is here alone.
+//! `transfer` with one [`RmaCall`], generic over where the segment goes.
+//! [`LibfabricEndpoint`](crate::endpoint::LibfabricEndpoint) posts the call as one operation, and
+//! [`RailSet`](crate::rails::RailSet) stripes it across its rails, each stripe posted by the
+//! endpoint's same path. What differs between them (the lease, the local memory, the remote region,
+//! and the docs) is what each passes in; what the calls do with it (which operation, which timeout)
+//! is here alone.
+//!
+//! Macros, not a trait with default methods: the calls stay inherent methods, which callers use
+//! with no trait in scope, and rustdoc shows them on each type as before.
 
 use std::time::Duration;
 
