@@ -333,27 +333,7 @@ impl RailSet {
     ) -> Result<(), DmaError> {
         let (lease, local, remote) = (call.lease, call.local, call.remote);
         let rails = self.len();
-        if lease.len() != rails || local.rails() != rails {
-            return Err(DmaError::InvalidArgument(format!(
-                "a lease of {} rails and a segment of {} rails, for a rail set of {rails}",
-                lease.len(),
-                local.rails()
-            )));
-        }
-        if remote.len() != lease.remote_rails() {
-            return Err(DmaError::InvalidArgument(format!(
-                "the remote region names {} rails; the peer advertised {}",
-                remote.len(),
-                lease.remote_rails()
-            )));
-        }
-        if local.len() as u64 > remote.region_len() {
-            return Err(DmaError::InvalidArgument(format!(
-                "{} local bytes do not fit the {}-byte remote region",
-                local.len(),
-                remote.region_len()
-            )));
-        }
+        check_shapes(&lease, &local, &remote, rails)?;
         let stripes = plan(local.len(), rails, self.transfers.next_rail(rails));
         // Every stripe's pieces first, so a bad one posts nothing.
         let mut posts: Vec<(usize, Segment<'_>, RemoteRegion)> = Vec::with_capacity(stripes.len());
@@ -470,4 +450,36 @@ impl RailSet {
     pub fn transfers_in_flight(&self) -> usize {
         self.transfers.in_flight()
     }
+}
+
+/// Refuse a transfer whose lease, local memory and remote region do not fit each other or the
+/// `rails` of the set, before anything is planned or posted.
+fn check_shapes(
+    lease: &RailLease<'_>,
+    local: &RailSegment<'_>,
+    remote: &RailRemoteRegion,
+    rails: usize,
+) -> Result<(), DmaError> {
+    if lease.len() != rails || local.rails() != rails {
+        return Err(DmaError::InvalidArgument(format!(
+            "a lease of {} rails and a segment of {} rails, for a rail set of {rails}",
+            lease.len(),
+            local.rails()
+        )));
+    }
+    if remote.len() != lease.remote_rails() {
+        return Err(DmaError::InvalidArgument(format!(
+            "the remote region names {} rails; the peer advertised {}",
+            remote.len(),
+            lease.remote_rails()
+        )));
+    }
+    if local.len() as u64 > remote.region_len() {
+        return Err(DmaError::InvalidArgument(format!(
+            "{} local bytes do not fit the {}-byte remote region",
+            local.len(),
+            remote.region_len()
+        )));
+    }
+    Ok(())
 }
