@@ -101,6 +101,8 @@ pub use self::memory::{MemoryRegion, PooledBuffer, RemoteRegion, Segment};
 use self::messaging::read_error_entry;
 use self::receive::ReceiveSlots;
 pub use self::rma::{Completion, MAX_OPERATIONS, Operation};
+/// The four RMA calls, written once for the endpoint and the rail set (see `rma::calls`).
+pub(crate) use self::rma::{RmaCall, rma_calls};
 pub use self::senders::Received;
 pub use self::sends::{MAX_SEND_COPY, MAX_SENDS};
 pub use self::vectored::{MAX_PIECES, Notification};

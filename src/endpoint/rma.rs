@@ -72,10 +72,12 @@ use crate::error::DmaError;
 use crate::sync::lock;
 use dma_libfabric_sys as sys;
 
+mod calls;
 mod messages;
 pub(super) mod notifications;
 pub(super) mod operations;
 
+pub(crate) use self::calls::{RmaCall, rma_calls};
 pub(super) use self::operations::Operations;
 pub use self::operations::{Completion, MAX_OPERATIONS, Operation};
 
@@ -118,89 +120,40 @@ impl LibfabricEndpoint {
     /// abandons them (see the `rma` module docs).
     pub const DRAIN_PATIENCE: Duration = Duration::from_secs(2);
 
-    /// `fi_write` of `source` into the peer's `target`, against `lease`, retrying backpressure
-    /// for up to a second. The completion, with `id`, comes from
-    /// [`poll_completions`](Self::poll_completions) or [`wait_for`](Self::wait_for); until it
-    /// has been read the endpoint holds the lease and the source's memory.
-    ///
-    /// # Errors
-    /// As [`write_within`](Self::write_within).
-    pub fn write(
-        &self,
-        lease: Lease<'_>,
-        source: Segment<'_>,
-        target: RemoteRegion,
-        id: u64,
-    ) -> Result<(), DmaError> {
-        self.write_within(lease, source, target, id, Duration::from_secs(1))
-    }
-
-    /// [`write`](Self::write), retrying backpressure for at most `timeout`. Any `Duration` is
-    /// accepted: one too long for a deadline (`Duration::MAX`) retries until the post is taken.
-    ///
-    /// # Errors
-    /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA, a lease of
-    /// another endpoint's cache, a segment of another endpoint's memory, or a target shorter than
-    /// the source; [`DmaError::PeerUnreachable`] (nothing posted, at once) when an earlier
-    /// operation's or send's completion reported the peer's connection gone, until its index is
-    /// inserted anew; [`DmaError::WouldBlock`] when the provider or the slab still pushed back
-    /// after `timeout` (nothing posted); [`DmaError::Fabric`] when `fi_write` failed.
-    pub fn write_within(
-        &self,
-        lease: Lease<'_>,
-        source: Segment<'_>,
-        target: RemoteRegion,
-        id: u64,
-        timeout: Duration,
-    ) -> Result<(), DmaError> {
-        self.post(
-            Operation::Write,
-            Target::Leased(lease),
-            source,
-            target,
-            id,
-            timeout,
-            None,
-        )
-    }
-
-    /// `fi_read` of the peer's `source` into `destination`, against `lease`; otherwise as
-    /// [`write`](Self::write). Read the destination after the completion.
-    ///
-    /// # Errors
-    /// As [`write_within`](Self::write_within).
-    pub fn read(
-        &self,
-        lease: Lease<'_>,
-        destination: Segment<'_>,
-        source: RemoteRegion,
-        id: u64,
-    ) -> Result<(), DmaError> {
-        self.read_within(lease, destination, source, id, Duration::from_secs(1))
-    }
-
-    /// [`read`](Self::read), retrying backpressure for at most `timeout` (any `Duration`, as for
-    /// [`write_within`](Self::write_within)).
-    ///
-    /// # Errors
-    /// As [`write_within`](Self::write_within).
-    pub fn read_within(
-        &self,
-        lease: Lease<'_>,
-        destination: Segment<'_>,
-        source: RemoteRegion,
-        id: u64,
-        timeout: Duration,
-    ) -> Result<(), DmaError> {
-        self.post(
-            Operation::Read,
-            Target::Leased(lease),
-            destination,
-            source,
-            id,
-            timeout,
-            None,
-        )
+    rma_calls! {
+        lease: Lease<'_>, local: Segment<'_>, remote: RemoteRegion,
+        patience: Duration::from_secs(1);
+        /// `fi_write` of `source` into the peer's `target`, against `lease`, retrying backpressure
+        /// for up to a second. The completion, with `id`, comes from
+        /// [`poll_completions`](Self::poll_completions) or [`wait_for`](Self::wait_for); until it
+        /// has been read the endpoint holds the lease and the source's memory.
+        ///
+        /// # Errors
+        /// As [`write_within`](Self::write_within).
+        fn write;
+        /// [`write`](Self::write), retrying backpressure for at most `timeout`. Any `Duration` is
+        /// accepted: one too long for a deadline (`Duration::MAX`) retries until the post is taken.
+        ///
+        /// # Errors
+        /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA, a lease of
+        /// another endpoint's cache, a segment of another endpoint's memory, or a target shorter
+        /// than the source; [`DmaError::PeerUnreachable`] (nothing posted, at once) when an earlier
+        /// operation's or send's completion reported the peer's connection gone, until its index is
+        /// inserted anew; [`DmaError::WouldBlock`] when the provider or the slab still pushed back
+        /// after `timeout` (nothing posted); [`DmaError::Fabric`] when `fi_write` failed.
+        fn write_within;
+        /// `fi_read` of the peer's `source` into `destination`, against `lease`; otherwise as
+        /// [`write`](Self::write). Read the destination after the completion.
+        ///
+        /// # Errors
+        /// As [`write_within`](Self::write_within).
+        fn read;
+        /// [`read`](Self::read), retrying backpressure for at most `timeout` (any `Duration`, as
+        /// for [`write_within`](Self::write_within)).
+        ///
+        /// # Errors
+        /// As [`write_within`](Self::write_within).
+        fn read_within;
     }
 
     /// [`write_within`](Self::write_within) against a [`Peer`] with no lease: nothing holds the
@@ -227,15 +180,15 @@ impl LibfabricEndpoint {
                 "the peer was resolved through another endpoint's cache".into(),
             ));
         }
-        self.post(
-            Operation::Write,
-            Target::Unleased(peer.fi_addr()),
-            source,
-            target,
+        let call = RmaCall {
+            operation: Operation::Write,
+            lease: Target::Unleased(peer.fi_addr()),
+            local: source,
+            remote: target,
             id,
             timeout,
-            None,
-        )
+        };
+        self.post(call, None)
     }
 
     /// `fi_write` or `fi_read` posted by the crate for itself (a rail set's stripe): its
@@ -255,15 +208,15 @@ impl LibfabricEndpoint {
         timeout: Duration,
         owner: Owner,
     ) -> Result<(), DmaError> {
-        self.post(
+        let call = RmaCall {
             operation,
-            Target::Leased(lease),
+            lease: Target::Leased(lease),
             local,
             remote,
-            token,
+            id: token,
             timeout,
-            Some(owner),
-        )
+        };
+        self.post(call, Some(owner))
     }
 
     pub(super) fn check_rma(&self) -> Result<(), DmaError> {
@@ -276,17 +229,31 @@ impl LibfabricEndpoint {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The one path of [`write_within`](Self::write_within) and [`read_within`](Self::read_within)
+    /// (see `rma_calls!`): the application's operation, against a lease.
+    fn transfer(
+        &self,
+        call: RmaCall<Lease<'_>, Segment<'_>, RemoteRegion>,
+    ) -> Result<(), DmaError> {
+        self.post(call.map_lease(Target::Leased), None)
+    }
+
+    /// Post `call` against its target: whose completion goes to `owner`, or to the application's
+    /// ready queue for `None` (see `completions`, "Routing"). Every RMA call but the vectored ones
+    /// comes here.
     fn post(
         &self,
-        operation: Operation,
-        target: Target<'_>,
-        local: Segment<'_>,
-        remote: RemoteRegion,
-        id: u64,
-        timeout: Duration,
+        call: RmaCall<Target<'_>, Segment<'_>, RemoteRegion>,
         owner: Option<Owner>,
     ) -> Result<(), DmaError> {
+        let RmaCall {
+            operation,
+            lease: target,
+            local,
+            remote,
+            id,
+            timeout,
+        } = call;
         self.check_rma()?;
         if local.region.domain() != self.handles.domain {
             return Err(DmaError::InvalidArgument(

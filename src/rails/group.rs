@@ -1,10 +1,12 @@
-//! The rail logic that does not care what the caches sit on: [`RailCaches`] over any
-//! [`AvBackend`] (the model AV in tests), and the same code under [`RailSet`](super::RailSet).
+//! The rail logic that does not care what the caches sit on: [`RailGroup`], which
+//! [`RailCaches`](super::RailCaches) runs over any [`AvBackend`] (the model AV in tests) and
+//! [`RailSet`](super::RailSet) over its endpoints.
 //!
 //! A rail is anything that has an [`AddressCache`]: the cache itself, or a
 //! [`LibfabricEndpoint`], whose cache is its AV's. [`RailGroup`] holds the rails, the hooks through
 //! which an efa eviction on one rail releases the client on all the others, and the calls that act
-//! on every rail: pin, lease, release, quiesce. See the [module docs](super) for the ordering.
+//! on every rail: pin, lease, release, quiesce; `forward_to_group!` writes the public calls that
+//! forward to it once, for both public types. See the [module docs](super) for the ordering.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -241,94 +243,65 @@ impl<T: RailCache> Drop for RailGroup<T> {
     }
 }
 
-/// The rail logic over caches of any backend: what [`RailSet`](super::RailSet) runs over its
-/// endpoints' caches, here over caches you build, such as `ModelAv` ones with
-/// efa's address rules. Pinning, resolving, leasing, releasing and quiescing behave exactly as on
-/// a [`RailSet`](super::RailSet) (the same code runs); it has no endpoints, so no memory and no
-/// RMA.
-///
-/// ```
-/// use dma_libfabric::{AddressCache, AddressFormat, ModelAv, RailCaches};
-///
-/// let avs = [ModelAv::new(AddressFormat::Opaque), ModelAv::new(AddressFormat::Opaque)];
-/// let rails = RailCaches::new(avs.iter().map(|av| AddressCache::with_backend(av.clone())).collect())?;
-/// let addresses: [&[u8]; 2] = [&[1; 16], &[2; 16]];
-/// let pinned = rails.pin();
-/// let peers = pinned.resolve(7, &addresses)?;
-/// assert_eq!(Some(vec![2; 16]), avs[1].lookup(peers.rail(1).fi_addr()));
-/// drop(pinned);
-/// rails.release(7);
-/// rails.quiesce();
-/// assert!(avs.iter().all(ModelAv::is_empty));
-/// # Ok::<(), dma_libfabric::DmaError>(())
-/// ```
-pub struct RailCaches<B: AvBackend> {
-    group: RailGroup<AddressCache<B>>,
+/// The calls that act on every rail at once, written once for [`RailSet`](super::RailSet) and
+/// [`RailCaches`](super::RailCaches): each forwards to the [`RailGroup`] in the type's `group`
+/// field. The type passes the type of one rail and the docs of the two calls that differ:
+/// `rail` (an endpoint or a cache) and `lease` (whose example needs a real type).
+macro_rules! forward_to_group {
+    (
+        rail: $rail:ty;
+        $(#[$rail_doc:meta])*
+        fn rail;
+        $(#[$lease_doc:meta])*
+        fn lease;
+    ) => {
+        /// How many rails.
+        pub fn len(&self) -> usize {
+            self.group.len()
+        }
+
+        /// Always `false`: a rail set has at least one rail.
+        pub fn is_empty(&self) -> bool {
+            0 == self.group.len()
+        }
+
+        $(#[$rail_doc])*
+        pub fn rail(&self, rail: usize) -> &$rail {
+            self.group.rail(rail)
+        }
+
+        /// Pin every rail's cache (see [`RailPinned`](super::RailPinned)). A client an efa
+        /// eviction dropped on some rail is released on the others by the evicting writer itself
+        /// (module docs, guarantee 3).
+        pub fn pin(&self) -> $crate::rails::RailPinned<'_> {
+            self.group.pin()
+        }
+
+        $(#[$lease_doc])*
+        pub fn lease(
+            &self,
+            client: u64,
+            addresses: &[&[u8]],
+        ) -> Result<$crate::rails::RailLease<'_>, $crate::error::DmaError> {
+            self.group.lease(client, addresses)
+        }
+
+        /// Let go of `client` on every rail. Returns at once (see
+        /// [`AddressCache::release`](crate::cache::AddressCache::release)).
+        pub fn release(&self, client: u64) {
+            self.group.release(client);
+        }
+
+        /// [`AddressCache::quiesce`](crate::cache::AddressCache::quiesce) on every rail, after
+        /// releasing everywhere the clients an eviction dropped on one rail.
+        pub fn quiesce(&self) {
+            self.group.quiesce();
+        }
+
+        /// How many clients an efa eviction on one rail has released on every rail so far.
+        pub fn evictions_propagated(&self) -> u64 {
+            self.group.evictions_propagated()
+        }
+    };
 }
-
-impl<B: AvBackend> std::fmt::Debug for RailCaches<B> {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter
-            .debug_struct("RailCaches")
-            .field("rails", &self.group.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<B: AvBackend> RailCaches<B> {
-    /// Rails over `caches`, rail 0 first.
-    ///
-    /// # Errors
-    /// [`DmaError::InvalidArgument`] for no caches or more than [`MAX_RAILS`].
-    pub fn new(caches: Vec<AddressCache<B>>) -> Result<Self, DmaError> {
-        Ok(Self {
-            group: RailGroup::new(caches)?,
-        })
-    }
-
-    /// How many rails.
-    pub fn len(&self) -> usize {
-        self.group.len()
-    }
-
-    /// Always `false`: a rail set has at least one rail.
-    pub fn is_empty(&self) -> bool {
-        0 == self.group.len()
-    }
-
-    /// Rail `rail`'s cache.
-    ///
-    /// # Panics
-    /// If `rail >= len()`, as slice indexing does.
-    pub fn rail(&self, rail: usize) -> &AddressCache<B> {
-        self.group.rail(rail)
-    }
-
-    /// As [`RailSet::pin`](super::RailSet::pin).
-    pub fn pin(&self) -> RailPinned<'_> {
-        self.group.pin()
-    }
-
-    /// As [`RailSet::lease`](super::RailSet::lease).
-    ///
-    /// # Errors
-    /// As [`RailSet::lease`](super::RailSet::lease).
-    pub fn lease(&self, client: u64, addresses: &[&[u8]]) -> Result<RailLease<'_>, DmaError> {
-        self.group.lease(client, addresses)
-    }
-
-    /// As [`RailSet::release`](super::RailSet::release).
-    pub fn release(&self, client: u64) {
-        self.group.release(client);
-    }
-
-    /// As [`RailSet::quiesce`](super::RailSet::quiesce).
-    pub fn quiesce(&self) {
-        self.group.quiesce();
-    }
-
-    /// How many clients an efa eviction on one rail has released on every rail so far.
-    pub fn evictions_propagated(&self) -> u64 {
-        self.group.evictions_propagated()
-    }
-}
+pub(super) use forward_to_group;

@@ -138,6 +138,7 @@
 //! # Ok::<(), dma_libfabric::DmaError>(())
 //! ```
 
+mod caches;
 mod group;
 mod region;
 mod resolve;
@@ -145,7 +146,7 @@ mod set;
 mod shape;
 mod stripe;
 
-pub use self::group::RailCaches;
+pub use self::caches::RailCaches;
 pub use self::region::{RailRegion, RailRemoteRegion, RailSegment};
 #[allow(deprecated)] // the old name itself, re-exported where it was
 pub use self::resolve::RailsPinned;

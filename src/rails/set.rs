@@ -5,15 +5,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::MAX_RAILS;
-use super::group::RailGroup;
+use super::group::{RailGroup, forward_to_group};
 use super::region::{RailRegion, RailRemoteRegion, RailSegment};
-use super::resolve::{RailLease, RailPinned};
+use super::resolve::RailLease;
+#[cfg(doc)]
+use super::resolve::RailPinned;
 use super::stripe::{Transfers, plan};
 use crate::configuration::Configuration;
 use crate::endpoint::completions::Owner;
 use crate::endpoint::deadline::Deadline;
 use crate::endpoint::wait::{MOST_SOURCES, Source};
-use crate::endpoint::{Completion, LibfabricEndpoint, Operation, RemoteRegion, Segment};
+use crate::endpoint::{
+    Completion, LibfabricEndpoint, Operation, RemoteRegion, RmaCall, Segment, rma_calls,
+};
 use crate::error::DmaError;
 
 /// How long a stripe's post retries backpressure before the transfer gives up on it, for
@@ -113,87 +117,52 @@ impl RailSet {
         })
     }
 
-    /// How many rails.
-    pub fn len(&self) -> usize {
-        self.group.len()
-    }
-
-    /// Always `false`: a rail set has at least one rail.
-    pub fn is_empty(&self) -> bool {
-        0 == self.group.len()
-    }
-
-    /// Rail `rail`'s endpoint: for sends and receives on it. RMA on a rail goes through the set
-    /// ([`write`](Self::write), [`read`](Self::read)), whose
-    /// [`poll_completions`](Self::poll_completions) reads every rail's completions.
-    ///
-    /// # Panics
-    /// If `rail >= len()`, as slice indexing does.
-    pub fn rail(&self, rail: usize) -> &LibfabricEndpoint {
-        self.group.rail(rail)
+    forward_to_group! {
+        rail: LibfabricEndpoint;
+        /// Rail `rail`'s endpoint: for sends and receives on it. RMA on a rail goes through the set
+        /// ([`write`](Self::write), [`read`](Self::read)), whose
+        /// [`poll_completions`](Self::poll_completions) reads every rail's completions.
+        ///
+        /// # Panics
+        /// If `rail >= len()`, as slice indexing does.
+        fn rail;
+        /// A [`RailLease`] on `client` on every rail, without a pin: registers it on every rail (on
+        /// a miss, through each rail's writer) and leases it there. Blocks as
+        /// [`AddressCache::lease`](crate::cache::AddressCache::lease) does, rail by rail, holding
+        /// no lease of its own while a rail waits; all or nothing.
+        ///
+        /// # Errors
+        /// As [`RailPinned::resolve`], except `WouldBlock`; and as
+        /// [`AddressCache::lease`](crate::cache::AddressCache::lease) for each rail (refused at
+        /// once under the calling thread's own pin; [`DmaError::OutOfPatience`] once rail 0's
+        /// cache's patience has passed, in all). On an error `client` is released on every rail
+        /// (bad input aside, which changes nothing).
+        ///
+        /// ```
+        /// use dma_libfabric::{Configuration, RailSet};
+        ///
+        /// let server = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"])?;
+        /// let client = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"])?;
+        /// let addresses = client.local_addresses();
+        /// let addresses: Vec<&[u8]> = addresses.iter().map(Vec::as_slice).collect();
+        /// let lease = server.lease(1, &addresses)?;
+        /// server.release(1);
+        /// server.quiesce();
+        /// // Released, but the lease holds both rails' entries in their AVs until it is dropped.
+        /// assert_eq!(Some(addresses[1]), server.rail(1).lookup(lease.rail(1).fi_addr())?.as_deref());
+        /// assert_eq!(1, server.rail(1).cache().stats().removals_awaiting_leases);
+        /// drop(lease);
+        /// server.quiesce();
+        /// assert_eq!(0, server.rail(1).cache().stats().entries);
+        /// # Ok::<(), dma_libfabric::DmaError>(())
+        /// ```
+        fn lease;
     }
 
     /// Every rail's address, rail 0 first: what a client sends its peers, which give it to
     /// [`RailPinned::resolve`] or [`lease`](Self::lease).
     pub fn local_addresses(&self) -> Vec<Vec<u8>> {
         self.addresses.clone()
-    }
-
-    /// Pin every rail's cache (see [`RailPinned`]). A client an efa eviction dropped on some
-    /// rail is released on the others by the evicting writer itself (module docs, guarantee 3).
-    pub fn pin(&self) -> RailPinned<'_> {
-        self.group.pin()
-    }
-
-    /// A [`RailLease`] on `client` on every rail, without a pin: registers it on every rail (on
-    /// a miss, through each rail's writer) and leases it there. Blocks as
-    /// [`AddressCache::lease`](crate::cache::AddressCache::lease) does, rail by rail, holding no lease
-    /// of its own while a rail waits; all or nothing.
-    ///
-    /// # Errors
-    /// As [`RailPinned::resolve`], except `WouldBlock`; and as
-    /// [`AddressCache::lease`](crate::cache::AddressCache::lease) for each rail (refused at once under
-    /// the calling thread's own pin; [`DmaError::OutOfPatience`] once rail 0's cache's patience
-    /// has passed, in all). On an error `client` is released on every rail (bad input aside,
-    /// which changes nothing).
-    ///
-    /// ```
-    /// use dma_libfabric::{Configuration, RailSet};
-    ///
-    /// let server = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"])?;
-    /// let client = RailSet::open(&Configuration::default(), &["127.0.0.1", "127.0.0.2"])?;
-    /// let addresses = client.local_addresses();
-    /// let addresses: Vec<&[u8]> = addresses.iter().map(Vec::as_slice).collect();
-    /// let lease = server.lease(1, &addresses)?;
-    /// server.release(1);
-    /// server.quiesce();
-    /// // Released, but the lease holds both rails' entries in their AVs until it is dropped.
-    /// assert_eq!(Some(addresses[1]), server.rail(1).lookup(lease.rail(1).fi_addr())?.as_deref());
-    /// assert_eq!(1, server.rail(1).cache().stats().removals_awaiting_leases);
-    /// drop(lease);
-    /// server.quiesce();
-    /// assert_eq!(0, server.rail(1).cache().stats().entries);
-    /// # Ok::<(), dma_libfabric::DmaError>(())
-    /// ```
-    pub fn lease(&self, client: u64, addresses: &[&[u8]]) -> Result<RailLease<'_>, DmaError> {
-        self.group.lease(client, addresses)
-    }
-
-    /// Let go of `client` on every rail. Returns at once (see
-    /// [`AddressCache::release`](crate::cache::AddressCache::release)).
-    pub fn release(&self, client: u64) {
-        self.group.release(client);
-    }
-
-    /// [`AddressCache::quiesce`](crate::cache::AddressCache::quiesce) on every rail, after releasing
-    /// everywhere the clients an eviction dropped on one rail.
-    pub fn quiesce(&self) {
-        self.group.quiesce();
-    }
-
-    /// How many clients an efa eviction on one rail has released on every rail so far.
-    pub fn evictions_propagated(&self) -> u64 {
-        self.group.evictions_propagated()
     }
 
     /// Register `len` bytes of fresh zeroed memory on every rail: one buffer (rail 0's), under
@@ -318,115 +287,53 @@ impl RailSet {
         })
     }
 
-    /// `fi_write` of `source` into the peer's `target`, striped across the rails (see
-    /// [`MIN_STRIPE`](super::MIN_STRIPE)): rail `i`'s stripe goes to the peer's rail
-    /// `i mod target.len()` under rail `i`'s lease, which it holds until its completion has been
-    /// read. [`poll_completions`](Self::poll_completions) gives one [`Completion`] with `id` once
-    /// every stripe has completed, carrying the first stripe error if any.
-    ///
-    /// # Errors
-    /// Nothing is posted on an error: [`DmaError::InvalidArgument`] for a lease of another rail
-    /// count, a target whose rail count is not the lease's peer's, a source longer than the
-    /// target, or a segment of another rail set; otherwise as
-    /// [`LibfabricEndpoint::write_within`] for the first stripe. Once a stripe is posted the
-    /// call returns `Ok`: a later stripe that cannot be posted (backpressure past the timeout, a
-    /// failed `fi_write`) is the transfer's completion error, handed out once the posted stripes
-    /// have completed.
-    ///
-    /// `src/rails/mod.rs` has an example.
-    pub fn write(
-        &self,
-        lease: RailLease<'_>,
-        source: RailSegment<'_>,
-        target: RailRemoteRegion,
-        id: u64,
-    ) -> Result<(), DmaError> {
-        self.transfer(Operation::Write, lease, source, &target, id, POST_TIMEOUT)
+    rma_calls! {
+        lease: RailLease<'_>, local: RailSegment<'_>, remote: RailRemoteRegion,
+        patience: POST_TIMEOUT;
+        /// `fi_write` of `source` into the peer's `target`, striped across the rails (see
+        /// [`MIN_STRIPE`](super::MIN_STRIPE)): rail `i`'s stripe goes to the peer's rail `i mod
+        /// target.len()` under rail `i`'s lease, which it holds until its completion has been read.
+        /// [`poll_completions`](Self::poll_completions) gives one [`Completion`] with `id` once
+        /// every stripe has completed, carrying the first stripe error if any.
+        ///
+        /// # Errors
+        /// Nothing is posted on an error: [`DmaError::InvalidArgument`] for a lease of another rail
+        /// count, a target whose rail count is not the lease's peer's, a source longer than the
+        /// target, or a segment of another rail set; otherwise as
+        /// [`LibfabricEndpoint::write_within`] for the first stripe. Once a stripe is posted the
+        /// call returns `Ok`: a later stripe that cannot be posted (backpressure past the timeout,
+        /// a failed `fi_write`) is the transfer's completion error, handed out once the posted
+        /// stripes have completed.
+        ///
+        /// `src/rails/mod.rs` has an example.
+        fn write;
+        /// [`write`](Self::write), each stripe's post retrying backpressure for at most `timeout`
+        /// (any `Duration`, as for [`LibfabricEndpoint::write_within`]).
+        ///
+        /// # Errors
+        /// As [`write`](Self::write).
+        fn write_within;
+        /// `fi_read` of the peer's `source` into `destination`, striped as [`write`](Self::write).
+        ///
+        /// # Errors
+        /// As [`write`](Self::write).
+        fn read;
+        /// [`read`](Self::read), each stripe's post retrying backpressure for at most `timeout`.
+        ///
+        /// # Errors
+        /// As [`write`](Self::write).
+        fn read_within;
     }
 
-    /// [`write`](Self::write), each stripe's post retrying backpressure for at most `timeout`
-    /// (any `Duration`, as for [`LibfabricEndpoint::write_within`]).
-    ///
-    /// # Errors
-    /// As [`write`](Self::write).
-    pub fn write_within(
-        &self,
-        lease: RailLease<'_>,
-        source: RailSegment<'_>,
-        target: RailRemoteRegion,
-        id: u64,
-        timeout: Duration,
-    ) -> Result<(), DmaError> {
-        self.transfer(Operation::Write, lease, source, &target, id, timeout)
-    }
-
-    /// `fi_read` of the peer's `source` into `destination`, striped as [`write`](Self::write).
-    ///
-    /// # Errors
-    /// As [`write`](Self::write).
-    pub fn read(
-        &self,
-        lease: RailLease<'_>,
-        destination: RailSegment<'_>,
-        source: RailRemoteRegion,
-        id: u64,
-    ) -> Result<(), DmaError> {
-        self.transfer(
-            Operation::Read,
-            lease,
-            destination,
-            &source,
-            id,
-            POST_TIMEOUT,
-        )
-    }
-
-    /// [`read`](Self::read), each stripe's post retrying backpressure for at most `timeout`.
-    ///
-    /// # Errors
-    /// As [`write`](Self::write).
-    pub fn read_within(
-        &self,
-        lease: RailLease<'_>,
-        destination: RailSegment<'_>,
-        source: RailRemoteRegion,
-        id: u64,
-        timeout: Duration,
-    ) -> Result<(), DmaError> {
-        self.transfer(Operation::Read, lease, destination, &source, id, timeout)
-    }
-
+    /// The one path of [`write_within`](Self::write_within) and [`read_within`](Self::read_within)
+    /// (see `rma_calls!`): the transfer cut into stripes, each posted on its rail.
     fn transfer(
         &self,
-        operation: Operation,
-        lease: RailLease<'_>,
-        local: RailSegment<'_>,
-        remote: &RailRemoteRegion,
-        id: u64,
-        timeout: Duration,
+        call: RmaCall<RailLease<'_>, RailSegment<'_>, RailRemoteRegion>,
     ) -> Result<(), DmaError> {
+        let (lease, local, remote) = (call.lease, call.local, call.remote);
         let rails = self.len();
-        if lease.len() != rails || local.rails() != rails {
-            return Err(DmaError::InvalidArgument(format!(
-                "a lease of {} rails and a segment of {} rails, for a rail set of {rails}",
-                lease.len(),
-                local.rails()
-            )));
-        }
-        if remote.len() != lease.remote_rails() {
-            return Err(DmaError::InvalidArgument(format!(
-                "the remote region names {} rails; the peer advertised {}",
-                remote.len(),
-                lease.remote_rails()
-            )));
-        }
-        if local.len() as u64 > remote.region_len() {
-            return Err(DmaError::InvalidArgument(format!(
-                "{} local bytes do not fit the {}-byte remote region",
-                local.len(),
-                remote.region_len()
-            )));
-        }
+        check_shapes(&lease, &local, &remote, rails)?;
         let stripes = plan(local.len(), rails, self.transfers.next_rail(rails));
         // Every stripe's pieces first, so a bad one posts nothing.
         let mut posts: Vec<(usize, Segment<'_>, RemoteRegion)> = Vec::with_capacity(stripes.len());
@@ -442,14 +349,15 @@ impl RailSet {
         let mut leases: Vec<_> = lease.leases.into_iter().map(Some).collect();
         let tag = self
             .transfers
-            .begin(id, operation, local.len(), stripes.len());
+            .begin(call.id, call.operation, local.len(), stripes.len());
         for (posted, (rail, segment, target)) in posts.into_iter().enumerate() {
             let endpoint = self.group.rail(rail);
             let len = segment.len();
             let result = match leases.get_mut(rail).and_then(Option::take) {
-                Some(lease) => match operation {
-                    Operation::Write | Operation::Read => {
+                Some(lease) => match call.operation {
+                    operation @ (Operation::Write | Operation::Read) => {
                         let owner: Owner = Arc::clone(&self.transfers) as Owner;
+                        let timeout = call.timeout;
                         endpoint.post_owned(operation, lease, segment, target, tag, timeout, owner)
                     }
                     Operation::Send | Operation::Receive => Err(DmaError::InvalidArgument(
@@ -542,4 +450,36 @@ impl RailSet {
     pub fn transfers_in_flight(&self) -> usize {
         self.transfers.in_flight()
     }
+}
+
+/// Refuse a transfer whose lease, local memory and remote region do not fit each other or the
+/// `rails` of the set, before anything is planned or posted.
+fn check_shapes(
+    lease: &RailLease<'_>,
+    local: &RailSegment<'_>,
+    remote: &RailRemoteRegion,
+    rails: usize,
+) -> Result<(), DmaError> {
+    if lease.len() != rails || local.rails() != rails {
+        return Err(DmaError::InvalidArgument(format!(
+            "a lease of {} rails and a segment of {} rails, for a rail set of {rails}",
+            lease.len(),
+            local.rails()
+        )));
+    }
+    if remote.len() != lease.remote_rails() {
+        return Err(DmaError::InvalidArgument(format!(
+            "the remote region names {} rails; the peer advertised {}",
+            remote.len(),
+            lease.remote_rails()
+        )));
+    }
+    if local.len() as u64 > remote.region_len() {
+        return Err(DmaError::InvalidArgument(format!(
+            "{} local bytes do not fit the {}-byte remote region",
+            local.len(),
+            remote.region_len()
+        )));
+    }
+    Ok(())
 }
