@@ -99,8 +99,8 @@ pub use endpoint::{Completion, OverdueOperation};
 
 // Rails: one endpoint per NIC, driven as one.
 pub use rails::{
-    MAX_RAILS, MIN_STRIPE, RailCaches, RailLease, RailPeers, RailRegion, RailRemoteRegion,
-    RailPinned, RailSegment, RailSet, STRIPE_ALIGN,
+    MAX_RAILS, MIN_STRIPE, RailCaches, RailLease, RailPeers, RailPinned, RailRegion,
+    RailRemoteRegion, RailSegment, RailSet, STRIPE_ALIGN,
 };
 
 // Errors.

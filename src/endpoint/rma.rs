@@ -254,26 +254,7 @@ impl LibfabricEndpoint {
             id,
             timeout,
         } = call;
-        self.check_rma()?;
-        if local.region.domain() != self.handles.domain {
-            return Err(DmaError::InvalidArgument(
-                "the local segment is memory of another endpoint".into(),
-            ));
-        }
-        if (local.len as u64) > remote.len {
-            return Err(DmaError::InvalidArgument(format!(
-                "{} local bytes do not fit the {}-byte remote region",
-                local.len, remote.len
-            )));
-        }
-        // A descriptor built by hand (its fields are public) skips `from_bytes`'s check: one whose
-        // end wraps past 2^64 is what libfabric's unchecked `ofi_mr_map_verify` lets through.
-        if remote.address.checked_add(remote.len).is_none() {
-            return Err(DmaError::InvalidArgument(format!(
-                "the remote region at {:#x} of {} bytes ends past 2^64",
-                remote.address, remote.len
-            )));
-        }
+        self.check_transfer(&local, &remote)?;
         // Before the slot: a region lending a slice answers Busy, and nothing is taken.
         let hold = local.region.hold()?;
         let buffer = local.region.at(local.offset);
@@ -341,6 +322,33 @@ impl LibfabricEndpoint {
             }
         })
         .map(drop)
+    }
+
+    /// What [`post`](Self::post) checks before it takes anything: RMA is on, the local segment
+    /// is this endpoint's memory and fits the remote region, and the remote region does not
+    /// wrap past 2^64.
+    fn check_transfer(&self, local: &Segment<'_>, remote: &RemoteRegion) -> Result<(), DmaError> {
+        self.check_rma()?;
+        if local.region.domain() != self.handles.domain {
+            return Err(DmaError::InvalidArgument(
+                "the local segment is memory of another endpoint".into(),
+            ));
+        }
+        if (local.len as u64) > remote.len {
+            return Err(DmaError::InvalidArgument(format!(
+                "{} local bytes do not fit the {}-byte remote region",
+                local.len, remote.len
+            )));
+        }
+        // A descriptor built by hand (its fields are public) skips `from_bytes`'s check: one whose
+        // end wraps past 2^64 is what libfabric's unchecked `ofi_mr_map_verify` lets through.
+        if remote.address.checked_add(remote.len).is_none() {
+            return Err(DmaError::InvalidArgument(format!(
+                "the remote region at {:#x} of {} bytes ends past 2^64",
+                remote.address, remote.len
+            )));
+        }
+        Ok(())
     }
 
     /// Take `count` free slots at once, for a transfer posted in parts, waiting up to `timeout`
