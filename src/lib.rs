@@ -50,8 +50,9 @@
 //! ```
 
 mod address;
-// The tokio API stays a public module: its `POST_PATIENCE` (how long a future retries a full
-// queue) would clash at the root with the endpoint's (how long `open` posts receive buffers).
+// The tokio API stays a public module, behind its feature: its docs (the driver, cancel safety)
+// are the module's, and its `POST_PATIENCE` (how long a future retries a full queue) reads as
+// `asynchronous::POST_PATIENCE`, apart from the root's `RECEIVE_POST_PATIENCE` (`open`'s).
 #[cfg(feature = "tokio")]
 pub mod asynchronous;
 mod av;
@@ -69,7 +70,7 @@ pub use dma_libfabric_sys as sys;
 
 // Configuration, and opening an endpoint.
 pub use configuration::{Configuration, Provider, RxmSizing, compiled_providers, runtime_version};
-pub use endpoint::{Description, LibfabricEndpoint, POST_PATIENCE};
+pub use endpoint::{Description, LibfabricEndpoint, RECEIVE_POST_PATIENCE};
 
 // Addresses, and the cache of them an endpoint keeps.
 pub use address::{AddressFormat, EFA_ADDRESS_LEN, EFA_IDENTITY_LEN, SOCKADDR_IN_LEN};
@@ -88,7 +89,7 @@ pub use cache::{Lease, Peer, Pinned};
 pub use endpoint::{MAX_PIECES, MAX_SEND_COPY, MAX_SENDS, Notification, Received};
 
 // Memory and RMA.
-pub use endpoint::memory::{KEY_ATTEMPTS, MAX_REGION_LEN, QUARANTINE};
+pub use endpoint::memory::{MAX_REGION_LEN, REGION_KEY_ATTEMPTS, REGION_REUSE_QUARANTINE};
 pub use endpoint::{
     Exposure, MAX_OPERATIONS, MemoryInterface, MemoryRegion, Operation, PooledBuffer, RegionSlice,
     RemoteRegion, Segment, StableBuffer,

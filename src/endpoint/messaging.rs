@@ -32,10 +32,10 @@
 //! memory against a lease ([`send_from`](LibfabricEndpoint::send_from)) where that matters.
 //!
 //! Every wait here is bounded, and sleeps on the completion queues between attempts where the
-//! provider offers a wait object (see `wait`): a send gives up after its timeout, `receive` returns `None` after
-//! its own, and posting a receive buffer at `open` gives up after [`POST_PATIENCE`]. A buffer
-//! whose re-post fails is kept and posted again later; the message it held is returned all the
-//! same.
+//! provider offers a wait object (see `wait`): a send gives up after its timeout, `receive`
+//! returns `None` after its own, and posting a receive buffer at `open` gives up after
+//! [`RECEIVE_POST_PATIENCE`]. A buffer whose re-post fails is kept and posted again later; the
+//! message it held is returned all the same.
 
 use std::ffi::CStr;
 use std::ptr;
@@ -44,7 +44,7 @@ use std::time::Duration;
 use super::deadline::Deadline;
 use super::receive::SlotArrival;
 use super::senders::{self, Received};
-use super::{LibfabricEndpoint, POST_PATIENCE, sends};
+use super::{LibfabricEndpoint, RECEIVE_POST_PATIENCE, sends};
 #[cfg(doc)] // for the docs' links
 use crate::av::FabricAv;
 use crate::cache::Peer;
@@ -477,9 +477,9 @@ impl LibfabricEndpoint {
     }
 
     /// Post slot `index` at `open`, retrying `-FI_EAGAIN` with progress for at most
-    /// [`POST_PATIENCE`].
+    /// [`RECEIVE_POST_PATIENCE`].
     pub(super) fn post_patiently(&self, index: usize) -> Result<(), DmaError> {
-        let deadline = Deadline::after(POST_PATIENCE);
+        let deadline = Deadline::after(RECEIVE_POST_PATIENCE);
         loop {
             match self.post_receive(index) {
                 Err(DmaError::WouldBlock) if !deadline.passed() => {
@@ -491,7 +491,7 @@ impl LibfabricEndpoint {
                         call: "fi_recv",
                         code: -i64::from(sys::FI_EAGAIN),
                         message: format!(
-                            "the provider still asked to retry after {POST_PATIENCE:?}, with \
+                            "the provider still asked to retry after {RECEIVE_POST_PATIENCE:?}, with \
                              {index} of {} receive buffers posted",
                             self.receives.len()
                         ),

@@ -29,7 +29,7 @@
 //!   on the others.
 //! - **Nothing waits for ever.** `open` refuses more receive buffers than the provider's
 //!   receive queue holds (`rx_attr.size`), posting them at `open` gives up after
-//!   [`POST_PATIENCE`] of `-FI_EAGAIN`, a send gives up after its timeout, and `receive`
+//!   [`RECEIVE_POST_PATIENCE`] of `-FI_EAGAIN`, a send gives up after its timeout, and `receive`
 //!   returns `None` after its own. A receive buffer
 //!   whose re-post fails is kept and posted again by a later
 //!   [`try_receive`](LibfabricEndpoint::try_receive) or [`progress`](LibfabricEndpoint::progress);
@@ -157,7 +157,7 @@ pub struct Description {
 
 /// How long `open` keeps posting a receive buffer the provider answers `-FI_EAGAIN` for, driving
 /// progress meanwhile, before it gives up with [`DmaError::Fabric`].
-pub const POST_PATIENCE: Duration = Duration::from_secs(1);
+pub const RECEIVE_POST_PATIENCE: Duration = Duration::from_secs(1);
 
 /// A reliable-datagram endpoint with its address vector, completion queues and address cache.
 ///

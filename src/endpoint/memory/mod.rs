@@ -97,7 +97,7 @@
 //! finishes when the peer has sent, or drained, all its bytes, which a stalled peer never does).
 //! A stale transfer that is still moving bytes when its buffer is reused writes into, or reads
 //! from, the new region, although its key is not the new region's. As a mitigation, a parked
-//! buffer is reused only after [`QUARANTINE`] more buffers of its class have been parked after
+//! buffer is reused only after [`REGION_REUSE_QUARANTINE`] more buffers of its class have been parked after
 //! it (a quarantine by count, which needs no progress and no clock), so a drop followed at once
 //! by a registration of the same size never gets the buffer just dropped. That narrows the
 //! window; it does not close it. An application that needs the guarantee keeps a region
@@ -105,14 +105,14 @@
 //!
 //! What parking costs: [`parked_memory`](LibfabricEndpoint::parked_memory) bytes, until
 //! reused or until the endpoint drops. A buffer is allocated only while its class has at most
-//! [`QUARANTINE`] parked, so a class never holds more buffers (alive and parked together) than
-//! the most regions of that class ever alive at once, plus [`QUARANTINE`]: parked memory is
+//! [`REGION_REUSE_QUARANTINE`] parked, so a class never holds more buffers (alive and parked together) than
+//! the most regions of that class ever alive at once, plus [`REGION_REUSE_QUARANTINE`]: parked memory is
 //! bounded by the peak of registered memory, plus the quarantine, plus 25% for the classes.
 //!
 //! # Keys
 //!
 //! Where the endpoint chooses the key (no `FI_MR_PROV_KEY`), each registration requests a fresh
-//! random 64-bit key (retrying `-FI_ENOKEY`, a key already in use, up to [`KEY_ATTEMPTS`]
+//! random 64-bit key (retrying `-FI_ENOKEY`, a key already in use, up to [`REGION_KEY_ATTEMPTS`]
 //! times): one endpoint's descriptor is not valid at another whose regions have the same shape,
 //! and a peer cannot guess a key it was not given. The source is one `std` `RandomState` per
 //! endpoint hashing a counter: a SipHash under a 128-bit key that `std` draws from the operating
@@ -156,8 +156,8 @@ use crate::error::DmaError;
 pub(super) mod pool;
 pub(super) mod registration;
 
-pub use self::pool::QUARANTINE;
-pub use self::registration::{KEY_ATTEMPTS, MAX_REGION_LEN};
+pub use self::pool::REGION_REUSE_QUARANTINE;
+pub use self::registration::{MAX_REGION_LEN, REGION_KEY_ATTEMPTS};
 
 /// The buffer type of a region made by [`LibfabricEndpoint::register`]: the endpoint's own
 /// memory, which is parked and reused by the endpoint, never handed out.
@@ -178,7 +178,7 @@ impl LibfabricEndpoint {
     /// [`MAX_REGION_LEN`] (naming both), when the
     /// system cannot allocate `len` bytes, or for a provider that asks for `FI_MR_RAW`;
     /// [`DmaError::Fabric`] when `fi_mr_reg` (after
-    /// [`KEY_ATTEMPTS`] keys already in use),
+    /// [`REGION_KEY_ATTEMPTS`] keys already in use),
     /// `fi_mr_bind` or `fi_mr_enable` fails. Nothing is left registered on an error.
     ///
     /// ```
@@ -674,13 +674,16 @@ mod tests {
     fn dropped_memory_is_parked_then_reused_zeroed_past_the_quarantine() {
         let endpoint = endpoint();
         let mut starts = Vec::new();
-        for _ in 0..=QUARANTINE {
+        for _ in 0..=REGION_REUSE_QUARANTINE {
             let region = endpoint.register(4096).expect("registered");
             region.write_bytes(0, &[0xab; 4096]).expect("fits");
             starts.push(region.inner.buffer as usize);
             drop(region);
         }
-        assert_eq!((QUARANTINE + 1) * 4096, endpoint.parked_memory());
+        assert_eq!(
+            (REGION_REUSE_QUARANTINE + 1) * 4096,
+            endpoint.parked_memory()
+        );
         let mut sorted = starts.clone();
         sorted.sort_unstable();
         sorted.dedup();
@@ -695,7 +698,7 @@ mod tests {
             starts[0], reused.inner.buffer as usize,
             "the oldest is reused"
         );
-        assert_eq!(QUARANTINE * 4096, endpoint.parked_memory());
+        assert_eq!(REGION_REUSE_QUARANTINE * 4096, endpoint.parked_memory());
         let mut seen = vec![0xff; 4000];
         reused.read_bytes(0, &mut seen).expect("in range");
         assert!(

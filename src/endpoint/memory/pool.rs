@@ -6,10 +6,10 @@
 //!
 //! # Bounds
 //!
-//! A buffer is allocated only while its class has at most [`QUARANTINE`] parked, so a class never
-//! holds more buffers (alive and parked together) than the most regions of that class ever alive
-//! at once, plus [`QUARANTINE`]; a buffer is at most 25% larger than its region (at least
-//! `MIN_CAPACITY`, 64 bytes). The application's own buffers parked here are never reused, and
+//! A buffer is allocated only while its class has at most [`REGION_REUSE_QUARANTINE`] parked, so
+//! a class never holds more buffers (alive and parked together) than the most regions of that
+//! class ever alive at once, plus [`REGION_REUSE_QUARANTINE`]; a buffer is at most 25% larger than
+//! its region (at least `MIN_CAPACITY`, 64 bytes). The application's own buffers parked here are never reused, and
 //! are bounded by the `Remote` buffers registered over the endpoint's life.
 
 use std::alloc::{self, Layout};
@@ -23,7 +23,7 @@ use crate::error::DmaError;
 
 /// How many more buffers of a size class are parked after a dropped region's before its memory
 /// is reused (see `src/endpoint/memory/mod.rs`, "Reuse, and what it risks").
-pub const QUARANTINE: usize = 2;
+pub const REGION_REUSE_QUARANTINE: usize = 2;
 
 /// The smallest buffer the pool allocates.
 const MIN_CAPACITY: usize = 64;
@@ -112,7 +112,7 @@ impl Pool {
         let reused = {
             let mut classes = crate::sync::lock(&self.classes);
             let reused = match classes.get_mut(&capacity) {
-                Some(parked) if parked.len() > QUARANTINE => parked.pop_front(),
+                Some(parked) if parked.len() > REGION_REUSE_QUARANTINE => parked.pop_front(),
                 _ => None,
             };
             if reused.is_some() {

@@ -9,7 +9,7 @@
 //! # Bounds
 //!
 //! A registration covers 1 to [`MAX_REGION_LEN`] bytes; one registration tries at most
-//! [`KEY_ATTEMPTS`] keys. [`Keys`] holds one hasher and one counter per endpoint.
+//! [`REGION_KEY_ATTEMPTS`] keys. [`Keys`] holds one hasher and one counter per endpoint.
 
 use std::any::Any;
 #[cfg(test)]
@@ -44,7 +44,7 @@ pub const MAX_REGION_LEN: usize = 1 << 40;
 
 /// How many random keys registration tries when the provider answers `-FI_ENOKEY` (the key is
 /// in use in the domain) before it gives up with that error.
-pub const KEY_ATTEMPTS: usize = 8;
+pub const REGION_KEY_ATTEMPTS: usize = 8;
 
 /// The keys an endpoint requests where the provider does not choose them (no
 /// `FI_MR_PROV_KEY`): each is `hasher.hash_one(counter)`, a SipHash of a counter under a key
@@ -209,7 +209,7 @@ unsafe impl Sync for Registration {}
 impl Registration {
     /// Register `len` bytes of zeroed memory from `pool` in `domain`, honouring `mr_mode`, under
     /// a key from `keys` (unless the provider chooses it), drawing another while the provider
-    /// answers `-FI_ENOKEY`, up to [`KEY_ATTEMPTS`] keys.
+    /// answers `-FI_ENOKEY`, up to [`REGION_KEY_ATTEMPTS`] keys.
     ///
     /// # Safety
     /// `domain` and `ep` are open and belong together; they stay open until the returned
@@ -373,7 +373,7 @@ impl Registration {
         let provider_keys = 0 != mr_mode & sys::FI_MR_PROV_KEY as i32;
         let mut mr: *mut sys::fid_mr = ptr::null_mut();
         let mut requested_key = 0;
-        for attempt in 1..=KEY_ATTEMPTS {
+        for attempt in 1..=REGION_KEY_ATTEMPTS {
             requested_key = if provider_keys { 0 } else { keys() };
             // SAFETY: the domain is open (the caller's promise); `buffer` holds at least `len`
             // bytes, owned by `registration` until it drops, which closes the registration
@@ -409,7 +409,7 @@ impl Registration {
             if 0 == code {
                 break;
             }
-            if code != -(sys::FI_ENOKEY as i32) || provider_keys || KEY_ATTEMPTS == attempt {
+            if code != -(sys::FI_ENOKEY as i32) || provider_keys || REGION_KEY_ATTEMPTS == attempt {
                 let call = match interface.hmem() {
                     None => "fi_mr_reg",
                     Some(_) => "fi_mr_regattr",
@@ -736,7 +736,7 @@ mod tests {
     }
 
     /// A requested key already in use in the domain is `-FI_ENOKEY`, and registration draws
-    /// another; it gives up after `KEY_ATTEMPTS`.
+    /// another; it gives up after `REGION_KEY_ATTEMPTS`.
     #[test]
     fn a_key_in_use_is_retried_with_another() {
         let endpoint = endpoint();
@@ -757,13 +757,13 @@ mod tests {
             .forced
             .lock()
             .expect("not poisoned")
-            .extend([77; KEY_ATTEMPTS]);
+            .extend([77; REGION_KEY_ATTEMPTS]);
         match endpoint.register(64) {
             Err(DmaError::Fabric { call, code, .. }) => {
                 assert_eq!("fi_mr_reg", call);
                 assert_eq!(-i64::from(sys::FI_ENOKEY), code);
             }
-            other => panic!("expected -FI_ENOKEY after {KEY_ATTEMPTS} keys: {other:?}"),
+            other => panic!("expected -FI_ENOKEY after {REGION_KEY_ATTEMPTS} keys: {other:?}"),
         }
         drop(taken);
     }
