@@ -2,9 +2,10 @@
 //! provider's `mr_mode`, the keys it is requested under, the holds of the operations in flight
 //! on it, and its close, after which its memory is parked.
 //!
-//! What each `mr_mode` bit asks, why keys are random and how they are drawn, and why a closed
-//! registration's memory is parked rather than freed are in the [`memory`](super) module docs
-//! ("The provider's memory-registration mode", "Keys", "parking").
+//! What each `mr_mode` bit asks and why a closed registration's memory is parked rather than
+//! freed are on [`MemoryRegion`](super::MemoryRegion) ("Registration mode", "Parking"); why keys
+//! are random and how they are drawn on [`register`](crate::endpoint::LibfabricEndpoint::register)
+//! ("Keys").
 //!
 //! # Bounds
 //!
@@ -48,8 +49,8 @@ pub const REGION_KEY_ATTEMPTS: usize = 8;
 
 /// The keys an endpoint requests where the provider does not choose them (no
 /// `FI_MR_PROV_KEY`): each is `hasher.hash_one(counter)`, a SipHash of a counter under a key
-/// `std` drew from the operating system's random source (see the [`memory`](super) module
-/// docs, "Keys").
+/// `std` drew from the operating system's random source (see
+/// [`register`](crate::endpoint::LibfabricEndpoint::register), "Keys").
 pub(crate) struct Keys {
     hasher: RandomState,
     /// The counter `hasher` hashes: a new input for every key drawn.
@@ -199,8 +200,9 @@ pub(crate) struct Registration {
 }
 
 // SAFETY: the registration is an object of an `FI_THREAD_SAFE` domain, usable from any thread;
-// the memory is only touched through raw copies (`memory` module docs: its bytes are plain `u8`, for which
-// any value is valid) and handed to the pool once, by whichever holder drops last.
+// the memory is only touched through raw copies (`MemoryRegion`'s docs, "Contents": its bytes
+// are plain `u8`, for which any value is valid) and handed to the pool once, by whichever holder
+// drops last.
 unsafe impl Send for Registration {}
 // SAFETY: as for `Send`; shared access is copies of plain bytes and reads of fields that never
 // change after registration, and `mr` is an atomic.
@@ -581,7 +583,7 @@ impl Drop for Registration {
     fn drop(&mut self) {
         self.close_registration();
         // Parked, not freed: a peer's transfer admitted before the close may still move bytes
-        // through it (`memory` module docs); the pool frees it after the endpoint has closed.
+        // through it (`MemoryRegion`'s docs, "Parking"); the pool frees it after the endpoint has closed.
         match std::mem::replace(&mut self.memory, Memory::None) {
             Memory::Pooled(memory) => self.pool.park(memory),
             // A peer may still move bytes through it: parked until the endpoint closes.
