@@ -86,6 +86,14 @@ impl LibfabricEndpoint {
     /// `FI_TRANSMIT_COMPLETE`, which tcp completes when the peer's provider acknowledges it: a send
     /// sitting in a socket is still in flight.
     ///
+    /// The slots are one zeroed allocation made at `open`, which the kernel backs only as slots
+    /// are used: as many as the transmit queue and its completion queue hold (at most
+    /// [`MAX_SENDS`](super::MAX_SENDS)), each of
+    /// [`Description::max_send_size`](super::Description::max_send_size) bytes (at most
+    /// [`MAX_SEND_COPY`](super::MAX_SEND_COPY)). So the memory the message path holds for sends,
+    /// in this crate and in the provider, is bounded whatever the peer does: a peer that stops
+    /// reading stops completions, and sends past the count are refused.
+    ///
     /// A send whose completion reports an error reaches the caller by the per-peer route: it is
     /// counted ([`failed_sends`](LibfabricEndpoint::failed_sends)) and logged at `warn` with its
     /// peer's `fi_addr_t`, and when the error says the peer is gone (refused, reset, not connected,
