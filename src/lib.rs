@@ -23,6 +23,24 @@
 //! `rails`; `ARCHITECTURE.md` draws them) are private modules, each using only those below it
 //! (`tests/layout.rs` checks it).
 //!
+//! Where the guarantees are: each on the item it is about, in its docs.
+//!
+//! - [`AddressCache`]: how a hit, a lease, a miss and a removal work, and the cache's eight
+//!   guarantees (no ABA, one remove per insert, bounded memory, no wait for ever, ...);
+//!   [`AddressCache::with_patience`]: the patience rule that bounds every wait.
+//! - [`Lease`]: what holding an entry for an operation in flight guarantees, and what it costs.
+//! - [`LibfabricEndpoint`]: what `open` opens, what the types enforce, and the endpoint's own
+//!   guarantees (drop order, bounded sends, refused providers);
+//!   [`LibfabricEndpoint::send_within`]: how sends are bounded and their failures reported.
+//! - [`MemoryRegion`]: a registration's lifetime, why dropped memory is parked and what its reuse
+//!   risks; [`PooledBuffer`]: the bound on parked memory; [`StableBuffer`]: who may touch the
+//!   bytes of an application's buffer, and why that is sound.
+//! - [`OverdueOperation`]: watching operations in flight for a peer that stopped answering.
+//! - [`RxmSizing`]: what an endpoint costs on tcp;ofi_rxm, and when the sizing applies.
+//!
+//! `docs/guarantees.md` in the repository collects the edges (sizes, timeouts, bounds) with the
+//! tests that hold them.
+//!
 //! What the types enforce: safe code posts only to a [`Peer`], which a [`Pinned`] resolve makes
 //! and which cannot outlive that pin, so it cannot post to an index the cache has removed or
 //! handed to another peer; a peer of another endpoint's cache is refused with

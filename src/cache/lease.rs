@@ -64,9 +64,10 @@ use dma_libfabric_sys::fi_addr_t;
 /// leaves "operations in progress that reference the removed addresses" undefined, and providers
 /// really do free them without a completion (efa RDM) or cancel them (rxm with
 /// `FI_AV_REMOVE_CLEANUP=1`). A lease holds the entry until it is dropped, which the completion
-/// path does once the completion has been read. The endpoint takes one for each operation it
-/// posts, and drops it when it reads the completion; code that posts through
-/// [`sys`](dma_libfabric_sys) itself takes its own.
+/// path does once the completion has been read. The endpoint's RMA calls take a lease with each
+/// operation and drop it when they read its completion (a copying send holds none: see
+/// [`LibfabricEndpoint`](crate::endpoint::LibfabricEndpoint), "Guarantees"); code that posts
+/// through the raw bindings itself holds its own.
 ///
 /// # Guarantees
 ///
