@@ -200,8 +200,10 @@ pub struct Configuration {
     /// a buffer whose [`interface`](crate::endpoint::StableBuffer::interface) is a device. A provider that
     /// does not offer it is passed over (tcp on libfabric 1.17 does not). Default `false`.
     pub hmem: bool,
-    /// rxm's buffer sizes. They take effect only once applied to the environment before
-    /// libfabric initialises; see [`apply_rxm_environment`](Self::apply_rxm_environment).
+    /// rxm's buffer sizes. They take effect only if they are in the environment when libfabric
+    /// initialises: the process's first open puts them there itself when the process has one
+    /// thread, and otherwise [`apply_rxm_environment`](Self::apply_rxm_environment) or the
+    /// launcher does (see [`RxmSizing`], "When the sizing applies").
     pub rxm: RxmSizing,
     /// The longest any call of the endpoint's address cache waits
     /// ([`AddressCache::with_patience`](crate::cache::AddressCache::with_patience)): a blocking lease
