@@ -36,6 +36,7 @@
 //!   risks; [`PooledBuffer`]: the bound on parked memory; [`StableBuffer`]: who may touch the
 //!   bytes of an application's buffer, and why that is sound.
 //! - [`OverdueOperation`]: watching operations in flight for a peer that stopped answering.
+//! - [`RailSet`]: the rails' mapping, their four guarantees and the argument for them.
 //! - [`RxmSizing`]: what an endpoint costs on tcp;ofi_rxm, and when the sizing applies.
 //!
 //! `docs/guarantees.md` in the repository collects the edges (sizes, timeouts, bounds) with the

@@ -4,7 +4,7 @@
 //! A rail is anything that has an [`AddressCache`]: the cache itself, or a
 //! [`LibfabricEndpoint`], whose cache is its AV's. [`RailCore`] holds the rails, the hooks through
 //! which an efa eviction on one rail releases the client on all the others, and the calls that act
-//! on every rail: pin, lease, release, quiesce. See the [module docs](super) for the ordering.
+//! on every rail: pin, lease, release, quiesce. See [`RailSet`](super::RailSet) for the ordering.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
