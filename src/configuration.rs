@@ -1,32 +1,10 @@
 //! How an endpoint is opened: which providers to try, where to bind, how big the address vector
 //! and the queues are, and how much memory rxm gives each endpoint.
 //!
-//! # Endpoint sizing
-//!
 //! The queue sizes ([`Configuration::tx_size`], [`Configuration::rx_size`],
-//! [`Configuration::cq_size`]) go to libfabric with each endpoint: they are `fi_getinfo` hints
-//! and the `fi_cq_attr` size.
-//!
-//! rxm's buffers ([`RxmSizing`]) cannot be chosen per endpoint: rxm reads them from
-//! `FI_OFI_RXM_*` environment variables once, when libfabric initialises its providers (the
-//! process's first `fi_getinfo`), and every later endpoint of the process uses them. rxm's own
-//! defaults (16 KiB bounce buffers, pools of 1,024 of them for each direction) cost each endpoint
-//! tens of MB and tens of milliseconds to open. Since `setenv` is not thread safe, the library
-//! never sets them behind the caller's back; the rule is:
-//!
-//! - call [`Configuration::apply_rxm_environment`] at the start of `main`, before any thread is
-//!   spawned and before the first endpoint opens, or
-//! - set the variables [`Configuration::rxm_environment`] lists in the environment the process
-//!   is started with (a launcher, a systemd unit).
-//!
-//! A variable already present in the environment wins over the configuration. When the sizing
-//! was not applied, [`LibfabricEndpoint::open`](crate::endpoint::LibfabricEndpoint::open) still works, with
-//! rxm's defaults (and their cost).
-//!
-//! What the sizing buys (`examples/open_cost`, tcp;ofi_rxm on 127.0.0.1, 16 endpoints held
-//! open, medians; the README has the table): on libfabric 1.17 an endpoint costs 5.3 MiB of
-//! resident memory instead of 68.5 MiB, on 2.6.0 21 MiB instead of 132 MiB, and opens several
-//! times faster.
+//! [`Configuration::cq_size`]) go to libfabric with each endpoint, as `fi_getinfo` hints and the
+//! `fi_cq_attr` size. rxm's buffers cannot: when and how they apply, and what they cost, is on
+//! [`RxmSizing`], where a user reads it; [`before_getinfo`] is the first open's part of it.
 
 use std::ffi::CStr;
 use std::ptr;
@@ -222,8 +200,10 @@ pub struct Configuration {
     /// a buffer whose [`interface`](crate::endpoint::StableBuffer::interface) is a device. A provider that
     /// does not offer it is passed over (tcp on libfabric 1.17 does not). Default `false`.
     pub hmem: bool,
-    /// rxm's buffer sizes. They take effect only once applied to the environment before
-    /// libfabric initialises; see [`apply_rxm_environment`](Self::apply_rxm_environment).
+    /// rxm's buffer sizes. They take effect only if they are in the environment when libfabric
+    /// initialises: the process's first open puts them there itself when the process has one
+    /// thread, and otherwise [`apply_rxm_environment`](Self::apply_rxm_environment) or the
+    /// launcher does (see [`RxmSizing`], "When the sizing applies").
     pub rxm: RxmSizing,
     /// The longest any call of the endpoint's address cache waits
     /// ([`AddressCache::with_patience`](crate::cache::AddressCache::with_patience)): a blocking lease

@@ -23,6 +23,25 @@
 //! `rails`; `ARCHITECTURE.md` draws them) are private modules, each using only those below it
 //! (`tests/layout.rs` checks it).
 //!
+//! Where the guarantees are: each on the item it is about, in its docs.
+//!
+//! - [`AddressCache`]: how a hit, a lease, a miss and a removal work, and the cache's eight
+//!   guarantees (no ABA, one remove per insert, bounded memory, no wait for ever, ...);
+//!   [`AddressCache::with_patience`]: the patience rule that bounds every wait.
+//! - [`Lease`]: what holding an entry for an operation in flight guarantees, and what it costs.
+//! - [`LibfabricEndpoint`]: what `open` opens, what the types enforce, and the endpoint's own
+//!   guarantees (drop order, bounded sends, refused providers);
+//!   [`LibfabricEndpoint::send_within`]: how sends are bounded and their failures reported.
+//! - [`MemoryRegion`]: a registration's lifetime, why dropped memory is parked and what its reuse
+//!   risks; [`PooledBuffer`]: the bound on parked memory; [`StableBuffer`]: who may touch the
+//!   bytes of an application's buffer, and why that is sound.
+//! - [`OverdueOperation`]: watching operations in flight for a peer that stopped answering.
+//! - [`RailSet`]: the rails' mapping, their four guarantees and the argument for them.
+//! - [`RxmSizing`]: what an endpoint costs on tcp;ofi_rxm, and when the sizing applies.
+//!
+//! `docs/guarantees.md` in the repository collects the edges (sizes, timeouts, bounds) with the
+//! tests that hold them.
+//!
 //! What the types enforce: safe code posts only to a [`Peer`], which a [`Pinned`] resolve makes
 //! and which cannot outlive that pin, so it cannot post to an index the cache has removed or
 //! handed to another peer; a peer of another endpoint's cache is refused with
@@ -50,8 +69,9 @@
 //! ```
 
 mod address;
-// The tokio API stays a public module: its `POST_PATIENCE` (how long a future retries a full
-// queue) would clash at the root with the endpoint's (how long `open` posts receive buffers).
+// The tokio API stays a public module, behind its feature: its docs (the driver, cancel safety)
+// are the module's, and its `POST_PATIENCE` (how long a future retries a full queue) reads as
+// `asynchronous::POST_PATIENCE`, apart from the root's `RECEIVE_POST_PATIENCE` (`open`'s).
 #[cfg(feature = "tokio")]
 pub mod asynchronous;
 mod av;
@@ -69,7 +89,7 @@ pub use dma_libfabric_sys as sys;
 
 // Configuration, and opening an endpoint.
 pub use configuration::{Configuration, Provider, RxmSizing, compiled_providers, runtime_version};
-pub use endpoint::{Description, LibfabricEndpoint, POST_PATIENCE};
+pub use endpoint::{Description, LibfabricEndpoint, RECEIVE_POST_PATIENCE};
 
 // Addresses, and the cache of them an endpoint keeps.
 pub use address::{AddressFormat, EFA_ADDRESS_LEN, EFA_IDENTITY_LEN, SOCKADDR_IN_LEN};
@@ -88,7 +108,7 @@ pub use cache::{Lease, Peer, Pinned};
 pub use endpoint::{MAX_PIECES, MAX_SEND_COPY, MAX_SENDS, Notification, Received};
 
 // Memory and RMA.
-pub use endpoint::memory::{KEY_ATTEMPTS, MAX_REGION_LEN, QUARANTINE};
+pub use endpoint::memory::{MAX_REGION_LEN, REGION_KEY_ATTEMPTS, REGION_REUSE_QUARANTINE};
 pub use endpoint::{
     Exposure, MAX_OPERATIONS, MemoryInterface, MemoryRegion, Operation, PooledBuffer, RegionSlice,
     RemoteRegion, Segment, StableBuffer,

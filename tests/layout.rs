@@ -230,7 +230,10 @@ fn no_source_file_is_longer_than_a_reader_holds() {
             code_lines(&text) <= MOST_LINES
         })
         .collect();
-    assert!(stale.is_empty(), "no longer long, take them off LONGER: {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "no longer long, take them off LONGER: {stale:?}"
+    );
 }
 
 #[test]

@@ -10,7 +10,8 @@ use std::time::Instant;
 use testkit::resident;
 
 use dma_libfabric::{
-    DmaError, LibfabricEndpoint, MAX_REGION_LEN, MemoryRegion, QUARANTINE, RemoteRegion,
+    DmaError, LibfabricEndpoint, MAX_REGION_LEN, MemoryRegion, REGION_REUSE_QUARANTINE,
+    RemoteRegion,
 };
 use testkit::{PATIENCE, rma_tcp, wait_for_bytes, with_progress};
 use testkit::{Random, in_child_process};
@@ -269,11 +270,11 @@ fn a_register_drop_loop_stays_bounded_in_parked_and_resident_memory() {
     const ALIVE: usize = 4;
     let endpoint = rma_tcp();
     let mut random = Random::new(19);
-    // Each class holds at most ALIVE live regions plus QUARANTINE parked ones; classes are at
-    // most 25% above the length, and at least 64 bytes.
+    // Each class holds at most ALIVE live regions plus REGION_REUSE_QUARANTINE parked ones;
+    // classes are at most 25% above the length, and at least 64 bytes.
     let bound: usize = SIZES
         .iter()
-        .map(|&len| (ALIVE + QUARANTINE) * (len + len / 4).max(64))
+        .map(|&len| (ALIVE + REGION_REUSE_QUARANTINE) * (len + len / 4).max(64))
         .sum();
     let mut alive = std::collections::VecDeque::new();
     let mut warm = 0;
@@ -453,12 +454,19 @@ fn lengths_the_allocator_cannot_give_are_errors_not_aborts() {
 #[test]
 fn a_shared_region_is_parked_like_any_other() {
     let endpoint = std::sync::Arc::new(rma_tcp());
-    for _ in 0..=QUARANTINE {
+    for _ in 0..=REGION_REUSE_QUARANTINE {
         drop(endpoint.register_shared(4096).expect("registered"));
     }
-    assert_eq!((QUARANTINE + 1) * 4096, endpoint.parked_memory());
+    assert_eq!(
+        (REGION_REUSE_QUARANTINE + 1) * 4096,
+        endpoint.parked_memory()
+    );
     let reused = endpoint.register_shared(4096).expect("registered");
-    assert_eq!(QUARANTINE * 4096, endpoint.parked_memory(), "one reused");
+    assert_eq!(
+        REGION_REUSE_QUARANTINE * 4096,
+        endpoint.parked_memory(),
+        "one reused"
+    );
     drop(endpoint); // the region still holds it
     assert_eq!(4096, reused.len());
 }

@@ -1,16 +1,7 @@
 //! Peer addresses: how many of their bytes name the peer, and which lengths are acceptable.
 //!
-//! `fi_av_insert` reads as many bytes as the provider's address length whatever slice it is
-//! given, so every address is checked against that length before any libfabric call: an address
-//! of any other length (empty included) is [`DmaError::InvalidAddress`]. So is an address of
-//! all zero bytes, on every format: it is what a peer advertises before `fi_getname` has run
-//! (seen during rolling restarts), never a real peer, and on efa it would be inserted as one.
-//!
-//! On efa an address is not only an identifier: it is `raw[16]` (the GID), `qpn: u16`,
-//! `pad: u16`, `qkey: u32` and 8 bytes of pointer. The device hands a closed endpoint's QPN to the
-//! next endpoint on the card, and efa's reverse address vector keys entries by GID and QPN, so
-//! those 18 bytes are the peer's *identity* and the QKEY only tells incarnations of one slot
-//! apart. Every other provider's identity is the whole address.
+//! What a user relies on (which addresses are refused before any libfabric call, and what an
+//! efa address's identity is) is on [`AddressFormat`], where a user reads it.
 
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
@@ -23,6 +14,18 @@ pub const EFA_IDENTITY_LEN: usize = 18;
 pub const SOCKADDR_IN_LEN: usize = 16;
 
 /// How a provider lays out an address.
+///
+/// `fi_av_insert` reads as many bytes as the provider's address length whatever slice it is
+/// given, so every address is checked against that length before any libfabric call: an address
+/// of any other length (empty included) is [`DmaError::InvalidAddress`]. So is an address of
+/// all zero bytes, on every format: it is what a peer advertises before `fi_getname` has run
+/// (seen during rolling restarts), never a real peer, and on efa it would be inserted as one.
+///
+/// On efa an address is not only an identifier: it is `raw[16]` (the GID), `qpn: u16`,
+/// `pad: u16`, `qkey: u32` and 8 bytes of pointer. The device hands a closed endpoint's QPN to the
+/// next endpoint on the card, and efa's reverse address vector keys entries by GID and QPN, so
+/// those 18 bytes are the peer's *identity* and the QKEY only tells incarnations of one slot
+/// apart. Every other provider's identity is the whole address.
 ///
 /// ```
 /// use dma_libfabric::AddressFormat;

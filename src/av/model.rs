@@ -1,21 +1,9 @@
 //! A model address vector: libfabric's `FI_AV_TABLE` semantics, and efa's address rules, without
 //! a device.
 //!
-//! The model hands out the lowest free index first, as `FI_AV_TABLE` does, so a removed index is
-//! reused at once and ABA shows up exactly where it would on real hardware. It keeps a use count
-//! per address for providers that count duplicate inserts (tcp), and none for efa, where one
-//! remove frees an entry however many inserts there were. For the efa format it refuses a second
-//! entry for one (GID, QPN), as efa-direct's reverse AV cannot hold one, and it records every
-//! breach of the rules (a stale remove, a read past a short address, a grown table) as a
-//! *violation* a test can assert is absent.
-//!
-//! Its table sits behind a std mutex even under loom: the model stands for libfabric, which
-//! the protocol does not get to model-check.
-//!
-//! `ModelAv` is a cheap handle: clones share one table, so a test keeps a clone to inspect what
-//! the writer thread did with the one it handed to [`AddressCache::with_backend`].
-//!
-//! [`AddressCache::with_backend`]: crate::cache::AddressCache::with_backend
+//! What the model does (lowest index first, use counts, efa's rules, violations) is on
+//! [`ModelAv`], where a test author reads it. Its table sits behind a std mutex even under loom:
+//! the model stands for libfabric, which the protocol does not get to model-check.
 
 use super::AvBackend;
 use crate::address::AddressFormat;
@@ -66,7 +54,20 @@ struct Table {
     panic_on_next_call: bool,
 }
 
-/// The model address vector. See the module documentation.
+/// The model address vector: libfabric's `FI_AV_TABLE` semantics, and efa's address rules,
+/// without a device (feature `model`).
+///
+/// The model hands out the lowest free index first, as `FI_AV_TABLE` does, so a removed index is
+/// reused at once and ABA shows up exactly where it would on real hardware. It keeps a use count
+/// per address for providers that count duplicate inserts (tcp), and none for efa, where one
+/// remove frees an entry however many inserts there were. For the efa format it refuses a second
+/// entry for one (GID, QPN), as efa-direct's reverse AV cannot hold one, and it records every
+/// breach of the rules (a stale remove, a read past a short address, a grown table) as a
+/// *violation* a test can assert is absent.
+///
+/// `ModelAv` is a cheap handle: clones share one table, so a test keeps a clone to inspect what the
+/// writer thread did with the one it handed to
+/// [`AddressCache::with_backend`](crate::cache::AddressCache::with_backend).
 ///
 /// ```
 /// use dma_libfabric::{AddressFormat, AvBackend, ModelAv};

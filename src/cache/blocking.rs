@@ -1,28 +1,9 @@
 //! The calls of the cache that wait: [`AddressCache::lease`], [`lease_all`], [`lease_within`],
 //! [`quiesce`] and [`quiesce_with_patience`], and the patience that bounds every one of them.
 //!
-//! # The patience rule
-//!
-//! No call of the cache waits for ever, whoever holds what, on whichever thread or task. Every
-//! wait is bounded by the cache's *patience* ([`AddressCache::with_patience`], set by an endpoint
-//! from [`Configuration::cache_patience`](crate::configuration::Configuration::cache_patience); by default
-//! [`AddressCache::DEFAULT_PATIENCE`], 5 s), and no timeout a caller passes makes a wait longer
-//! (`Duration::MAX`, 2⁴⁰ s and 100 years all mean "the patience").
-//!
-//! Why a bound rather than a guess: a lease entry that waits for an old incarnation's removal
-//! waits for every lease on it and every reader pinned at its unlink. Which of those belong to
-//! the caller cannot be known: a [`Lease`] is `Send` (a completion thread drops it, an async task
-//! moves between worker threads), and a pin of the calling thread's parent (a fork-join) is as
-//! much the caller's as its own. An earlier rule, "a lease counts for the thread that took it",
-//! refused waits that would have ended (a thread whose one lease was in flight on a completion
-//! thread was refused every later wait) and waited for ever on others (a lease handed to the
-//! thread that then waits). The patience needs no guess: a wait on oneself ends at the bound with
-//! an error that says what it waited for, and a wait on another thread ends when that thread
-//! drops what it holds.
-//!
-//! What is still refused at once, because it is exact: a blocking lease on a thread that holds a
-//! [`Pinned`](super::Pinned) of the cache (its own pin would hold the removal back), and any
-//! wait on the cache's own writer thread.
+//! Every one of them waits at most the cache's patience; the rule, and why it is a bound rather
+//! than a guess at whose leases are whose, is on
+//! [`with_patience`](AddressCache::with_patience), where a user reads it.
 //!
 //! # Who decides
 //!
@@ -56,9 +37,35 @@ impl<B: AvBackend> AddressCache<B> {
     pub const DEFAULT_PATIENCE: Duration =
         crate::configuration::Configuration::DEFAULT_CACHE_PATIENCE;
 
-    /// This cache, with `patience` as the longest any of its calls waits (see the
-    /// patience rule of [`lease`](Self::lease)). `Duration::ZERO` makes every blocking lease
-    /// answer at once.
+    /// This cache, with `patience` as the longest any of its calls waits (the patience rule,
+    /// below). `Duration::ZERO` makes every blocking lease answer at once.
+    ///
+    /// # The patience rule
+    ///
+    /// No call of the cache waits for ever, whoever holds what, on whichever thread or task.
+    /// Every wait ([`lease`](Self::lease), [`lease_all`](Self::lease_all),
+    /// [`lease_within`](Self::lease_within), [`quiesce`](Self::quiesce)) is bounded by the cache's
+    /// *patience*: this, set by an endpoint from
+    /// [`Configuration::cache_patience`](crate::configuration::Configuration::cache_patience), by
+    /// default [`DEFAULT_PATIENCE`](Self::DEFAULT_PATIENCE), 5 s. No timeout a caller passes makes
+    /// a wait longer (`Duration::MAX`, 2⁴⁰ s and 100 years all mean "the patience").
+    ///
+    /// Why a bound rather than a guess: a lease entry that waits for an old incarnation's removal
+    /// waits for every lease on it and every reader pinned at its unlink. Which of those belong to
+    /// the caller cannot be known: a [`Lease`] is `Send` (a completion thread drops it, an async
+    /// task moves between worker threads), and a pin of the calling thread's parent (a fork-join)
+    /// is as much the caller's as its own. An earlier rule, "a lease counts for the thread that
+    /// took it", refused waits that would have ended (a thread whose one lease was in flight on a
+    /// completion thread was refused every later wait) and waited for ever on others (a lease
+    /// handed to the thread that then waits). The patience needs no guess: a wait on oneself ends
+    /// at the bound with an error that says what it waited for
+    /// ([`DmaError::OutOfPatience`]), and a wait on another thread ends when that thread drops
+    /// what it holds. Each waiter is answered exactly once, and the error always names a removal
+    /// that was still held when it was given.
+    ///
+    /// What is still refused at once, because it is exact: a blocking lease on a thread that
+    /// holds a [`Pinned`](super::Pinned) of the cache (its own pin would hold the removal back),
+    /// and any wait on the cache's own writer thread.
     ///
     /// ```
     /// use std::time::Duration;

@@ -1,19 +1,8 @@
 //! Leases: an owned hold on an entry that keeps its `fi_av_remove` back for as long as an
 //! operation posted against it may still be in flight.
 //!
-//! A pin covers *posting*. An RDMA write, read or send stays in flight after the post returns,
-//! until its completion is read, often on another thread; fi_av(3) leaves "operations in progress
-//! that reference the removed addresses" undefined, and providers really do free them without a
-//! completion (efa RDM) or cancel them (rxm with `FI_AV_REMOVE_CLEANUP=1`). A [`Lease`] holds the
-//! entry until it is dropped, which the completion path does once the completion has been read.
-//!
-//! # Guarantees
-//!
-//! - While a `Lease` lives, its `fi_addr_t` maps in the AV to the address it was resolved for: the
-//!   entry's `fi_av_remove` does not run, and so neither does (on efa) the insert of a newer
-//!   incarnation parked behind it.
-//! - A plain `resolve` pays nothing for leases: the counters are touched only by taking and
-//!   dropping a lease.
+//! What a user relies on (the guarantees, the bounds, why a lease borrows its cache) is on
+//! [`Lease`]; this page keeps how the counters implement it, and why the orderings suffice.
 //!
 //! # How
 //!
@@ -30,16 +19,10 @@
 //! forgets the entry until the lease that takes the count to zero tells it: that drop sees the
 //! bit in the value its decrement returns, sets the index's bit in a bitmap sized to the capacity
 //! and rings the writer's doorbell. So a removal held by leases costs the writer nothing while it
-//! waits (no rescans, whatever else is queued), and exactly one drop reports it.
+//! waits (no rescans, whatever else is queued), and exactly one drop reports it. Half the
+//! counter's range lies between its ceiling (`LEASE_LIMIT`, 2³⁰) and `AWAITED`, so clones racing
+//! past the ceiling cannot reach the bit (`lease_counts.rs`).
 //!
-//! # Bounds
-//!
-//! - A counter never wraps: taking a lease refuses past `LEASE_LIMIT` (2³⁰ on one index), and
-//!   [`Lease::clone`] aborts past it, as `Arc::clone` does (a clone cannot fail, and only leaked
-//!   clones get there). So a lease's index is never removed while the lease lives, and a counter
-//!   never goes below zero.
-//! - Memory is fixed at construction: 4 bytes and a bit per index of the AV's capacity.
-
 //! # Ordering
 //!
 //! - **No lease is missed.** A lease is taken only under a live pin that could see the entry:
@@ -66,15 +49,6 @@
 //!   The dropper sets the index's bit, then its word's summary bit, then a dirty flag, each
 //!   `Release`; the writer swaps them back in the opposite order with `Acquire`, so a bit is never
 //!   hidden under a flag already cleared.
-//!
-//! # Why a borrow and not an `Arc`
-//!
-//! A `Lease<'cache>` borrows its cache. An `Arc` would make it `'static` but put a contended
-//! reference-count write on every operation, on one cache line shared by every posting thread;
-//! the borrow costs nothing and makes dropping the cache while leases are out impossible (the
-//! borrow checker refuses it), so no lease can outlive the AV it points into. Code that must store
-//! leases beyond a scope (a completion queue's contexts) keeps them beside the cache it borrows,
-//! as the endpoint does. `benches/hit.rs` measures both (`lease round` and `lease round + Arc`).
 
 use super::Peer;
 use super::shared::Shared;
@@ -83,10 +57,52 @@ use dma_libfabric_sys::fi_addr_t;
 /// An owned hold on a cache entry: while it lives, the entry's `fi_av_remove` does not run, and
 /// its `fi_addr_t` keeps mapping to the address it was resolved for. Hold one for every operation
 /// that is in flight after its post returns, and drop it once the operation's completion has been
-/// read. The lease protocol's guarantees, bounds and ordering are in `src/cache/lease.rs`.
+/// read.
 ///
-/// A lease is `Send` and `Sync`: a completion thread drops it. It borrows the cache, so the cache
-/// (and the endpoint that owns it) cannot be dropped while a lease is out.
+/// A [`Pinned`](super::Pinned) guard covers *posting*. An RDMA write, read or send stays in
+/// flight after the post returns, until its completion is read, often on another thread; fi_av(3)
+/// leaves "operations in progress that reference the removed addresses" undefined, and providers
+/// really do free them without a completion (efa RDM) or cancel them (rxm with
+/// `FI_AV_REMOVE_CLEANUP=1`). A lease holds the entry until it is dropped, which the completion
+/// path does once the completion has been read. The endpoint's RMA calls take a lease with each
+/// operation and drop it when they read its completion (a copying send holds none: see
+/// [`LibfabricEndpoint`](crate::endpoint::LibfabricEndpoint), "Guarantees"); code that posts
+/// through the raw bindings itself holds its own.
+///
+/// # Guarantees
+///
+/// - While a lease lives, its `fi_addr_t` maps in the AV to the address it was resolved for: the
+///   entry's `fi_av_remove` does not run, and so neither does (on efa) the insert of a newer
+///   incarnation parked behind it. A `release` or an eviction meanwhile retires the entry, and its
+///   removal runs once the last lease on it has gone
+///   ([`CacheStats::removals_awaiting_leases`](super::CacheStats::removals_awaiting_leases) counts
+///   the removals waiting so).
+/// - Everything the holder did before dropping the lease (reading the operation's completion)
+///   happens before that `fi_av_remove`.
+/// - A plain `resolve` pays nothing for leases: the counters are touched only by taking and
+///   dropping a lease. Taking one is an increment of the index's own counter, and dropping it a
+///   decrement: no lock, no allocation.
+/// - A lease is `Send` and `Sync`: a completion thread drops it.
+///
+/// # Bounds
+///
+/// - At most 2³⁰ leases on one index: taking one more is refused with
+///   [`DmaError::InvalidArgument`](crate::error::DmaError::InvalidArgument), and
+///   [`Lease::clone`] aborts past it, as `Arc::clone` does (a clone cannot fail, and only leaked
+///   clones get there). So a counter never wraps, a lease's index is never removed while the
+///   lease lives, and a counter never goes below zero.
+/// - Memory is fixed when the cache is built: 4 bytes and a bit per index of the AV's capacity,
+///   whatever the number of leases.
+///
+/// # Why a borrow and not an `Arc`
+///
+/// A `Lease<'cache>` borrows its cache, so the cache (and the endpoint that owns it) cannot be
+/// dropped while a lease is out: the borrow checker refuses it (below), and no lease can outlive
+/// the AV it points into. An `Arc` would make it `'static`, but put a contended reference-count
+/// write on every operation, on one cache line shared by every posting thread; the borrow costs
+/// nothing. Code that must store leases beyond a scope (a completion queue's contexts) keeps them
+/// beside the cache they borrow, as the endpoint does. `benches/hit.rs` measures both
+/// (`lease_round` and `lease_round_arc`).
 ///
 /// ```
 /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};

@@ -1,6 +1,6 @@
 //! The lease counters: one per AV index, and the bitmap through which the last lease of an
-//! awaited removal tells the writer. The protocol, its guarantees and its bounds are the
-//! [`lease`](super::lease) module's; this file is the counters the writer and the leases share,
+//! awaited removal tells the writer. The guarantees and bounds are on [`Lease`](super::Lease),
+//! the protocol in the [`lease`](super::lease) module; this file is the counters the writer and the leases share,
 //! below both, so that neither imports the other.
 
 use super::doorbell::Doorbell;

@@ -1,101 +1,10 @@
 //! The lock-free cache of address-vector entries.
 //!
-//! Posting threads turn a peer's advertised address into the `fi_addr_t` they post against, once
-//! per transfer. [`AddressCache`] makes that a hash probe:
-//!
-//! - **Readers** [`pin`](AddressCache::pin) an epoch and [`resolve`](Pinned::resolve)
-//!   `(client, address)` pairs. A hit is one probe of a papaya map keyed by the borrowed
-//!   `(client, identity)` pair plus a comparison of the full address: it allocates nothing,
-//!   takes no lock and writes no shared memory. Each [`Peer`] borrows the [`Pinned`] it came
-//!   from, so the borrow checker forbids using it after the pin is dropped; and it knows its
-//!   cache ([`AddressCache::owns`]), so an endpoint refuses another cache's peer.
-//! - **Leases** ([`Lease`], taken with [`Pinned::lease`] or [`AddressCache::lease`]) hold an
-//!   entry for the operations in flight after a post: its removal waits for every lease on it to
-//!   be dropped, which the completion path does once it has read the completion. A resolve that
-//!   takes no lease pays nothing for them (see [`lease`]).
-//! - **Many misses at once** ([`Pinned::resolve_all`], [`AddressCache::lease_all`]) go to the
-//!   writer 64 to a request, with one answer a chunk: a connect storm in `n / 64` round trips.
-//! - **One writer at a time** applies every change in arrival order: it alone calls
-//!   `fi_av_insert` and `fi_av_remove`, counts which clients hold which entry, evicts stale efa
-//!   incarnations, and publishes and unlinks index entries. The writer is a role, not a thread
-//!   (see `writer`): a miss queues a request and, if the role is free, applies it (and what else
-//!   is queued) on its own thread; otherwise the holder answers it. A background thread per cache
-//!   takes the same role for the work no caller brings. `resolve` waits for the reply,
-//!   `try_resolve` does not.
-//! - **Removal is deferred**: an entry whose last client has gone is unlinked from the index and
-//!   its removal deferred on the cache's private `crossbeam_epoch::Collector` (one deferral out at
-//!   a time, covering every entry retired before it). The deferred closure only tells the writer
-//!   (a flag and its doorbell), which removes the entries once every reader that was pinned at
-//!   their unlink has unpinned and every lease on them has been dropped. So no reader and
-//!   no operation in flight ever holds a `fi_addr_t` that libfabric has removed or handed to
-//!   another peer (the ABA hazard of `FI_AV_TABLE`, which reuses the lowest free index at once).
-//!
-//! # Guarantees
-//!
-//! 1. A `Peer` maps, in the AV, to exactly the address it was resolved for, for as long as its
-//!    pin lives, and a `Lease` for as long as it lives.
-//! 2. Every `fi_av_insert` is matched by exactly one `fi_av_remove`, after the last client
-//!    released the entry, every reader that could have seen it unpinned, and every lease on it
-//!    was dropped. A failed `fi_av_remove` is retried with a backoff; until it succeeds the entry
-//!    counts against the capacity and (efa) blocks its identity ([`CacheStats::failed_removes`]).
-//! 3. The AV never holds two entries for one identity: on efa, a new QKEY on a known GID and QPN
-//!    evicts the old incarnation (and every client on it), whose removal runs *before* the new
-//!    incarnation's insert. The new one waits, parked, without stalling other requests.
-//! 4. Once every client is released and the cache is quiesced, the AV and the index are empty.
-//! 5. Bad input (an address of the wrong length, empty, or all zero bytes: a peer that advertised
-//!    before its endpoint had an address) is a [`DmaError`] before any AV call,
-//!    and changes nothing. So is a full AV: the cache never holds more than
-//!    [`AvBackend::capacity`] entries, counting those awaiting removal.
-//! 6. Nothing grows without bound: the writer's inbox holds at most
-//!    [`AddressCache::INBOX_BOUND`] requests, and at most as many misses queued in
-//!    `resolve_all`/`lease_all` chunks (a chunk counts as its misses), and `quiesce` answers
-//!    once the requests before it are applied and their removals have run, however busy the
-//!    inbox is after it. A queued miss
-//!    that failed reports its error to the next `try_resolve` (never `WouldBlock` for ever). The
-//!    cache's heap stays within a bound set by the AV's capacity and the inbox bound however long
-//!    a probing reader stays pinned and whatever is released, revived or retried (the writer's module
-//!    docs give it in bytes), and a lease counter cannot wrap ([`AddressCache::LEASE_LIMIT`]).
-//!    One cost is per pin and outside that bound: a [`Pinned`] holds papaya's guard on the
-//!    index across its probes, so a pin that stops probing holds back the index nodes the writer
-//!    retires until its next probe or its drop (about 650 B a release/revive cycle measured;
-//!    `tests/soak.rs`, `docs/guarantees.md`). A pin that goes on probing holds at most what was
-//!    retired since its last probe.
-//! 7. No call waits for ever, whoever holds what, on whichever thread or task: every wait (a
-//!    blocking lease, `lease_all`, `lease_within`, `quiesce`) ends within the cache's patience
-//!    ([`AddressCache::with_patience`], 5 s by default), whatever timeout it was given, answering
-//!    [`DmaError::OutOfPatience`] if the entry is not in by then; a wait that another thread's
-//!    drop ends, ends at that drop. The exact refusals stay: a blocking lease on a thread pinned
-//!    on the cache, and any wait on the writer's own thread (a `tracing` subscriber, an
-//!    [`AvBackend`]). See the `blocking` module.
-//! 8. A hit allocates nothing and takes no lock, even while other threads churn: what a reader's
-//!    `pin()` may run on the writer's behalf (crossbeam's collection of the one outstanding
-//!    deferral) only exchanges a flag and rings the writer's doorbell. One cost is crossbeam's
-//!    own and remains: a pin that collects a bag hands its queue node back through the reader's
-//!    own bag, and every 64 such nodes that reader allocates one 2,072-byte node to push its bag
-//!    (`tests/hit_path.rs` measures it: 110 allocations in 12 million hits while another thread
-//!    churned 20,000 release/resolve cycles; with fewer than 64 grace periods, none). A hit may
-//!    free, though: when the writer has changed the index since the pin's last probe (one
-//!    relaxed load of a counter tells), the hit refreshes the pin's papaya guard, which reclaims
-//!    a batch of index nodes the writer retired when the hit's thread is the last to leave them
-//!    (`docs/guarantees.md` has what it costs and how often). On an index the writer leaves
-//!    alone, a hit is one load, one probe and one compare.
-//!
-//! # Why a resolve under a pin can be told to wait
-//!
-//! A recycled efa slot cannot take its new incarnation until the old one is removed, and the old
-//! one cannot be removed while the caller's own pin (taken before the eviction) lives. So when a
-//! resolve has to park a new incarnation, it returns [`DmaError::WouldBlock`] rather than wait
-//! for itself: the writer inserts the new incarnation once every reader has unpinned and every
-//! lease on the old one has been dropped, and a resolve under a later pin finds it.
-//! [`AddressCache::lease`], which holds no pin while it waits, waits for that instead, for at
-//! most the cache's patience.
-//!
-//! # Drop
-//!
-//! Dropping the cache stops the writer, which removes every pending and live entry before the
-//! thread ends; the endpoint closes its AV only after that. No `Drop` and no deferred closure
-//! calls libfabric. Every `Pinned` and every `Lease` borrows the cache, so none is left when it
-//! drops.
+//! How the cache works and what it guarantees a user (a hit, leases, misses, the writer, deferred
+//! removal; the eight guarantees; why a resolve under a pin can be told to wait; drop) is on
+//! [`AddressCache`], where a user reads it. The proofs are the rooms': the writer's protocol and
+//! its bounds in bytes in `writer`, the lease counters' orderings in `lease`, the patience's
+//! answer in `blocking`, the doorbell's lost-wake-up argument in `doorbell`.
 
 mod blocking;
 mod budget;
@@ -251,7 +160,102 @@ impl Core {
     }
 }
 
-/// A cache of address-vector entries shared by many posting threads. See the module docs.
+/// A cache of address-vector entries shared by many posting threads.
+///
+/// Posting threads turn a peer's advertised address into the `fi_addr_t` they post against, once
+/// per transfer. The cache makes that a hash probe:
+///
+/// - **Readers** [`pin`](AddressCache::pin) an epoch and [`resolve`](Pinned::resolve)
+///   `(client, address)` pairs. A hit is one probe of a papaya map keyed by the borrowed
+///   `(client, identity)` pair plus a comparison of the full address: it allocates nothing,
+///   takes no lock and writes no shared memory. Each [`Peer`] borrows the [`Pinned`] it came
+///   from, so the borrow checker forbids using it after the pin is dropped; and it knows its
+///   cache ([`AddressCache::owns`]), so an endpoint refuses another cache's peer.
+/// - **Leases** ([`Lease`], taken with [`Pinned::lease`] or [`AddressCache::lease`]) hold an
+///   entry for the operations in flight after a post: its removal waits for every lease on it to
+///   be dropped, which the completion path does once it has read the completion. A resolve that
+///   takes no lease pays nothing for them (see [`Lease`]).
+/// - **Many misses at once** ([`Pinned::resolve_all`], [`AddressCache::lease_all`]) go to the
+///   writer 64 to a request, with one answer a chunk: a connect storm in `n / 64` round trips.
+/// - **One writer at a time** applies every change in arrival order: it alone calls `fi_av_insert`
+///   and `fi_av_remove`, counts which clients hold which entry, evicts stale efa incarnations, and
+///   publishes and unlinks index entries. The writer is a role, not a thread: a miss queues a
+///   request and, if the role is free, applies it (and what else is queued) on its own thread;
+///   otherwise the holder answers it. A background thread per cache takes the same role for the
+///   work no caller brings. `resolve` waits for the reply, `try_resolve` does not.
+/// - **Removal is deferred**: an entry whose last client has gone is unlinked from the index and
+///   its removal deferred on the cache's private `crossbeam_epoch::Collector` (one deferral out at
+///   a time, covering every entry retired before it). The deferred closure only tells the writer (a
+///   flag and its doorbell), which removes the entries once every reader that was pinned at their
+///   unlink has unpinned and every lease on them has been dropped. So no reader and no operation in
+///   flight ever holds a `fi_addr_t` that libfabric has removed or handed to another peer (the ABA
+///   hazard of `FI_AV_TABLE`, which reuses the lowest free index at once).
+///
+/// # Guarantees
+///
+/// 1. A `Peer` maps, in the AV, to exactly the address it was resolved for, for as long as its
+///    pin lives, and a `Lease` for as long as it lives.
+/// 2. Every `fi_av_insert` is matched by exactly one `fi_av_remove`, after the last client
+///    released the entry, every reader that could have seen it unpinned, and every lease on it
+///    was dropped. A failed `fi_av_remove` is retried with a backoff; until it succeeds the entry
+///    counts against the capacity and (efa) blocks its identity ([`CacheStats::failed_removes`]).
+/// 3. The AV never holds two entries for one identity: on efa, a new QKEY on a known GID and QPN
+///    evicts the old incarnation (and every client on it), whose removal runs *before* the new
+///    incarnation's insert. The new one waits, parked, without stalling other requests.
+/// 4. Once every client is released and the cache is quiesced, the AV and the index are empty.
+/// 5. Bad input (an address of the wrong length, empty, or all zero bytes: a peer that advertised
+///    before its endpoint had an address) is a [`DmaError`] before any AV call,
+///    and changes nothing. So is a full AV: the cache never holds more than
+///    [`AvBackend::capacity`] entries, counting those awaiting removal.
+/// 6. Nothing grows without bound: the writer's inbox holds at most [`AddressCache::INBOX_BOUND`]
+///    requests, and at most as many misses queued in `resolve_all`/`lease_all` chunks (a chunk
+///    counts as its misses), and `quiesce` answers once the requests before it are applied and
+///    their removals have run, however busy the inbox is after it. A queued miss that failed
+///    reports its error to the next `try_resolve` (never `WouldBlock` for ever). The cache's heap
+///    stays within a bound set by the AV's capacity and the inbox bound however long a probing
+///    reader stays pinned and whatever is released, revived or retried (`docs/guarantees.md` gives
+///    it in bytes), and a lease counter cannot wrap ([`AddressCache::LEASE_LIMIT`]). One cost is
+///    per pin and outside that bound: a [`Pinned`] holds papaya's guard on the index across its
+///    probes, so a pin that stops probing holds back the index nodes the writer retires until its
+///    next probe or its drop (about 650 B a release/revive cycle measured; `tests/soak.rs`,
+///    `docs/guarantees.md`). A pin that goes on probing holds at most what was retired since its
+///    last probe.
+/// 7. No call waits for ever, whoever holds what, on whichever thread or task: every wait (a
+///    blocking lease, `lease_all`, `lease_within`, `quiesce`) ends within the cache's patience
+///    ([`AddressCache::with_patience`], 5 s by default), whatever timeout it was given, answering
+///    [`DmaError::OutOfPatience`] if the entry is not in by then; a wait that another thread's
+///    drop ends, ends at that drop. The exact refusals stay: a blocking lease on a thread pinned
+///    on the cache, and any wait on the writer's own thread (a `tracing` subscriber, an
+///    [`AvBackend`]). See the patience rule on [`with_patience`](AddressCache::with_patience).
+/// 8. A hit allocates nothing and takes no lock, even while other threads churn: what a reader's
+///    `pin()` may run on the writer's behalf (crossbeam's collection of the one outstanding
+///    deferral) only exchanges a flag and rings the writer's doorbell. One cost is crossbeam's
+///    own and remains: a pin that collects a bag hands its queue node back through the reader's
+///    own bag, and every 64 such nodes that reader allocates one 2,072-byte node to push its bag
+///    (`tests/hit_path.rs` measures it: 110 allocations in 12 million hits while another thread
+///    churned 20,000 release/resolve cycles; with fewer than 64 grace periods, none). A hit may
+///    free, though: when the writer has changed the index since the pin's last probe (one
+///    relaxed load of a counter tells), the hit refreshes the pin's papaya guard, which reclaims
+///    a batch of index nodes the writer retired when the hit's thread is the last to leave them
+///    (`docs/guarantees.md` has what it costs and how often). On an index the writer leaves
+///    alone, a hit is one load, one probe and one compare.
+///
+/// # Why a resolve under a pin can be told to wait
+///
+/// A recycled efa slot cannot take its new incarnation until the old one is removed, and the old
+/// one cannot be removed while the caller's own pin (taken before the eviction) lives. So when a
+/// resolve has to park a new incarnation, it returns [`DmaError::WouldBlock`] rather than wait
+/// for itself: the writer inserts the new incarnation once every reader has unpinned and every
+/// lease on the old one has been dropped, and a resolve under a later pin finds it.
+/// [`AddressCache::lease`], which holds no pin while it waits, waits for that instead, for at
+/// most the cache's patience.
+///
+/// # Drop
+///
+/// Dropping the cache stops the writer, which removes every pending and live entry before the
+/// thread ends; the endpoint closes its AV only after that. No `Drop` and no deferred closure
+/// calls libfabric. Every `Pinned` and every `Lease` borrows the cache, so none is left when it
+/// drops.
 ///
 /// No call waits for ever: every wait ends within the cache's [`patience`](Self::patience).
 /// Code running under the cache's writer role, on its writer thread or on a caller that serves its

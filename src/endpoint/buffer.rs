@@ -4,81 +4,11 @@
 //! [`StableBuffer`]: a `Vec<u8>`, a `Box<[u8]>`, a `memmap2::MmapMut` with the `memmap2`
 //! feature, or the application's own hugepage or device allocation), and registers *its* bytes
 //! with `fi_mr_reg` (`fi_mr_regattr` for device memory): the address the provider gets is the
-//! buffer's, and nothing is copied. The region owns the buffer from then on, and the types say
-//! who may touch its bytes, and when:
+//! buffer's, and nothing is copied.
 //!
-//! | | [`Exposure::Local`] | [`Exposure::Remote`] |
-//! |---|---|---|
-//! | access flags | `FI_READ`, `FI_WRITE` (not `FI_SEND`/`FI_RECV`: rxm's rendezvous turns them into remote access) | those and `FI_REMOTE_READ`, `FI_REMOTE_WRITE` |
-//! | [`remote`](MemoryRegion::remote)'s key | none (`FI_KEY_NOTAVAIL`, `u64::MAX`) | the registration's |
-//! | a peer's transfer under its key | refused by the provider | admitted |
-//! | [`as_slice`](MemoryRegion::as_slice), [`as_mut_slice`](MemoryRegion::as_mut_slice) | when no operation holds it, else [`DmaError::Busy`] | refused: copies only, or the `unsafe` [`as_slice_unchecked`](MemoryRegion::as_slice_unchecked) |
-//! | [`write_bytes`](MemoryRegion::write_bytes) | refused (write through `as_mut_slice`) | copies |
-//! | the buffer back | [`into_buffer`](MemoryRegion::into_buffer) once no operation holds it | parked on drop until the endpoint closes; `unsafe` [`reclaim`](MemoryRegion::reclaim) |
-//!
-//! Device memory ([`MemoryInterface`] other than host) lends no slices and takes no copies.
-//!
-//! # Why it is sound
-//!
-//! - **A `Local` region's bytes are touched by this endpoint's operations only.** No peer can
-//!   reach them (the provider checks the access flags when a transfer arrives: `-FI_EACCES`),
-//!   and every operation holds the memory (`OperationHold`) until its completion has been read.
-//!   The region counts its slices lent and its operations held in one atomic word: a slice is
-//!   lent only while no operation holds the memory, and an operation is posted only while no
-//!   slice is lent; of two that start at once, the later sees the earlier and answers
-//!   [`DmaError::Busy`]. A `&mut` slice borrows the region mutably, so no
-//!   [`segment`](MemoryRegion::segment) (and so no operation) can be taken while it lives, and
-//!   the borrow checker refuses the program that tries:
-//!
-//!   ```compile_fail,E0502
-//!   # use dma_libfabric::{Configuration, Exposure, LibfabricEndpoint};
-//!   # let configuration = Configuration { rma: true, ..Configuration::default() };
-//!   # let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap();
-//!   let mut region = endpoint.register_buffer(vec![0_u8; 64], Exposure::Local).unwrap();
-//!   let bytes = region.as_mut_slice().unwrap();
-//!   let destination = region.segment(0, 8).unwrap(); // a read into memory borrowed mutably
-//!   bytes[0] = 1;
-//!   # drop(destination);
-//!   ```
-//!
-//!   A shared slice ([`RegionSlice`]) is counted while it lives, so a read posted into the
-//!   region meanwhile answers `Busy` rather than write under it.
-//! - **The buffer comes back only when nothing can touch it.**
-//!   [`into_buffer`](MemoryRegion::into_buffer) consumes the region, so no segment of it can be
-//!   alive, and succeeds only when it is the registration's last holder (no operation, no rail's
-//!   registration of it), after closing the registration. Nor can a slice outlive it:
-//!
-//!   ```compile_fail,E0505
-//!   # use dma_libfabric::{Configuration, Exposure, LibfabricEndpoint};
-//!   # let configuration = Configuration { rma: true, ..Configuration::default() };
-//!   # let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap();
-//!   let region = endpoint.register_buffer(vec![0_u8; 64], Exposure::Local).unwrap();
-//!   let bytes = region.as_slice().unwrap();
-//!   let vec = region.into_buffer().unwrap(); // the region moves while its slice is lent
-//!   assert_eq!(0, bytes[0]);
-//!   ```
-//! A `Remote` region's buffer is parked
-//!   on drop, in the endpoint's pool, and dropped (its own `Drop` run) only when the endpoint
-//!   drops, after its domain has closed: a peer's transfer admitted before the drop may still
-//!   be moving bytes (see [`memory`](super::memory), "parking").
-//! - **The buffer cannot move or be freed under the registration:** it is owned by the region,
-//!   in a box of its own, and `StableBuffer`'s contract says its bytes stay where they are while
-//!   it is owned. `'static` keeps borrowed memory out (a stack array, a `&mut [u8]`):
-//!
-//!   ```compile_fail,E0277
-//!   # use dma_libfabric::{Configuration, Exposure, LibfabricEndpoint};
-//!   # let configuration = Configuration { rma: true, ..Configuration::default() };
-//!   # let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap();
-//!   let mut local = [0_u8; 64];
-//!   let region = endpoint.register_buffer(&mut local[..], Exposure::Local); // not 'static
-//!   ```
-//!
-//! # Bounds
-//!
-//! A region holds one buffer; a parked `Remote` buffer is counted in
-//! [`parked_memory`](LibfabricEndpoint::parked_memory) until the endpoint drops (never reused:
-//! it is the application's), so parked memory is bounded by the `Remote` buffers registered over
-//! the endpoint's life. A region is 1 to [`MAX_REGION_LEN`](super::memory::MAX_REGION_LEN) bytes.
+//! Who may touch the bytes and when, why that is sound, and the bounds are on [`StableBuffer`],
+//! where a user reads them. The access word that counts a `Local` region's slices and operations
+//! is `access.rs`'s.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -91,6 +21,84 @@ use dma_libfabric_sys as sys;
 
 /// A buffer whose bytes stay at one address, with one length, for as long as it is owned: what
 /// [`LibfabricEndpoint::register_buffer`] registers in place.
+///
+/// [`register_buffer`](LibfabricEndpoint::register_buffer) registers *its* bytes with `fi_mr_reg`
+/// (`fi_mr_regattr` for device memory): the address the provider gets is the buffer's, and
+/// nothing is copied. The region owns the buffer from then on, and the types say who may touch
+/// its bytes, and when:
+///
+/// | | [`Exposure::Local`] | [`Exposure::Remote`] |
+/// |---|---|---|
+/// | access flags | `FI_READ`, `FI_WRITE` (not `FI_SEND`/`FI_RECV`: rxm's rendezvous turns them into remote access) | those and `FI_REMOTE_READ`, `FI_REMOTE_WRITE` |
+/// | [`remote`](MemoryRegion::remote)'s key | none (`FI_KEY_NOTAVAIL`, `u64::MAX`) | the registration's |
+/// | a peer's transfer under its key | refused by the provider | admitted |
+/// | [`as_slice`](MemoryRegion::as_slice), [`as_mut_slice`](MemoryRegion::as_mut_slice) | when no operation holds it, else [`DmaError::Busy`] | refused: copies only, or the `unsafe` [`as_slice_unchecked`](MemoryRegion::as_slice_unchecked) |
+/// | [`write_bytes`](MemoryRegion::write_bytes) | refused (write through `as_mut_slice`) | copies |
+/// | the buffer back | [`into_buffer`](MemoryRegion::into_buffer) once no operation holds it | parked on drop until the endpoint closes; `unsafe` [`reclaim`](MemoryRegion::reclaim) |
+///
+/// Device memory ([`MemoryInterface`] other than host) lends no slices and takes no copies.
+///
+/// # Why it is sound
+///
+/// - **A `Local` region's bytes are touched by this endpoint's operations only.** No peer can
+///   reach them (the provider checks the access flags when a transfer arrives: `-FI_EACCES`),
+///   and every operation holds the memory (`OperationHold`) until its completion has been read.
+///   The region counts its slices lent and its operations held in one atomic word: a slice is
+///   lent only while no operation holds the memory, and an operation is posted only while no
+///   slice is lent; of two that start at once, the later sees the earlier and answers
+///   [`DmaError::Busy`]. A `&mut` slice borrows the region mutably, so no
+///   [`segment`](MemoryRegion::segment) (and so no operation) can be taken while it lives, and
+///   the borrow checker refuses the program that tries:
+///
+///   ```compile_fail,E0502
+///   # use dma_libfabric::{Configuration, Exposure, LibfabricEndpoint};
+///   # let configuration = Configuration { rma: true, ..Configuration::default() };
+///   # let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap();
+///   let mut region = endpoint.register_buffer(vec![0_u8; 64], Exposure::Local).unwrap();
+///   let bytes = region.as_mut_slice().unwrap();
+///   let destination = region.segment(0, 8).unwrap(); // a read into memory borrowed mutably
+///   bytes[0] = 1;
+///   # drop(destination);
+///   ```
+///
+///   A shared slice ([`RegionSlice`]) is counted while it lives, so a read posted into the
+///   region meanwhile answers `Busy` rather than write under it.
+/// - **The buffer comes back only when nothing can touch it.**
+///   [`into_buffer`](MemoryRegion::into_buffer) consumes the region, so no segment of it can be
+///   alive, and succeeds only when it is the registration's last holder (no operation, no rail's
+///   registration of it), after closing the registration. Nor can a slice outlive it:
+///
+///   ```compile_fail,E0505
+///   # use dma_libfabric::{Configuration, Exposure, LibfabricEndpoint};
+///   # let configuration = Configuration { rma: true, ..Configuration::default() };
+///   # let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap();
+///   let region = endpoint.register_buffer(vec![0_u8; 64], Exposure::Local).unwrap();
+///   let bytes = region.as_slice().unwrap();
+///   let vec = region.into_buffer().unwrap(); // the region moves while its slice is lent
+///   assert_eq!(0, bytes[0]);
+///   ```
+///
+///   A `Remote` region's buffer is parked on drop, in the endpoint's pool, and dropped (its own
+///   `Drop` run) only when the endpoint drops, after its domain has closed: a peer's transfer
+///   admitted before the drop may still be moving bytes (see [`MemoryRegion`], "Parking").
+/// - **The buffer cannot move or be freed under the registration:** it is owned by the region,
+///   in a box of its own, and `StableBuffer`'s contract says its bytes stay where they are while
+///   it is owned. `'static` keeps borrowed memory out (a stack array, a `&mut [u8]`):
+///
+///   ```compile_fail,E0277
+///   # use dma_libfabric::{Configuration, Exposure, LibfabricEndpoint};
+///   # let configuration = Configuration { rma: true, ..Configuration::default() };
+///   # let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap();
+///   let mut local = [0_u8; 64];
+///   let region = endpoint.register_buffer(&mut local[..], Exposure::Local); // not 'static
+///   ```
+///
+/// # Bounds
+///
+/// A region holds one buffer; a parked `Remote` buffer is counted in
+/// [`parked_memory`](LibfabricEndpoint::parked_memory) until the endpoint drops (never reused:
+/// it is the application's), so parked memory is bounded by the `Remote` buffers registered over
+/// the endpoint's life. A region is 1 to [`MAX_REGION_LEN`](super::memory::MAX_REGION_LEN) bytes.
 ///
 /// # Safety
 /// An implementation promises that, from the first call to [`as_mut_ptr`](Self::as_mut_ptr) until
@@ -226,12 +234,12 @@ impl LibfabricEndpoint {
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] when the endpoint was opened without
-    /// [`Configuration::rma`](crate::configuration::Configuration::rma), for an empty buffer or one longer than
-    /// [`MAX_REGION_LEN`](super::memory::MAX_REGION_LEN), or for a provider that asks for `FI_MR_RAW`;
-    /// [`DmaError::Unsupported`] for device memory on a provider that does not offer `FI_HMEM`
-    /// (naming the capabilities `fi_getinfo` answered); [`DmaError::Fabric`] when `fi_mr_reg`,
-    /// `fi_mr_regattr`, `fi_mr_bind` or `fi_mr_enable` fails. The buffer is dropped on an error,
-    /// and nothing is left registered.
+    /// [`Configuration::rma`](crate::configuration::Configuration::rma), for an empty buffer or one
+    /// longer than [`MAX_REGION_LEN`](super::memory::MAX_REGION_LEN), or for a provider that asks
+    /// for `FI_MR_RAW`; [`DmaError::Unsupported`] for device memory on a provider that does not
+    /// offer `FI_HMEM` (naming the capabilities `fi_getinfo` answered); [`DmaError::Fabric`] when
+    /// `fi_mr_reg`, `fi_mr_regattr`, `fi_mr_bind` or `fi_mr_enable` fails. The buffer is dropped on
+    /// an error, and nothing is left registered.
     ///
     /// ```
     /// use dma_libfabric::{Configuration, Exposure, LibfabricEndpoint};

@@ -1,36 +1,45 @@
 //! How long the RMA operations in flight have been in flight: the oldest one's age, and the
 //! operations older than a deadline.
 //!
-//! A [`Lease`](crate::cache::Lease) is held until its operation's completion has been read, and the
-//! provider decides when that is. On tcp a peer that was killed answers with a reset within
-//! milliseconds, but a peer that is unreachable (a partition, a host that died) answers nothing,
-//! and an operation to it stays in flight until the kernel gives the connection up (tcp's
-//! retransmission limit, `net.ipv4.tcp_retries2`: about 15 minutes by default); a peer that is
-//! alive but stopped keeps its operations in flight for as long as it is stopped. So the age of
-//! the operations in flight is what a server watches to learn that a peer has stopped answering.
-//!
-//! # Guarantees
-//!
-//! - Reading the ages takes no lock and never touches an operation's memory or lease: each slot
-//!   of the operation slab carries its post time and id in atomics of its own, written by the
-//!   posting thread before the operation is handed to the provider and cleared by the thread that
-//!   reads its completion, before the slot is free again.
-//! - It is a snapshot: an operation that completes while the slab is scanned may be reported, and
-//!   one posted meanwhile may be missed. An id is reported with the age of the operation it was
-//!   posted with (a slot reused during the scan is skipped, not mixed up).
-//! - Nothing here cancels or frees anything. An overdue operation still holds its lease, and so
-//!   its peer's AV entry, and its buffer: the provider may still touch them. What a server does
-//!   with an overdue operation is its own choice: stop posting to that peer and
-//!   [`release`](crate::cache::AddressCache::release) it, so that its entry goes as soon as the provider
-//!   completes what is in flight (`docs/faults.md` has how long that takes, per provider and
-//!   fault, and the knobs that bound it).
+//! Why a server watches the ages, and what reading them guarantees, is on [`OverdueOperation`].
+//! How: each slot of the operation slab carries its post time and id in atomics of its own
+//! ([`PostedAt`]), written by the posting thread before the operation is handed to the provider
+//! (the id, then the time with `Release`) and cleared by the thread that reads its completion,
+//! before the slot is free again. A reader reads the time, the id, and the time again, and skips
+//! the slot if the two times differ: a reuse in between changes the time or clears it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::LibfabricEndpoint;
 
-/// An RMA operation in flight for longer than a deadline ([`LibfabricEndpoint::overdue_operations`]).
+/// An RMA operation in flight for longer than a deadline
+/// ([`LibfabricEndpoint::overdue_operations`]).
+///
+/// A [`Lease`](crate::cache::Lease) is held until its operation's completion has been read, and
+/// the provider decides when that is. On tcp a peer that was killed answers with a reset within
+/// milliseconds, but a peer that is unreachable (a partition, a host that died) answers nothing,
+/// and an operation to it stays in flight until the kernel gives the connection up (tcp's
+/// retransmission limit, `net.ipv4.tcp_retries2`: about 15 minutes by default); a peer that is
+/// alive but stopped keeps its operations in flight for as long as it is stopped. So the age of
+/// the operations in flight ([`overdue_operations`](LibfabricEndpoint::overdue_operations),
+/// [`oldest_operation_age`](LibfabricEndpoint::oldest_operation_age)) is what a server watches to
+/// learn that a peer has stopped answering.
+///
+/// # Guarantees
+///
+/// - Reading the ages takes no lock and never touches an operation's memory or lease: each
+///   operation's post time and id are kept in atomics of their own, set before the operation is
+///   handed to the provider and cleared by the thread that reads its completion.
+/// - It is a snapshot: an operation that completes while the operations are scanned may be
+///   reported, and one posted meanwhile may be missed. An id is reported with the age of the
+///   operation it was posted with (a slot reused during the scan is skipped, not mixed up).
+/// - Nothing here cancels or frees anything. An overdue operation still holds its lease, and so
+///   its peer's AV entry, and its buffer: the provider may still touch them. What a server does
+///   with an overdue operation is its own choice: stop posting to that peer and
+///   [`release`](crate::cache::AddressCache::release) it, so that its entry goes as soon as the
+///   provider completes what is in flight (`docs/faults.md` has how long that takes, per provider
+///   and fault, and the knobs that bound it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverdueOperation {
     /// The id it was posted with.
@@ -76,7 +85,8 @@ impl PostedAt {
 }
 
 impl LibfabricEndpoint {
-    /// How long the oldest RMA operation in flight has been in flight; `None` when none is.
+    /// How long the oldest RMA operation in flight has been in flight; `None` when none is. A
+    /// snapshot, read without a lock (see [`OverdueOperation`] for what it guarantees).
     ///
     /// ```
     /// use std::time::Duration;
@@ -102,8 +112,9 @@ impl LibfabricEndpoint {
     }
 
     /// Append to `out` every RMA operation that has been in flight for at least `deadline`, and
-    /// return how many were appended. The operations stay in flight (this call
-    /// only reports them): the caller decides what an overdue peer means to it.
+    /// return how many were appended. The operations stay in flight (this call only reports
+    /// them): the caller decides what an overdue peer means to it. A snapshot, read without a
+    /// lock; [`OverdueOperation`] says why a server watches it, and what it guarantees.
     ///
     /// ```
     /// use std::time::Duration;

@@ -1,41 +1,10 @@
 //! Messaging: sends (to a [`Peer`], or `unsafe` to a raw `fi_addr_t`), receives into the
 //! endpoint's own buffers, driving progress, and reading error completions.
 //!
-//! # Sends: bounded, and never lost without an error
-//!
-//! A send copies the message into a slot of the endpoint's own (see `sends`) and posts it with
-//! `fi_send`, asking for a completion; it is counted until that completion has been read. At
-//! most [`Description::max_sends_in_flight`](super::Description::max_sends_in_flight) (the
-//! transmit queue's depth, `Configuration::tx_size`) are in flight: past it a send answers
-//! [`DmaError::WouldBlock`] and posts nothing, so a peer that stops reading holds at most that
-//! many, whatever the sender does. One peer holds at most half of them
-//! ([`Description::max_sends_in_flight_per_peer`](super::Description::max_sends_in_flight_per_peer)),
-//! so a stopped peer does not block the others. On tcp every transmit asks for
-//! `FI_TRANSMIT_COMPLETE`, which tcp completes when the peer's provider acknowledges it: a send
-//! sitting in a socket is still in flight.
-//!
-//! A send whose completion reports an error reaches the caller by the per-peer route: it is
-//! counted ([`failed_sends`](LibfabricEndpoint::failed_sends)) and logged at `warn` with its
-//! peer's `fi_addr_t`, and when the error says the peer is gone (refused, reset, not connected,
-//! unreachable) the peer is marked, so every later send to it answers
-//! [`DmaError::PeerUnreachable`] at once, without posting, until the peer is resolved anew (its
-//! entry released and inserted again). Dropping an endpoint with sends in flight drives progress
-//! for at most [`SEND_DRAIN_PATIENCE`](LibfabricEndpoint::SEND_DRAIN_PATIENCE), then logs how
-//! many it discarded at `warn` and adds them to
-//! [`discarded_sends`](LibfabricEndpoint::discarded_sends).
-//!
-//! A send's slot names its peer by index only: it holds no lease (a copying send borrows a pin,
-//! not an entry), so the entry may be removed while the send is in flight. tcp;ofi_rxm finishes
-//! such a send (each connection holds its own reference to the peer); efa RDM frees every
-//! pending operation of a removed peer without a completion (read in the 2.6.0 source; libfabric
-//! PR #11587 fixed crashes there), which would keep its slot counted for good. Send from registered
-//! memory against a lease ([`send_from`](LibfabricEndpoint::send_from)) where that matters.
-//!
-//! Every wait here is bounded, and sleeps on the completion queues between attempts where the
-//! provider offers a wait object (see `wait`): a send gives up after its timeout, `receive` returns `None` after
-//! its own, and posting a receive buffer at `open` gives up after [`POST_PATIENCE`]. A buffer
-//! whose re-post fails is kept and posted again later; the message it held is returned all the
-//! same.
+//! How a send is bounded, reported and drained is on
+//! [`send_within`](LibfabricEndpoint::send_within) ("Bounded, and never lost without an error");
+//! that every wait is bounded, on [`LibfabricEndpoint`] ("Nothing waits for ever"). A send's slot
+//! is `sends`'s, its sender's bookkeeping `senders`'s, the sleep between attempts `wait`'s.
 
 use std::ffi::CStr;
 use std::ptr;
@@ -44,7 +13,7 @@ use std::time::Duration;
 use super::deadline::Deadline;
 use super::receive::SlotArrival;
 use super::senders::{self, Received};
-use super::{LibfabricEndpoint, POST_PATIENCE, sends};
+use super::{LibfabricEndpoint, RECEIVE_POST_PATIENCE, sends};
 #[cfg(doc)] // for the docs' links
 use crate::av::FabricAv;
 use crate::cache::Peer;
@@ -62,10 +31,11 @@ impl LibfabricEndpoint {
     pub const SEND_DRAIN_PATIENCE: Duration = Duration::from_millis(100);
 
     /// Send a copy of `message` to `peer`, retrying while every send slot is in flight or the
-    /// provider asks for progress, for at most a second. See [`send_within`](Self::send_within) to choose the bound.
+    /// provider asks for progress, for at most a second. See [`send_within`](Self::send_within)
+    /// to choose the bound, and for how sends are bounded and their failures reported.
     ///
-    /// `peer` borrows the [`Pinned`](crate::cache::Pinned) it was resolved under, so it cannot be used
-    /// once that pin is dropped, when its index may have been removed and handed to another
+    /// `peer` borrows the [`Pinned`](crate::cache::Pinned) it was resolved under, so it cannot be
+    /// used once that pin is dropped, when its index may have been removed and handed to another
     /// peer:
     ///
     /// ```compile_fail,E0505
@@ -97,11 +67,51 @@ impl LibfabricEndpoint {
         self.send_within(peer, message, Duration::from_secs(1))
     }
 
-    /// Send a copy of `message` to `peer` (see the module docs: counted until its completion),
-    /// retrying while every send slot is in flight or the provider asks for progress, for at
-    /// most `timeout` (a peer that has stopped never completes, and a posting thread should not
-    /// wait long for it). Any `Duration` is accepted: one too long for a
-    /// deadline (`Duration::MAX`) retries until the provider takes the message.
+    /// Send a copy of `message` to `peer` (counted until its completion: below), retrying while
+    /// every send slot is in flight or the provider asks for progress, for at most `timeout` (a
+    /// peer that has stopped never completes, and a posting thread should not wait long for it).
+    /// Any `Duration` is accepted: one too long for a deadline (`Duration::MAX`) retries until
+    /// the provider takes the message.
+    ///
+    /// # Bounded, and never lost without an error
+    ///
+    /// A send copies the message into a slot of the endpoint's own and posts it with `fi_send`,
+    /// asking for a completion; it is counted until that completion has been read. At most
+    /// [`Description::max_sends_in_flight`](super::Description::max_sends_in_flight) (the transmit
+    /// queue's depth, `Configuration::tx_size`) are in flight: past it a send answers
+    /// [`DmaError::WouldBlock`] and posts nothing, so a peer that stops reading holds at most that
+    /// many, whatever the sender does. One peer holds at most half of them
+    /// ([`Description::max_sends_in_flight_per_peer`](super::Description::max_sends_in_flight_per_peer)),
+    /// so a stopped peer does not block the others. On tcp every transmit asks for
+    /// `FI_TRANSMIT_COMPLETE`, which tcp completes when the peer's provider acknowledges it: a send
+    /// sitting in a socket is still in flight.
+    ///
+    /// The slots are one zeroed allocation made at `open`, which the kernel backs only as slots
+    /// are used: as many as the transmit queue and its completion queue hold (at most
+    /// [`MAX_SENDS`](super::MAX_SENDS)), each of
+    /// [`Description::max_send_size`](super::Description::max_send_size) bytes (at most
+    /// [`MAX_SEND_COPY`](super::MAX_SEND_COPY)). So the memory the message path holds for sends,
+    /// in this crate and in the provider, is bounded whatever the peer does: a peer that stops
+    /// reading stops completions, and sends past the count are refused.
+    ///
+    /// A send whose completion reports an error reaches the caller by the per-peer route: it is
+    /// counted ([`failed_sends`](LibfabricEndpoint::failed_sends)) and logged at `warn` with its
+    /// peer's `fi_addr_t`, and when the error says the peer is gone (refused, reset, not connected,
+    /// unreachable) the peer is marked, so every later send to it answers
+    /// [`DmaError::PeerUnreachable`] at once, without posting, until the peer is resolved anew (its
+    /// entry released and inserted again). Dropping an endpoint with sends in flight drives
+    /// progress for at most [`SEND_DRAIN_PATIENCE`](LibfabricEndpoint::SEND_DRAIN_PATIENCE), then
+    /// logs how many it discarded at `warn` and adds them to
+    /// [`discarded_sends`](LibfabricEndpoint::discarded_sends).
+    ///
+    /// A send's slot names its peer by index only: it holds no lease (a copying send borrows a pin,
+    /// not an entry), so the entry may be removed while the send is in flight. tcp;ofi_rxm finishes
+    /// such a send (each connection holds its own reference to the peer); efa RDM frees every
+    /// pending operation of a removed peer without a completion (read in the 2.6.0 source;
+    /// libfabric PR #11587 fixed crashes there), which would keep its slot counted for good. Send
+    /// from registered memory against a lease ([`send_from`](LibfabricEndpoint::send_from)) where
+    /// that matters.
+    ///
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] when `peer` was resolved by another endpoint's cache, or the
@@ -313,8 +323,8 @@ impl LibfabricEndpoint {
     /// post again any receive buffer whose earlier re-post failed.
     ///
     /// Reading the transmit queue frees the slots of completed sends and reports failed ones
-    /// (see the module docs: counted, logged, and their peer marked unreachable where the error
-    /// says so); it is also what makes a manual-progress provider such as tcp move data.
+    /// (see [`send_within`](Self::send_within): counted, logged, and their peer marked
+    /// unreachable where the error says so); it is also what makes a manual-progress provider such as tcp move data.
     ///
     /// RMA operations complete into the same queue: their completions are handed to them (and
     /// their leases dropped) here too, ready for [`poll_completions`](Self::poll_completions).
@@ -477,9 +487,9 @@ impl LibfabricEndpoint {
     }
 
     /// Post slot `index` at `open`, retrying `-FI_EAGAIN` with progress for at most
-    /// [`POST_PATIENCE`].
+    /// [`RECEIVE_POST_PATIENCE`].
     pub(super) fn post_patiently(&self, index: usize) -> Result<(), DmaError> {
-        let deadline = Deadline::after(POST_PATIENCE);
+        let deadline = Deadline::after(RECEIVE_POST_PATIENCE);
         loop {
             match self.post_receive(index) {
                 Err(DmaError::WouldBlock) if !deadline.passed() => {
@@ -491,7 +501,7 @@ impl LibfabricEndpoint {
                         call: "fi_recv",
                         code: -i64::from(sys::FI_EAGAIN),
                         message: format!(
-                            "the provider still asked to retry after {POST_PATIENCE:?}, with \
+                            "the provider still asked to retry after {RECEIVE_POST_PATIENCE:?}, with \
                              {index} of {} receive buffers posted",
                             self.receives.len()
                         ),

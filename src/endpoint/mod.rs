@@ -1,73 +1,13 @@
 //! A safe libfabric reliable-datagram endpoint.
 //!
-//! [`LibfabricEndpoint::open`] walks the configured providers in order and opens, for the first
-//! that offers an `FI_EP_RDM` endpoint: the fabric, a domain with `FI_THREAD_SAFE` threading (so
-//! many threads post on one endpoint), an `FI_AV_TABLE` address vector sized to
-//! `Configuration::av_capacity`, one completion queue for transmits and one for receives, and
-//! the enabled endpoint. It owns an [`AddressCache`] over that address vector, which posting
-//! threads use to turn peer addresses into `fi_addr_t`s.
-//!
-//! # What the types enforce
-//!
-//! - **Posting takes a [`Peer`], never a raw index.** [`send`](LibfabricEndpoint::send),
-//!   [`send_within`](LibfabricEndpoint::send_within) and [`try_send`](LibfabricEndpoint::try_send)
-//!   take a `Peer<'_>`, which only a [`Pinned`](crate::cache::Pinned) resolve makes and which borrows
-//!   that pin: the borrow checker refuses a post after the pin is dropped, so safe code cannot
-//!   post to an index the cache has since removed or handed to another peer (the `compile_fail`
-//!   example on `send` shows it). A peer resolved by another endpoint's cache is refused with
-//!   [`DmaError::InvalidArgument`] before libfabric sees it: its index means nothing in this AV.
-//!   So is a peer of a second cache built with `FabricAv::from_raw` on this endpoint's AV: the
-//!   check is by cache, not by AV. Posting to a raw `fi_addr_t` is `unsafe`
-//!   ([`send_raw`](LibfabricEndpoint::send_raw) and friends), with the caller's promises
-//!   written down. Sends copy the message into a slot of the endpoint's own before they
-//!   return; a send may still be in flight against the index once the pin drops (see
-//!   "Guarantees" for what each provider does then).
-//! - **`lookup` reads only indices this AV has handed out.** [`lookup`](LibfabricEndpoint::lookup)
-//!   answers `None`, without calling libfabric, for an index at or past the AV's capacity or
-//!   past the highest index a [`FabricAv`] on this AV has been given by `fi_av_insert` (the
-//!   endpoint's own cache, and `FabricAv::from_raw` backends on its AV). libfabric 1.17 crashes
-//!   on the others.
-//! - **Nothing waits for ever.** `open` refuses more receive buffers than the provider's
-//!   receive queue holds (`rx_attr.size`), posting them at `open` gives up after
-//!   [`POST_PATIENCE`] of `-FI_EAGAIN`, a send gives up after its timeout, and `receive`
-//!   returns `None` after its own. A receive buffer
-//!   whose re-post fails is kept and posted again by a later
-//!   [`try_receive`](LibfabricEndpoint::try_receive) or [`progress`](LibfabricEndpoint::progress);
-//!   the message it held is returned all the same. Every timeout takes any `Duration`: one too
-//!   long for an `Instant` (`Duration::MAX`) is no deadline, and the call waits as long as its
-//!   own completion takes, rather than panic on the overflow.
-//! - **Every size is checked before libfabric or the allocator sees it**
-//!   ([`Configuration::validate`], then the provider's own limits once `fi_getinfo` has
-//!   answered), with a [`DmaError::InvalidArgument`] naming the value and the bound: libfabric
-//!   rounds queue and AV sizes up to a power of two and multiplies them without an overflow
-//!   check, so a size past the bound opened an endpoint that corrupted the heap, or crashed.
-//! - **Providers whose demands the endpoint cannot meet are refused at `open`**, with the reason
-//!   in [`DmaError::NoProvider`]: threading other than `FI_THREAD_SAFE` (the endpoint is `Sync`,
-//!   and the cache's writer thread inserts into the AV while other threads post; efa-direct is
-//!   `FI_THREAD_DOMAIN`), `FI_MR_LOCAL` (the copying `send`/`receive` path posts from slots
-//!   the crate does not register, so they have no descriptors; efa-direct requires it), and `FI_ADDR_STR` addresses (shm: strings that
-//!   `fi_av_insert` reads up to their NUL, whatever length the cache checked).
-//!
-//! # Guarantees
-//!
-//! - Dropping the endpoint first drops its cache, which runs every pending `fi_av_remove`, and
-//!   only then closes the endpoint, the queues, the address vector, the domain and the fabric,
-//!   in that order. Nothing is leaked, file descriptors included.
-//! - Receive buffers are owned by the endpoint and outlive its libfabric objects.
-//! - A failure part-way through `open` closes what was opened and reports which call failed.
-//! - Sends are bounded and never lost without an error: at most
-//!   [`Description::max_sends_in_flight`] (the transmit queue's depth) are in flight, counted
-//!   until their completion is read, and past it a send answers [`DmaError::WouldBlock`] with
-//!   nothing posted. A failed send is counted ([`LibfabricEndpoint::failed_sends`]) and logged,
-//!   and once the provider reports a peer gone every later send to it answers
-//!   [`DmaError::PeerUnreachable`] until it is resolved anew. Dropping the endpoint counts the
-//!   sends still in flight after [`LibfabricEndpoint::SEND_DRAIN_PATIENCE`] as discarded
-//!   ([`LibfabricEndpoint::discarded_sends`], and a `warn`). A send holds no lease: tcp;ofi_rxm
-//!   finishes a send whose entry was removed meanwhile; efa frees it without a completion,
-//!   which keeps its slot counted.
-//! - RMA operations in flight (see [`rma`]) hold their lease and local memory until their
-//!   completion has been read; dropping the endpoint drains them, or abandons them after closing
-//!   the endpoint, before the cache and the domain close.
+//! What the endpoint opens, what its types enforce and what it guarantees a user are on
+//! [`LibfabricEndpoint`], where a user reads them. This module holds the endpoint, its
+//! [`Description`] and its `Drop` order; the rooms below hold its concerns one each: `open`,
+//! `handles` (the libfabric objects and their close), `messaging`, `receive`, `sends` and
+//! `senders` (the copying sends and receives), `rma`, `vectored` and `in_flight` (RMA operations
+//! and their age), `memory`, `buffer` and `access` (registration, and a `Local` region's access
+//! word), `completions`, `wait` and `deadline` (reading and sleeping on the queues), `lookup`
+//! (reading the AV back).
 
 mod access;
 mod buffer;
@@ -139,9 +79,10 @@ pub struct Description {
     /// [`max_send_size`](Self::max_send_size).
     pub inject_size: usize,
     /// Whether received messages name their sender: the provider took `FI_SOURCE` (tcp;ofi_rxm
-    /// and native tcp are asked for it). When `false`, every [`Received::sender`](Received::sender) and
-    /// receive's [`Completion::sender`](Completion::sender) is `None`; when `true`, `None`
-    /// means a sender that is not in this endpoint's address vector.
+    /// and native tcp are asked for it). When `false`, every
+    /// [`Received::sender`](Received::sender) and receive's
+    /// [`Completion::sender`](Completion::sender) is `None`; when `true`, `None` means a sender
+    /// that is not in this endpoint's address vector.
     pub reports_senders: bool,
     /// The largest message [`LibfabricEndpoint::send`] copies and sends: the configuration's
     /// `receive_size`, at most [`MAX_SEND_COPY`].
@@ -159,9 +100,16 @@ pub struct Description {
 
 /// How long `open` keeps posting a receive buffer the provider answers `-FI_EAGAIN` for, driving
 /// progress meanwhile, before it gives up with [`DmaError::Fabric`].
-pub const POST_PATIENCE: Duration = Duration::from_secs(1);
+pub const RECEIVE_POST_PATIENCE: Duration = Duration::from_secs(1);
 
 /// A reliable-datagram endpoint with its address vector, completion queues and address cache.
+///
+/// [`open`](Self::open) walks the configured providers in order and opens, for the first that
+/// offers an `FI_EP_RDM` endpoint: the fabric, a domain with `FI_THREAD_SAFE` threading (so many
+/// threads post on one endpoint), an `FI_AV_TABLE` address vector sized to
+/// [`Configuration::av_capacity`], one completion queue for transmits and one for receives, and
+/// the enabled endpoint. It owns an [`AddressCache`] over that address vector
+/// ([`peers`](Self::peers)), which posting threads use to turn peer addresses into `fi_addr_t`s.
 ///
 /// `Send` and `Sync`: many threads post, receive and drive progress on one endpoint at once,
 /// while its cache's writer thread inserts into and removes from the address vector. That is
@@ -178,6 +126,71 @@ pub const POST_PATIENCE: Duration = Duration::from_secs(1);
 /// assert_eq!(16, endpoint.local_address()?.len()); // a sockaddr_in
 /// # Ok::<(), dma_libfabric::DmaError>(())
 /// ```
+///
+/// # What the types enforce
+///
+/// - **Posting takes a [`Peer`], never a raw index.** [`send`](LibfabricEndpoint::send),
+///   [`send_within`](LibfabricEndpoint::send_within) and [`try_send`](LibfabricEndpoint::try_send)
+///   take a `Peer<'_>`, which only a [`Pinned`](crate::cache::Pinned) resolve makes and which
+///   borrows that pin: the borrow checker refuses a post after the pin is dropped, so safe code
+///   cannot post to an index the cache has since removed or handed to another peer (the
+///   `compile_fail` example on `send` shows it). A peer resolved by another endpoint's cache is
+///   refused with [`DmaError::InvalidArgument`] before libfabric sees it: its index means nothing
+///   in this AV. So is a peer of a second cache built with `FabricAv::from_raw` on this endpoint's
+///   AV: the check is by cache, not by AV. Posting to a raw `fi_addr_t` is `unsafe`
+///   ([`send_raw`](LibfabricEndpoint::send_raw) and friends), with the caller's promises written
+///   down. Sends copy the message into a slot of the endpoint's own before they return; a send
+///   may still be in flight against the index once the pin drops (see "Guarantees" below for
+///   what each provider does then).
+/// - **`lookup` reads only indices this AV has handed out.**
+///   [`lookup`](LibfabricEndpoint::lookup) answers `None`, without calling libfabric, for an
+///   index at or past the AV's capacity or past the highest index a
+///   [`FabricAv`](crate::av::FabricAv) on this AV has been given by `fi_av_insert` (the
+///   endpoint's own cache, and `FabricAv::from_raw` backends on its AV). libfabric 1.17 crashes
+///   on the others.
+/// - **Nothing waits for ever.** `open` refuses more receive buffers than the provider's receive
+///   queue holds (`rx_attr.size`), posting them at `open` gives up after
+///   [`RECEIVE_POST_PATIENCE`] of `-FI_EAGAIN`, a send gives up after its timeout, and `receive`
+///   returns `None` after its own. A receive buffer whose re-post fails is kept and posted again
+///   by a later [`try_receive`](LibfabricEndpoint::try_receive) or
+///   [`progress`](LibfabricEndpoint::progress); the message it held is returned all the same.
+///   Every timeout takes any `Duration`: one too long for an `Instant` (`Duration::MAX`) is no
+///   deadline, and the call waits as long as its own completion takes, rather than panic on the
+///   overflow.
+/// - **Every size is checked before libfabric or the allocator sees it**
+///   ([`Configuration::validate`], then the provider's own limits once `fi_getinfo` has
+///   answered), with a [`DmaError::InvalidArgument`] naming the value and the bound: libfabric
+///   rounds queue and AV sizes up to a power of two and multiplies them without an overflow
+///   check, so a size past the bound opened an endpoint that corrupted the heap, or crashed.
+/// - **Providers whose demands the endpoint cannot meet are refused at `open`**, with the reason
+///   in [`DmaError::NoProvider`]: threading other than `FI_THREAD_SAFE` (the endpoint is `Sync`,
+///   and the cache's writer thread inserts into the AV while other threads post; efa-direct is
+///   `FI_THREAD_DOMAIN`), `FI_MR_LOCAL` (the copying `send`/`receive` path posts from slots the
+///   crate does not register, so they have no descriptors; efa-direct requires it), and
+///   `FI_ADDR_STR` addresses (shm: strings that `fi_av_insert` reads up to their NUL, whatever
+///   length the cache checked).
+///
+/// # Guarantees
+///
+/// - Dropping the endpoint first drops its cache, which runs every pending `fi_av_remove`, and
+///   only then closes the endpoint, the queues, the address vector, the domain and the fabric,
+///   in that order. Nothing is leaked, file descriptors included.
+/// - Receive buffers are owned by the endpoint and outlive its libfabric objects.
+/// - A failure part-way through `open` closes what was opened and reports which call failed.
+/// - Sends are bounded and never lost without an error: at most
+///   [`Description::max_sends_in_flight`] (the transmit queue's depth) are in flight, counted
+///   until their completion is read, and past it a send answers [`DmaError::WouldBlock`] with
+///   nothing posted. A failed send is counted ([`LibfabricEndpoint::failed_sends`]) and logged,
+///   and once the provider reports a peer gone every later send to it answers
+///   [`DmaError::PeerUnreachable`] until it is resolved anew. Dropping the endpoint counts the
+///   sends still in flight after [`LibfabricEndpoint::SEND_DRAIN_PATIENCE`] as discarded
+///   ([`LibfabricEndpoint::discarded_sends`], and a `warn`). A send holds no lease: tcp;ofi_rxm
+///   finishes a send whose entry was removed meanwhile; efa frees it without a completion,
+///   which keeps its slot counted.
+/// - RMA operations in flight ([`write`](Self::write), [`read`](Self::read) and the rest that
+///   return an [`Operation`]) hold their lease and local memory until their completion has been
+///   read; dropping the endpoint drains them, or abandons them after closing the endpoint, before
+///   the cache and the domain close.
 pub struct LibfabricEndpoint {
     /// Dropped by hand, first, in `Drop`: its writer removes every entry before the AV closes.
     peers: ManuallyDrop<AddressCache>,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use self::getinfo::{QueueSizes, getinfo_sized, size_misfit};
 #[cfg(doc)] // for the docs' links
-use super::POST_PATIENCE;
+use super::RECEIVE_POST_PATIENCE;
 use super::handles::Handles;
 use super::lookup::describe;
 use super::receive::ReceiveSlots;
@@ -39,7 +39,7 @@ impl LibfabricEndpoint {
     /// works: no such provider here, or one that asks for what the endpoint cannot honour yet
     /// (see the module docs: efa-direct and shm are refused); [`DmaError::Fabric`] when a later
     /// libfabric call fails, or a receive buffer still cannot be posted after
-    /// [`POST_PATIENCE`]; [`DmaError::InvalidArgument`] for a configuration
+    /// [`RECEIVE_POST_PATIENCE`]; [`DmaError::InvalidArgument`] for a configuration
     /// [`Configuration::validate`] refuses (an empty provider list, a size out of its bounds, a
     /// `cq_size` or `rx_size` below `receive_buffers`), a node with a NUL byte, a `tx_size` or
     /// `rx_size` deeper than the provider accepts (16,384 and 65,536 on tcp;ofi_rxm), more

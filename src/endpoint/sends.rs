@@ -4,16 +4,11 @@
 //!
 //! # Bounds
 //!
-//! The slab has as many slots as the transmit queue (`tx_attr.size`, the configuration's
-//! `tx_size`) and the transmit completion queue (`cq_size`) hold, at most [`MAX_SENDS`]; each
-//! slot has a buffer of [`max_send_size`](super::Description::max_send_size) bytes
-//! (`receive_size`, at most [`MAX_SEND_COPY`]), all in one zeroed allocation made at `open`, which
-//! the kernel backs only as slots are used. A send finding no free slot answers
-//! [`DmaError::WouldBlock`](crate::error::DmaError::WouldBlock) and posts nothing. So the memory the
-//! message path holds for sends, in this crate and in the provider, is bounded by that count
-//! whatever the peer does: a peer that stops reading stops completions, and sends past the count
-//! are refused. One peer may hold at most half the slots (counted per AV index, one `AtomicU32`
-//! an entry), so a peer that stops leaves the other half to the others.
+//! The slab's size, and so the memory sends hold whatever a peer does, is stated for users on
+//! [`send_within`](super::LibfabricEndpoint::send_within) ("Bounded, and never lost without an
+//! error"): as many slots as the transmit queue and its completion queue hold, at most
+//! [`MAX_SENDS`], each of [`MAX_SEND_COPY`] bytes at most, in one zeroed allocation made at
+//! `open`. The per-peer half is one `AtomicU32` an AV index.
 //!
 //! # Ownership of a slot
 //!
@@ -24,11 +19,9 @@
 //!
 //! # Failures
 //!
-//! A completion with an error is counted ([`failed_sends`](super::LibfabricEndpoint::failed_sends)),
-//! logged at `warn` with the peer's `fi_addr_t`, and when its code says the peer is gone
-//! (refused, reset, aborted, unreachable: see `av::unreachable`) the peer is
-//! marked, so the next send to it answers
-//! [`DmaError::PeerUnreachable`](crate::error::DmaError::PeerUnreachable).
+//! A completion with an error is counted, logged, and marks its peer unreachable when its code
+//! says the peer is gone (`av::unreachable`); what a user sees of it is on
+//! [`send_within`](super::LibfabricEndpoint::send_within).
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;

@@ -1,139 +1,14 @@
 //! Registered memory: buffers a peer may write into or read from, and the descriptor it needs
 //! to do so.
 //!
-//! [`LibfabricEndpoint::register`] allocates a buffer,
-//! registers it with `fi_mr_reg` for local and remote reads and writes, and returns a
-//! [`MemoryRegion`]. Its [`RemoteRegion`] (address, key, length) is what a peer needs to post
-//! `fi_write` or `fi_read` against it; it converts to and from a fixed 24-byte little-endian
-//! layout to be advertised.
+//! [`LibfabricEndpoint::register`] allocates a buffer, registers it with `fi_mr_reg` for local
+//! and remote reads and writes, and returns a [`MemoryRegion`]. Its [`RemoteRegion`] (address,
+//! key, length) is what a peer needs to post `fi_write` or `fi_read` against it.
 //!
-//! # The provider's memory-registration mode
-//!
-//! Providers differ in what they ask (`domain_attr.mr_mode`); each bit is read from the
-//! `fi_info` the endpoint was opened with, never assumed:
-//!
-//! - `FI_MR_VIRT_ADDR`: a peer addresses the region by its virtual address; otherwise by its
-//!   offset from 0. [`MemoryRegion::remote`] gives whichever the provider wants.
-//! - `FI_MR_PROV_KEY`: the provider chooses the key (read back with `fi_mr_key`); otherwise the
-//!   endpoint requests a random one of its own (see "Keys"), drawing again while the domain
-//!   answers that it is in use.
-//! - `FI_MR_LOCAL`: local buffers of an operation need their descriptor (`fi_mr_desc`). Every
-//!   local buffer of an RMA operation here is a registered region, and its descriptor is always
-//!   passed, so the bit is honoured whether or not it is set.
-//! - `FI_MR_ALLOCATED`: only allocated memory may be registered. The region allocates its own.
-//! - `FI_MR_ENDPOINT`: the region is bound to the endpoint (`fi_mr_bind`) and enabled
-//!   (`fi_mr_enable`) before use.
-//! - `FI_MR_RAW` (keys wider than 64 bits) is not supported: registering fails with a clear
-//!   error.
-//!
-//! # Lifetime
-//!
-//! A [`MemoryRegion`] borrows its endpoint, or (made by
-//! [`register_shared`](LibfabricEndpoint::register_shared)) holds an `Arc` of it, so it
-//! cannot outlive the domain it is registered in.
-//! Its memory and registration are shared (an `Arc`) with every operation in flight on it:
-//! dropping the `MemoryRegion` while this endpoint's own write or read is in flight leaves both
-//! alive until the operation's completion has been read, and only then closes the registration.
-//! Its memory is then *parked* by the endpoint (next section), never freed while the endpoint is
-//! open.
-//!
-//! # Memory a peer may still reach: parking
-//!
-//! A peer's `fi_write` into a region, or `fi_read` from it, completes only at the peer: this
-//! endpoint never sees a completion for it, so no order of drops in this process can wait for
-//! it. What happens to such a transfer when the region's registration is closed is the
-//! provider's:
-//!
-//! - **Software providers** (tcp, sockets, and rxm over either; libfabric 1.17 and 2.6.0) check a
-//!   peer's transfer once, when its header arrives (`ofi_mr_verify`, in
-//!   `prov/tcp/src/xnet_progress.c`'s `xnet_handle_write` and `xnet_handle_read_req`), and keep
-//!   the buffer's address in the transfer (`rx_entry->iov`, the read response's `iov`). The data
-//!   then moves through those raw pointers over later progress calls, for as long as the peer
-//!   keeps sending or receiving. `fi_close` of the registration removes the key from the
-//!   domain's map, which refuses *new* transfers, but touches no transfer already admitted.
-//!   Measured on 1.17 (`tests/rma_edges.rs`, before parking): 8 MiB written by a peer landed in
-//!   an unrelated `Vec` allocated after the region was dropped, and a peer's read was answered
-//!   with unrelated memory.
-//! - **fi_mr(3)** (2.6.0 `man/fi_mr.3.md`, "fi_close") promises no more for any provider:
-//!   "Active or queued operations that reference a memory region being closed may attempt to
-//!   access an invalid memory region and fail [...] Applications are responsible for ensuring
-//!   that a MR is no longer needed prior to closing it." Only *new* accesses from a remote peer
-//!   are promised to fail.
-//! - **Hardware registration** (verbs, efa) would stop the NIC: `ibv_dereg_mr` destroys the
-//!   device's memory key before the kernel unpins the pages. But libfabric puts `fi_mr_reg`
-//!   behind its registration cache on both (2.6.0 `prov/verbs/src/verbs_mr.c`,
-//!   `vrb_mr_cache_reg`; its `fi_close` is `ofi_mr_cache_delete`, which may keep the device
-//!   registration, and so the old key, alive), efa emulates some RMA protocols in software
-//!   through its own copies, and `fi_efa(7)`'s `FI_EFA_TRACK_MR` only *warns* when an MR is
-//!   closed while operations still reference it. No libfabric document guarantees, for any
-//!   provider, that a closed registration's memory is no longer accessed.
-//!
-//! So on every provider the endpoint parks a dropped region's memory: the registration is
-//! closed at once (new transfers under its key fail at the peer), and the buffer goes to the
-//! endpoint's pool, which frees it only when the endpoint itself drops, after its `fid_ep`,
-//! queues, address vector, domain and fabric have been closed (the pool is owned by the
-//! endpoint's operations, a field declared after its handles): with the domain closed, no
-//! transfer of the provider's remains. There is no provider for which the endpoint frees at
-//! once, because none documents that it may.
-//!
-//! ## Reuse, and what it risks
-//!
-//! A server that registers and drops regions in a loop must not grow without bound, so a parked
-//! buffer is reused by a later registration of the same endpoint whose length falls in the
-//! same size class (buffers are allocated at a class's capacity: the length rounded up to a
-//! quarter of its power of two, so at most 25% larger, and at least 64 bytes). The new region
-//! gets the buffer zeroed, registered under a new random key (see "Keys").
-//!
-//! Reuse is sound for *memory*: a transfer admitted under the old registration can reach only
-//! bytes inside that buffer (the provider checked it against the old region, whose length is at
-//! most the capacity; libfabric's unchecked `addr + len`, in the README, is the one exception and
-//! needs a valid key), which the pool owns for as long as the provider may run, and which this
-//! crate only ever touches through byte copies (see "Contents"; the zeroing for the new region is
-//! one more), never through a reference. No allocation outside the pool can be written or
-//! leaked, which is what freeing the buffer at the drop allowed.
-//!
-//! Reuse cannot be argued sound for the *contents* while the endpoint is open: no condition this
-//! process can observe proves that a peer's transfer admitted before the drop has finished (it
-//! finishes when the peer has sent, or drained, all its bytes, which a stalled peer never does).
-//! A stale transfer that is still moving bytes when its buffer is reused writes into, or reads
-//! from, the new region, although its key is not the new region's. As a mitigation, a parked
-//! buffer is reused only after [`QUARANTINE`] more buffers of its class have been parked after
-//! it (a quarantine by count, which needs no progress and no clock), so a drop followed at once
-//! by a registration of the same size never gets the buffer just dropped. That narrows the
-//! window; it does not close it. An application that needs the guarantee keeps a region
-//! registered until its peers have confirmed (on their own messages) that they are done with it.
-//!
-//! What parking costs: [`parked_memory`](LibfabricEndpoint::parked_memory) bytes, until
-//! reused or until the endpoint drops. A buffer is allocated only while its class has at most
-//! [`QUARANTINE`] parked, so a class never holds more buffers (alive and parked together) than
-//! the most regions of that class ever alive at once, plus [`QUARANTINE`]: parked memory is
-//! bounded by the peak of registered memory, plus the quarantine, plus 25% for the classes.
-//!
-//! # Keys
-//!
-//! Where the endpoint chooses the key (no `FI_MR_PROV_KEY`), each registration requests a fresh
-//! random 64-bit key (retrying `-FI_ENOKEY`, a key already in use, up to [`KEY_ATTEMPTS`]
-//! times): one endpoint's descriptor is not valid at another whose regions have the same shape,
-//! and a peer cannot guess a key it was not given. The source is one `std` `RandomState` per
-//! endpoint hashing a counter: a SipHash under a 128-bit key that `std` draws from the operating
-//! system's random source (`getrandom(2)`, once per thread, then stepped for each new
-//! `RandomState`). No new dependency, no file descriptor, no failure path, a few nanoseconds per
-//! key, and the outputs are unpredictable to anyone who does not hold that key, which never
-//! leaves the process. It is a keyed hash (SipHash-1-3 today), not a CSPRNG: the defence it gives
-//! is against guessing, which is what a key is for here. (Reading `/dev/urandom` per key would
-//! cost a file descriptor or three system calls per registration, and can fail; `getrandom(2)`
-//! through `libc` would be a new dependency.)
-//!
-//! # Contents
-//!
-//! A registered buffer is written by peers, and by the provider on behalf of local reads, at
-//! times this process does not choose. So the bytes of a region peers may reach (every region of
-//! `register`, and the application's buffers registered [`Exposure::Remote`]) are only ever
-//! copied in and out ([`MemoryRegion::write_bytes`], [`MemoryRegion::read_bytes`]), never lent
-//! out as a slice in safe code: a copy taken while a transfer lands may mix old and new bytes, and
-//! the application tells a complete record from a torn one (a checksum, a sequence written last),
-//! as it must on any RDMA NIC. A buffer registered [`Exposure::Local`] is reached by no peer, and
-//! lends slices while no operation of this endpoint holds it (see [`buffer`](super::buffer)).
+//! What a user relies on is on the public items: the provider's registration mode, a region's
+//! lifetime, parking, reuse and what it risks, and who touches the bytes on [`MemoryRegion`];
+//! the size classes and the quarantine on [`PooledBuffer`]; the keys on
+//! [`register`](LibfabricEndpoint::register).
 //!
 //! # Rooms
 //!
@@ -156,11 +31,35 @@ use crate::error::DmaError;
 pub(super) mod pool;
 pub(super) mod registration;
 
-pub use self::pool::QUARANTINE;
-pub use self::registration::{KEY_ATTEMPTS, MAX_REGION_LEN};
+pub use self::pool::REGION_REUSE_QUARANTINE;
+pub use self::registration::{MAX_REGION_LEN, REGION_KEY_ATTEMPTS};
 
 /// The buffer type of a region made by [`LibfabricEndpoint::register`]: the endpoint's own
 /// memory, which is parked and reused by the endpoint, never handed out.
+///
+/// Why a dropped region's memory is parked rather than freed, and what its reuse risks, is on
+/// [`MemoryRegion`] ("Parking", "Reuse"). This is how reuse is bounded.
+///
+/// # Size classes and the quarantine
+///
+/// Buffers are allocated at their size class's capacity: the length rounded up to a quarter of
+/// its power of two, so at most 25% larger than the region, and at least 64 bytes. A dropped
+/// region's buffer is parked in its class, and a later [`register`](LibfabricEndpoint::register)
+/// of the same endpoint and class takes the oldest parked buffer, zeroed, once
+/// [`REGION_REUSE_QUARANTINE`] more of the class have been parked after it; until then it
+/// allocates.
+///
+/// # Bounds
+///
+/// [`parked_memory`](LibfabricEndpoint::parked_memory) says how many bytes are parked, until
+/// reused or until the endpoint drops. A buffer is allocated only while its class has at most
+/// [`REGION_REUSE_QUARANTINE`] parked, so a class never holds more buffers (alive and parked
+/// together) than the most regions of that class ever alive at once, plus
+/// [`REGION_REUSE_QUARANTINE`]: parked memory is bounded by the peak of registered memory, plus
+/// the quarantine, plus 25% for the classes. The application's own buffers parked at a drop
+/// ([`Exposure::Remote`] regions of
+/// [`register_buffer`](LibfabricEndpoint::register_buffer)) are never reused, and are bounded by
+/// the `Remote` buffers registered over the endpoint's life.
 #[derive(Debug)]
 pub struct PooledBuffer {
     _private: (),
@@ -169,8 +68,24 @@ pub struct PooledBuffer {
 impl LibfabricEndpoint {
     /// Register `len` bytes of fresh zeroed memory for RMA, honouring the provider's
     /// memory-registration mode (see [`MemoryRegion`]). Where the provider does not choose keys,
-    /// the key is a fresh random 64-bit number. The memory comes from the endpoint's parked
-    /// memory when a buffer of its size class is past its quarantine, else from the allocator.
+    /// the key is a fresh random 64-bit number (below). The memory comes from the endpoint's
+    /// parked memory when a buffer of its size class is past its quarantine (see
+    /// [`PooledBuffer`]), else from the allocator.
+    ///
+    /// # Keys
+    ///
+    /// Where the endpoint chooses the key (no `FI_MR_PROV_KEY`), each registration requests a fresh
+    /// random 64-bit key (retrying `-FI_ENOKEY`, a key already in use, up to
+    /// [`REGION_KEY_ATTEMPTS`] times): one endpoint's descriptor is not valid at another whose
+    /// regions have the same shape, and a peer cannot guess a key it was not given. The source is
+    /// one `std` `RandomState` per endpoint hashing a counter: a SipHash under a 128-bit key that
+    /// `std` draws from the operating system's random source (`getrandom(2)`, once per thread, then
+    /// stepped for each new `RandomState`). No new dependency, no file descriptor, no failure path,
+    /// a few nanoseconds per key, and the outputs are unpredictable to anyone who does not hold
+    /// that key, which never leaves the process. It is a keyed hash (SipHash-1-3 today), not a
+    /// CSPRNG: the defence it gives is against guessing, which is what a key is for here. (Reading
+    /// `/dev/urandom` per key would cost a file descriptor or three system calls per registration,
+    /// and can fail; `getrandom(2)` through `libc` would be a new dependency.)
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] when the endpoint was opened without
@@ -178,7 +93,7 @@ impl LibfabricEndpoint {
     /// [`MAX_REGION_LEN`] (naming both), when the
     /// system cannot allocate `len` bytes, or for a provider that asks for `FI_MR_RAW`;
     /// [`DmaError::Fabric`] when `fi_mr_reg` (after
-    /// [`KEY_ATTEMPTS`] keys already in use),
+    /// [`REGION_KEY_ATTEMPTS`] keys already in use),
     /// `fi_mr_bind` or `fi_mr_enable` fails. Nothing is left registered on an error.
     ///
     /// ```
@@ -244,8 +159,8 @@ impl LibfabricEndpoint {
     /// How many bytes of dropped regions' memory the endpoint holds now: memory a peer's
     /// transfer admitted before the drop may still reach, so it is freed only when the endpoint
     /// drops, and reused meanwhile by later registrations of the same size class (see
-    /// `src/endpoint/memory/mod.rs`, "parking"). Bounded by the peak of
-    /// registered memory, plus the quarantine of each size class.
+    /// [`MemoryRegion`], "Parking"). Bounded by the peak of registered memory, plus the
+    /// quarantine of each size class ([`PooledBuffer`]).
     ///
     /// ```
     /// use dma_libfabric::{Configuration, LibfabricEndpoint};
@@ -301,7 +216,8 @@ impl LibfabricEndpoint {
 /// flight is safe: the memory and the registration live until the operation's completion has
 /// been read. Memory a peer may reach is then parked by the endpoint, not freed, since a peer's
 /// transfer may still reach it ([`parked_memory`](LibfabricEndpoint::parked_memory)). See
-/// [`StableBuffer`](super::buffer::StableBuffer) for the application's memory.
+/// [`StableBuffer`](super::buffer::StableBuffer) for the application's memory, and who may
+/// touch its bytes when.
 ///
 /// ```
 /// use dma_libfabric::{Configuration, LibfabricEndpoint, RemoteRegion};
@@ -318,6 +234,116 @@ impl LibfabricEndpoint {
 /// assert_eq!(region.remote(), RemoteRegion::from_bytes(&advertised)?);
 /// # Ok::<(), dma_libfabric::DmaError>(())
 /// ```
+///
+/// # Registration mode
+///
+/// Providers differ in what they ask (`domain_attr.mr_mode`); each bit is read from the
+/// `fi_info` the endpoint was opened with, never assumed:
+///
+/// - `FI_MR_VIRT_ADDR`: a peer addresses the region by its virtual address; otherwise by its
+///   offset from 0. [`MemoryRegion::remote`] gives whichever the provider wants.
+/// - `FI_MR_PROV_KEY`: the provider chooses the key (read back with `fi_mr_key`); otherwise the
+///   endpoint requests a random one of its own (see [`register`](LibfabricEndpoint::register)),
+///   drawing again while the domain answers that it is in use.
+/// - `FI_MR_LOCAL`: local buffers of an operation need their descriptor (`fi_mr_desc`). Every
+///   local buffer of an RMA operation here is a registered region, and its descriptor is always
+///   passed, so the bit is honoured whether or not it is set.
+/// - `FI_MR_ALLOCATED`: only allocated memory may be registered. The region allocates its own.
+/// - `FI_MR_ENDPOINT`: the region is bound to the endpoint (`fi_mr_bind`) and enabled
+///   (`fi_mr_enable`) before use.
+/// - `FI_MR_RAW` (keys wider than 64 bits) is not supported: registering fails with a clear
+///   error.
+///
+/// # Lifetime
+///
+/// A [`MemoryRegion`] borrows its endpoint, or (made by
+/// [`register_shared`](LibfabricEndpoint::register_shared)) holds an `Arc` of it, so it
+/// cannot outlive the domain it is registered in.
+/// Its memory and registration are shared (an `Arc`) with every operation in flight on it:
+/// dropping the `MemoryRegion` while this endpoint's own write or read is in flight leaves both
+/// alive until the operation's completion has been read, and only then closes the registration.
+/// Its memory is then *parked* by the endpoint (next section), never freed while the endpoint is
+/// open.
+///
+/// # Parking: memory a peer may still reach
+///
+/// A peer's `fi_write` into a region, or `fi_read` from it, completes only at the peer: this
+/// endpoint never sees a completion for it, so no order of drops in this process can wait for
+/// it. What happens to such a transfer when the region's registration is closed is the
+/// provider's:
+///
+/// - **Software providers** (tcp, sockets, and rxm over either; libfabric 1.17 and 2.6.0) check a
+///   peer's transfer once, when its header arrives (`ofi_mr_verify`, in
+///   `prov/tcp/src/xnet_progress.c`'s `xnet_handle_write` and `xnet_handle_read_req`), and keep
+///   the buffer's address in the transfer (`rx_entry->iov`, the read response's `iov`). The data
+///   then moves through those raw pointers over later progress calls, for as long as the peer
+///   keeps sending or receiving. `fi_close` of the registration removes the key from the
+///   domain's map, which refuses *new* transfers, but touches no transfer already admitted.
+///   Measured on 1.17 (`tests/rma_edges.rs`, before parking): 8 MiB written by a peer landed in
+///   an unrelated `Vec` allocated after the region was dropped, and a peer's read was answered
+///   with unrelated memory.
+/// - **fi_mr(3)** (2.6.0 `man/fi_mr.3.md`, "fi_close") promises no more for any provider:
+///   "Active or queued operations that reference a memory region being closed may attempt to
+///   access an invalid memory region and fail [...] Applications are responsible for ensuring
+///   that a MR is no longer needed prior to closing it." Only *new* accesses from a remote peer
+///   are promised to fail.
+/// - **Hardware registration** (verbs, efa) would stop the NIC: `ibv_dereg_mr` destroys the
+///   device's memory key before the kernel unpins the pages. But libfabric puts `fi_mr_reg`
+///   behind its registration cache on both (2.6.0 `prov/verbs/src/verbs_mr.c`,
+///   `vrb_mr_cache_reg`; its `fi_close` is `ofi_mr_cache_delete`, which may keep the device
+///   registration, and so the old key, alive), efa emulates some RMA protocols in software
+///   through its own copies, and `fi_efa(7)`'s `FI_EFA_TRACK_MR` only *warns* when an MR is
+///   closed while operations still reference it. No libfabric document guarantees, for any
+///   provider, that a closed registration's memory is no longer accessed.
+///
+/// So on every provider the endpoint parks a dropped region's memory: the registration is
+/// closed at once (new transfers under its key fail at the peer), and the buffer goes to the
+/// endpoint's pool, which frees it only when the endpoint itself drops, after its `fid_ep`,
+/// queues, address vector, domain and fabric have been closed (the pool is owned by the
+/// endpoint's operations, a field declared after its handles): with the domain closed, no
+/// transfer of the provider's remains. There is no provider for which the endpoint frees at
+/// once, because none documents that it may.
+///
+/// # Reuse, and what it risks
+///
+/// A server that registers and drops regions in a loop must not grow without bound, so a parked
+/// buffer of [`register`](LibfabricEndpoint::register)'s is reused by a later `register` of the
+/// same endpoint in the same size class, past a quarantine: zeroed, and registered under a new
+/// key. [`PooledBuffer`] states the classes, the quarantine and the bound on parked memory. The
+/// application's own buffers ([`register_buffer`](LibfabricEndpoint::register_buffer)) are
+/// parked too, and never reused.
+///
+/// Reuse is sound for *memory*: a transfer admitted under the old registration can reach only
+/// bytes inside that buffer (the provider checked it against the old region, whose length is at
+/// most the capacity; libfabric's unchecked `addr + len`, in the README, is the one exception and
+/// needs a valid key), which the pool owns for as long as the provider may run, and which this
+/// crate only ever touches through byte copies (see "Contents"; the zeroing for the new region is
+/// one more), never through a reference. No allocation outside the pool can be written or
+/// leaked, which is what freeing the buffer at the drop allowed.
+///
+/// Reuse cannot be argued sound for the *contents* while the endpoint is open: no condition this
+/// process can observe proves that a peer's transfer admitted before the drop has finished (it
+/// finishes when the peer has sent, or drained, all its bytes, which a stalled peer never does).
+/// A stale transfer that is still moving bytes when its buffer is reused writes into, or reads
+/// from, the new region, although its key is not the new region's. As a mitigation, a parked
+/// buffer is reused only after [`REGION_REUSE_QUARANTINE`] more buffers of its class have been
+/// parked after it (a quarantine by count, which needs no progress and no clock), so a drop
+/// followed at once by a registration of the same size never gets the buffer just dropped. That
+/// narrows the window; it does not close it. An application that needs the guarantee keeps a
+/// region registered until its peers have confirmed (on their own messages) that they are done
+/// with it.
+///
+/// # Contents
+///
+/// A registered buffer is written by peers, and by the provider on behalf of local reads, at
+/// times this process does not choose. So the bytes of a region peers may reach (every region of
+/// `register`, and the application's buffers registered [`Exposure::Remote`]) are only ever
+/// copied in and out ([`MemoryRegion::write_bytes`], [`MemoryRegion::read_bytes`]), never lent
+/// out as a slice in safe code: a copy taken while a transfer lands may mix old and new bytes, and
+/// the application tells a complete record from a torn one (a checksum, a sequence written last),
+/// as it must on any RDMA NIC. A buffer registered [`Exposure::Local`] is reached by no peer, and
+/// lends slices while no operation of this endpoint holds it (see
+/// [`StableBuffer`](super::buffer::StableBuffer)).
 pub struct MemoryRegion<'ep, B = PooledBuffer> {
     pub(crate) inner: Arc<Registration>,
     /// The endpoint, for a region made by
@@ -484,7 +510,7 @@ impl<'ep, B> MemoryRegion<'ep, B> {
         self.inner.check_range(offset, data.len())?;
         // SAFETY: the range is inside the buffer (checked), which lives as long as `self`; the
         // bytes are plain `u8` in host memory (checked), a region that lends no slices has none
-        // lent, and a transfer landing meanwhile may only tear them (module docs), which a copy
+        // lent, and a transfer landing meanwhile may only tear them ("Contents" above), which a copy
         // of bytes tolerates.
         unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.inner.at(offset), data.len()) };
         Ok(())
@@ -674,13 +700,16 @@ mod tests {
     fn dropped_memory_is_parked_then_reused_zeroed_past_the_quarantine() {
         let endpoint = endpoint();
         let mut starts = Vec::new();
-        for _ in 0..=QUARANTINE {
+        for _ in 0..=REGION_REUSE_QUARANTINE {
             let region = endpoint.register(4096).expect("registered");
             region.write_bytes(0, &[0xab; 4096]).expect("fits");
             starts.push(region.inner.buffer as usize);
             drop(region);
         }
-        assert_eq!((QUARANTINE + 1) * 4096, endpoint.parked_memory());
+        assert_eq!(
+            (REGION_REUSE_QUARANTINE + 1) * 4096,
+            endpoint.parked_memory()
+        );
         let mut sorted = starts.clone();
         sorted.sort_unstable();
         sorted.dedup();
@@ -695,7 +724,7 @@ mod tests {
             starts[0], reused.inner.buffer as usize,
             "the oldest is reused"
         );
-        assert_eq!(QUARANTINE * 4096, endpoint.parked_memory());
+        assert_eq!(REGION_REUSE_QUARANTINE * 4096, endpoint.parked_memory());
         let mut seen = vec![0xff; 4000];
         reused.read_bytes(0, &mut seen).expect("in range");
         assert!(

@@ -1,16 +1,11 @@
 //! The endpoint's parked memory: buffers of dropped regions, kept until the endpoint closes and
 //! reused by later registrations of the same size class past a quarantine.
 //!
-//! Why memory is parked rather than freed, and what reuse risks, is in the
-//! [`memory`](super) module docs ("parking", "Reuse, and what it risks").
-//!
-//! # Bounds
-//!
-//! A buffer is allocated only while its class has at most [`QUARANTINE`] parked, so a class never
-//! holds more buffers (alive and parked together) than the most regions of that class ever alive
-//! at once, plus [`QUARANTINE`]; a buffer is at most 25% larger than its region (at least
-//! `MIN_CAPACITY`, 64 bytes). The application's own buffers parked here are never reused, and
-//! are bounded by the `Remote` buffers registered over the endpoint's life.
+//! Why memory is parked rather than freed, and what reuse risks, is on
+//! [`MemoryRegion`](super::MemoryRegion) ("Parking", "Reuse, and what it risks"); the size
+//! classes, the quarantine and the bound on parked memory on
+//! [`PooledBuffer`](super::PooledBuffer), for a user to read. `capacity_for` draws the classes,
+//! `Pool::take` applies the quarantine.
 
 use std::alloc::{self, Layout};
 use std::any::Any;
@@ -22,8 +17,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::error::DmaError;
 
 /// How many more buffers of a size class are parked after a dropped region's before its memory
-/// is reused (see `src/endpoint/memory/mod.rs`, "Reuse, and what it risks").
-pub const QUARANTINE: usize = 2;
+/// is reused by [`register`](crate::endpoint::LibfabricEndpoint::register): a quarantine by
+/// count, which narrows the window in which a peer's transfer admitted before the drop can reach
+/// the new region (see [`MemoryRegion`](super::MemoryRegion), "Reuse, and what it risks"; the
+/// bound it sets on parked memory is on [`PooledBuffer`](super::PooledBuffer)).
+pub const REGION_REUSE_QUARANTINE: usize = 2;
 
 /// The smallest buffer the pool allocates.
 const MIN_CAPACITY: usize = 64;
@@ -86,7 +84,8 @@ impl Drop for Buffer {
 
 /// The endpoint's parked memory: buffers of dropped regions, by capacity, oldest first. Owned by
 /// the endpoint's operations (declared after its handles), so the buffers are freed only after
-/// the endpoint, its queues and its domain have closed. See the [`memory`](super) module docs, "parking".
+/// the endpoint, its queues and its domain have closed. See [`MemoryRegion`](super::MemoryRegion),
+/// "Parking".
 #[derive(Default)]
 pub(crate) struct Pool {
     classes: Mutex<BTreeMap<usize, VecDeque<Buffer>>>,
@@ -112,7 +111,7 @@ impl Pool {
         let reused = {
             let mut classes = crate::sync::lock(&self.classes);
             let reused = match classes.get_mut(&capacity) {
-                Some(parked) if parked.len() > QUARANTINE => parked.pop_front(),
+                Some(parked) if parked.len() > REGION_REUSE_QUARANTINE => parked.pop_front(),
                 _ => None,
             };
             if reused.is_some() {
@@ -125,7 +124,7 @@ impl Pool {
             return Buffer::allocate(capacity);
         };
         // SAFETY: `len` is at most the buffer's capacity (its class's); the pool owns the bytes,
-        // and a stale transfer writing them meanwhile only tears them (`memory`, "Contents").
+        // and a stale transfer writing them meanwhile only tears them (`MemoryRegion`, "Contents").
         unsafe { ptr::write_bytes(buffer.start.as_ptr(), 0, len) };
         Ok(buffer)
     }

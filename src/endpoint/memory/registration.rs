@@ -2,14 +2,15 @@
 //! provider's `mr_mode`, the keys it is requested under, the holds of the operations in flight
 //! on it, and its close, after which its memory is parked.
 //!
-//! What each `mr_mode` bit asks, why keys are random and how they are drawn, and why a closed
-//! registration's memory is parked rather than freed are in the [`memory`](super) module docs
-//! ("The provider's memory-registration mode", "Keys", "parking").
+//! What each `mr_mode` bit asks and why a closed registration's memory is parked rather than
+//! freed are on [`MemoryRegion`](super::MemoryRegion) ("Registration mode", "Parking"); why keys
+//! are random and how they are drawn on [`register`](crate::endpoint::LibfabricEndpoint::register)
+//! ("Keys").
 //!
 //! # Bounds
 //!
 //! A registration covers 1 to [`MAX_REGION_LEN`] bytes; one registration tries at most
-//! [`KEY_ATTEMPTS`] keys. [`Keys`] holds one hasher and one counter per endpoint.
+//! [`REGION_KEY_ATTEMPTS`] keys. [`Keys`] holds one hasher and one counter per endpoint.
 
 use std::any::Any;
 #[cfg(test)]
@@ -44,12 +45,12 @@ pub const MAX_REGION_LEN: usize = 1 << 40;
 
 /// How many random keys registration tries when the provider answers `-FI_ENOKEY` (the key is
 /// in use in the domain) before it gives up with that error.
-pub const KEY_ATTEMPTS: usize = 8;
+pub const REGION_KEY_ATTEMPTS: usize = 8;
 
 /// The keys an endpoint requests where the provider does not choose them (no
 /// `FI_MR_PROV_KEY`): each is `hasher.hash_one(counter)`, a SipHash of a counter under a key
-/// `std` drew from the operating system's random source (see the [`memory`](super) module
-/// docs, "Keys").
+/// `std` drew from the operating system's random source (see
+/// [`register`](crate::endpoint::LibfabricEndpoint::register), "Keys").
 pub(crate) struct Keys {
     hasher: RandomState,
     /// The counter `hasher` hashes: a new input for every key drawn.
@@ -199,8 +200,9 @@ pub(crate) struct Registration {
 }
 
 // SAFETY: the registration is an object of an `FI_THREAD_SAFE` domain, usable from any thread;
-// the memory is only touched through raw copies (`memory` module docs: its bytes are plain `u8`, for which
-// any value is valid) and handed to the pool once, by whichever holder drops last.
+// the memory is only touched through raw copies (`MemoryRegion`'s docs, "Contents": its bytes
+// are plain `u8`, for which any value is valid) and handed to the pool once, by whichever holder
+// drops last.
 unsafe impl Send for Registration {}
 // SAFETY: as for `Send`; shared access is copies of plain bytes and reads of fields that never
 // change after registration, and `mr` is an atomic.
@@ -209,7 +211,7 @@ unsafe impl Sync for Registration {}
 impl Registration {
     /// Register `len` bytes of zeroed memory from `pool` in `domain`, honouring `mr_mode`, under
     /// a key from `keys` (unless the provider chooses it), drawing another while the provider
-    /// answers `-FI_ENOKEY`, up to [`KEY_ATTEMPTS`] keys.
+    /// answers `-FI_ENOKEY`, up to [`REGION_KEY_ATTEMPTS`] keys.
     ///
     /// # Safety
     /// `domain` and `ep` are open and belong together; they stay open until the returned
@@ -373,7 +375,7 @@ impl Registration {
         let provider_keys = 0 != mr_mode & sys::FI_MR_PROV_KEY as i32;
         let mut mr: *mut sys::fid_mr = ptr::null_mut();
         let mut requested_key = 0;
-        for attempt in 1..=KEY_ATTEMPTS {
+        for attempt in 1..=REGION_KEY_ATTEMPTS {
             requested_key = if provider_keys { 0 } else { keys() };
             // SAFETY: the domain is open (the caller's promise); `buffer` holds at least `len`
             // bytes, owned by `registration` until it drops, which closes the registration
@@ -409,7 +411,7 @@ impl Registration {
             if 0 == code {
                 break;
             }
-            if code != -(sys::FI_ENOKEY as i32) || provider_keys || KEY_ATTEMPTS == attempt {
+            if code != -(sys::FI_ENOKEY as i32) || provider_keys || REGION_KEY_ATTEMPTS == attempt {
                 let call = match interface.hmem() {
                     None => "fi_mr_reg",
                     Some(_) => "fi_mr_regattr",
@@ -581,7 +583,7 @@ impl Drop for Registration {
     fn drop(&mut self) {
         self.close_registration();
         // Parked, not freed: a peer's transfer admitted before the close may still move bytes
-        // through it (`memory` module docs); the pool frees it after the endpoint has closed.
+        // through it (`MemoryRegion`'s docs, "Parking"); the pool frees it after the endpoint has closed.
         match std::mem::replace(&mut self.memory, Memory::None) {
             Memory::Pooled(memory) => self.pool.park(memory),
             // A peer may still move bytes through it: parked until the endpoint closes.
@@ -736,7 +738,7 @@ mod tests {
     }
 
     /// A requested key already in use in the domain is `-FI_ENOKEY`, and registration draws
-    /// another; it gives up after `KEY_ATTEMPTS`.
+    /// another; it gives up after `REGION_KEY_ATTEMPTS`.
     #[test]
     fn a_key_in_use_is_retried_with_another() {
         let endpoint = endpoint();
@@ -757,13 +759,13 @@ mod tests {
             .forced
             .lock()
             .expect("not poisoned")
-            .extend([77; KEY_ATTEMPTS]);
+            .extend([77; REGION_KEY_ATTEMPTS]);
         match endpoint.register(64) {
             Err(DmaError::Fabric { call, code, .. }) => {
                 assert_eq!("fi_mr_reg", call);
                 assert_eq!(-i64::from(sys::FI_ENOKEY), code);
             }
-            other => panic!("expected -FI_ENOKEY after {KEY_ATTEMPTS} keys: {other:?}"),
+            other => panic!("expected -FI_ENOKEY after {REGION_KEY_ATTEMPTS} keys: {other:?}"),
         }
         drop(taken);
     }
