@@ -6,7 +6,7 @@
 //! [`LibfabricEndpoint`], whose cache is its AV's. [`RailGroup`] holds the rails, the hooks through
 //! which an efa eviction on one rail releases the client on all the others, and the calls that act
 //! on every rail: pin, lease, release, quiesce; `forward_to_group!` writes the public calls that
-//! forward to it once, for both public types. See the [module docs](super) for the ordering.
+//! forward to it once, for both public types. See [`RailSet`](super::RailSet) for the ordering.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
