@@ -39,15 +39,8 @@
 //!
 //! # Drop
 //!
-//! Dropping the endpoint first drains its operations: it asks the provider to cancel each
-//! (`fi_cancel`; rxm and tcp cancel only receives, so for RMA this mostly does nothing) and
-//! drives progress until every completion has been read, for at most
-//! [`LibfabricEndpoint::DRAIN_PATIENCE`]. Operations still in flight after that (a peer that
-//! never progresses, a provider that dropped a transfer without a completion) are abandoned: their
-//! registrations are closed, then the endpoint, which stops the provider touching their memory,
-//! and only then are their buffers parked (freed once the domain has closed: see `memory`) and
-//! their leases dropped, all before the address cache and the domain close.
-//! [`LibfabricEndpoint::drain_operations`] does the first step on demand.
+//! What dropping the endpoint does with its operations in flight is on
+//! [`LibfabricEndpoint::DRAIN_PATIENCE`], where a user reads it.
 //!
 //! # Lifetime erasure
 //!
@@ -117,7 +110,17 @@ pub(super) enum Target<'lease> {
 
 impl LibfabricEndpoint {
     /// How long dropping an endpoint drives progress for its operations in flight before it
-    /// abandons them (see the `rma` module docs).
+    /// abandons them.
+    ///
+    /// Dropping the endpoint first drains its operations: it asks the provider to cancel each
+    /// (`fi_cancel`; rxm and tcp cancel only receives, so for RMA this mostly does nothing) and
+    /// drives progress until every completion has been read, for at most
+    /// this long. Operations still in flight after that (a peer that
+    /// never progresses, a provider that dropped a transfer without a completion) are abandoned: their
+    /// registrations are closed, then the endpoint, which stops the provider touching their memory,
+    /// and only then are their buffers parked (freed once the domain has closed: see `memory`) and
+    /// their leases dropped, all before the address cache and the domain close.
+    /// [`LibfabricEndpoint::drain_operations`] does the first step on demand.
     pub const DRAIN_PATIENCE: Duration = Duration::from_secs(2);
 
     rma_calls! {

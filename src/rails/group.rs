@@ -272,7 +272,7 @@ macro_rules! forward_to_group {
 
         /// Pin every rail's cache (see [`RailPinned`](super::RailPinned)). A client an efa
         /// eviction dropped on some rail is released on the others by the evicting writer itself
-        /// (module docs, guarantee 3).
+        /// ([`RailSet`](crate::rails::RailSet), guarantee 3).
         pub fn pin(&self) -> $crate::rails::RailPinned<'_> {
             self.group.pin()
         }
