@@ -198,15 +198,17 @@ fn functions(text: &str) -> Vec<Function> {
 }
 
 /// Where the body of the function whose signature goes on from `from` closes: the brace that
-/// matches the first `{` outside parentheses and brackets. `None` for a declaration (a `;`
-/// first) or a body never closed.
+/// matches the first `{` outside parentheses, brackets and generic arguments (a const argument
+/// `Foo<{ N }>` is not the body; the `>` of `->` closes nothing). `None` for a declaration (a
+/// `;` first) or a body never closed.
 fn body_end(code: &[char], from: usize) -> Option<usize> {
     let mut nesting = 0_usize;
     let mut at = from;
     while at < code.len() {
         match code[at] {
-            '(' | '[' => nesting += 1,
-            ')' | ']' => nesting = nesting.saturating_sub(1),
+            '(' | '[' | '<' => nesting += 1,
+            '>' if at > 0 && code[at - 1] == '-' => {}
+            ')' | ']' | '>' => nesting = nesting.saturating_sub(1),
             ';' if 0 == nesting => return None,
             '{' if 0 == nesting => break,
             _ => {}
@@ -357,6 +359,18 @@ fn after() {
             .iter()
             .map(|function| (function.name.as_str(), function.line, function.lines))
             .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_signature_with_generics_arrays_and_const_blocks_ends_at_its_body() {
+    let text = "fn generic<T: Fn(u8) -> [u8; 2], const N: usize>(t: T) -> Array<{ N }>\n\
+                where\n    T: Copy,\n{\n    todo!()\n}\n";
+    let found = functions(text);
+    assert_eq!(1, found.len(), "{found:?}");
+    assert_eq!(
+        ("generic", 1, 6),
+        (found[0].name.as_str(), found[0].line, found[0].lines)
     );
 }
 
