@@ -162,7 +162,16 @@ fn char_literal_len(text: &[char]) -> Option<usize> {
 fn functions(text: &str) -> Vec<Function> {
     let code = code_only(text);
     let ident = |c: char| c.is_alphanumeric() || c == '_';
-    let line_of = |at: usize| 1 + code[..at].iter().filter(|&&c| c == '\n').count();
+    // The line each char is on, from 1.
+    let lines: Vec<usize> = code
+        .iter()
+        .scan(1, |line, &c| {
+            let this = *line;
+            *line += usize::from(c == '\n');
+            Some(this)
+        })
+        .collect();
+    let line_of = |at: usize| lines[at];
     let mut found = Vec::new();
     let mut at = 0;
     while at + 2 < code.len() {
