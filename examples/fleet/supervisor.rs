@@ -130,6 +130,8 @@ struct Fleet {
     cuts: Vec<(u32, u32, u64)>,
     /// When the run's faults ended and shutdown began ([`protocol::unix_nanos`]).
     shutdown_at: u64,
+    /// The server's `FLEET-TOTALS` line.
+    totals: Option<String>,
     /// The server's `FLEET-ERRORS` line.
     errors: Option<String>,
     /// The server's `FLEET-DEPARTURE` lines.
@@ -452,10 +454,10 @@ fn wait_within(child: &mut Child, patience: Duration) -> Result<Option<ExitStatu
     }
 }
 
-fn drain_lines(fleet: &mut Fleet, lines: &Receiver<Line>, totals: &mut Option<String>) {
+fn drain_lines(fleet: &mut Fleet, lines: &Receiver<Line>) {
     while let Ok((who, line)) = lines.try_recv() {
         if who == Who::Server && line.starts_with("FLEET-TOTALS ") {
-            *totals = Some(line);
+            fleet.totals = Some(line);
         } else if who == Who::Server && line.starts_with("FLEET-DEPARTURE ") {
             fleet.departures.push(line);
         } else if who == Who::Server && line.starts_with("FLEET-ERRORS") {
@@ -492,15 +494,14 @@ pub fn run(flags: &Flags) -> Result<bool> {
     }
     signals::catch_interrupts()?;
     let (mut fleet, lines) = Fleet::new(flags)?;
-    let mut totals = None;
     start(&mut fleet, &lines, flags.clients)?;
     announce(flags);
-    inject_faults(&mut fleet, &lines, &mut totals, flags)?;
-    end_faults(&mut fleet, &lines, &mut totals)?;
+    inject_faults(&mut fleet, &lines, flags)?;
+    end_faults(&mut fleet, &lines)?;
     let mut ok = stop_clients(&mut fleet)?;
     ok &= stop_server(&mut fleet)?;
-    collect_last_lines(&mut fleet, &lines, &mut totals);
-    let Some(totals) = totals else {
+    collect_last_lines(&mut fleet, &lines);
+    let Some(totals) = fleet.totals.take() else {
         eprintln!("FAIL: the server printed no totals");
         return Ok(false);
     };
@@ -551,6 +552,7 @@ impl Fleet {
             kills: Vec::new(),
             cuts: Vec::new(),
             shutdown_at: u64::MAX,
+            totals: None,
             errors: None,
             departures: Vec::new(),
         };
@@ -663,12 +665,7 @@ fn next_after(random: &mut Random, rate: f64, from: Instant) -> Option<Instant> 
 
 /// The run: a quarter without faults (the baseline), then faults at the given rates, until
 /// `--seconds` have passed.
-fn inject_faults(
-    fleet: &mut Fleet,
-    lines: &Receiver<Line>,
-    totals: &mut Option<String>,
-    flags: &Flags,
-) -> Result<()> {
+fn inject_faults(fleet: &mut Fleet, lines: &Receiver<Line>, flags: &Flags) -> Result<()> {
     let started = Instant::now();
     let run_for = Duration::from_secs_f64(flags.seconds);
     let faults_from = started + run_for / 4;
@@ -682,7 +679,7 @@ fn inject_faults(
             panic!("FLEET_PANIC=supervisor: a panic injected into the supervisor");
         }
         thread::sleep(TICK);
-        drain_lines(fleet, lines, totals);
+        drain_lines(fleet, lines);
         fleet.reap_unexpected()?;
         let now = Instant::now();
         end_due_faults(fleet, now)?;
@@ -755,11 +752,7 @@ fn start_due_faults(
 
 /// End the faults: heal the partitions, resume the stopped, let restarts finish (within
 /// [`START_PATIENCE`]), and close every fault window still open.
-fn end_faults(
-    fleet: &mut Fleet,
-    lines: &Receiver<Line>,
-    totals: &mut Option<String>,
-) -> Result<()> {
+fn end_faults(fleet: &mut Fleet, lines: &Receiver<Line>) -> Result<()> {
     for id in 0..fleet.clients.len() as u32 {
         if fleet.clients[id as usize].stopped_until.is_some() {
             fleet.resume(id)?;
@@ -774,7 +767,7 @@ fn end_faults(
             return Err("interrupted".into());
         }
         thread::sleep(TICK);
-        drain_lines(fleet, lines, totals);
+        drain_lines(fleet, lines);
         fleet.reap_unexpected()?;
     }
     let end_of_faults = protocol::unix_nanos();
@@ -865,11 +858,13 @@ fn stop_server(fleet: &mut Fleet) -> Result<bool> {
 
 /// The output threads end with the children: take what is left, until the server's totals
 /// arrive (or 2 s pass).
-fn collect_last_lines(fleet: &mut Fleet, lines: &Receiver<Line>, totals: &mut Option<String>) {
+fn collect_last_lines(fleet: &mut Fleet, lines: &Receiver<Line>) {
     let deadline = Instant::now() + Duration::from_secs(2);
-    while totals.is_none() && Instant::now() < deadline {
+    while fleet.totals.is_none() && Instant::now() < deadline {
         match lines.recv_timeout(TICK) {
-            Ok((Who::Server, line)) if line.starts_with("FLEET-TOTALS ") => *totals = Some(line),
+            Ok((Who::Server, line)) if line.starts_with("FLEET-TOTALS ") => {
+                fleet.totals = Some(line);
+            }
             Ok((Who::Server, line)) if line.starts_with("FLEET-DEPARTURE ") => {
                 fleet.departures.push(line);
             }

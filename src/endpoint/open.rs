@@ -616,6 +616,43 @@ mod tests {
         }
     }
 
+    /// `choose` makes its checks before any object opens: what it accepts opens nothing, and
+    /// what it refuses leaves only the `fi_getinfo` list in the handles, which free it.
+    #[test]
+    fn choosing_a_provider_opens_nothing() {
+        let nothing_open = |handles: &Handles| {
+            [
+                handles.fabric.is_null(),
+                handles.domain.is_null(),
+                handles.av.is_null(),
+                handles.tx_cq.is_null(),
+                handles.rx_cq.is_null(),
+                handles.ep.is_null(),
+            ] == [true; 6]
+        };
+        let node = Some(c"127.0.0.1");
+        let mut handles = Handles::new();
+        let description = choose(&mut handles, &Configuration::default(), Provider::Tcp, node)
+            .expect("tcp is offered on 127.0.0.1");
+        assert_eq!("tcp;ofi_rxm", description.provider);
+        assert!(!handles.info.is_null());
+        assert!(nothing_open(&handles));
+
+        let too_many = Configuration {
+            receive_buffers: 1 << 16,
+            ..Configuration::default()
+        };
+        let mut handles = Handles::new();
+        let Err(DmaError::InvalidArgument(reason)) =
+            choose(&mut handles, &too_many, Provider::Tcp, node)
+        else {
+            panic!("more receive buffers than rx_attr.size");
+        };
+        assert!(reason.contains("65536"), "{reason}");
+        assert!(!handles.info.is_null(), "the list is the handles' to free");
+        assert!(nothing_open(&handles));
+    }
+
     #[test]
     fn tcp_is_asked_for_thread_safety_and_not_refused() {
         let hints = Hints::for_provider(Provider::Tcp);
