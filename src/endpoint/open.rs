@@ -37,7 +37,7 @@ impl LibfabricEndpoint {
     /// # Errors
     /// [`DmaError::NoProvider`], naming each provider tried and why it was turned down, when none
     /// works: no such provider here, or one that asks for what the endpoint cannot honour yet
-    /// (see the module docs: efa-direct and shm are refused); [`DmaError::Fabric`] when a later
+    /// (efa-direct and shm are refused: see [`LibfabricEndpoint`]); [`DmaError::Fabric`] when a later
     /// libfabric call fails, or a receive buffer still cannot be posted after
     /// [`RECEIVE_POST_PATIENCE`]; [`DmaError::InvalidArgument`] for a configuration
     /// [`Configuration::validate`] refuses (an empty provider list, a size out of its bounds, a
