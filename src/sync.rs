@@ -106,6 +106,19 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// [`lock`] for a mutex the loom models replace (`sync::Mutex`, loom's under `dma_loom`), so
+/// code checked by the models carries on through poisoning the same way.
+#[cfg(dma_loom)]
+pub(crate) fn lock_modelled<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// [`lock`] for a mutex the loom models replace: outside loom, `sync::Mutex` is std's.
+#[cfg(not(dma_loom))]
+pub(crate) use lock as lock_modelled;
+
 /// Receive from `receiver`: under loom it only parks.
 #[cfg(dma_loom)]
 pub(crate) fn recv_polling<T>(

@@ -60,7 +60,7 @@ pub struct Handoff {
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    state.lock().unwrap_or_else(PoisonError::into_inner)
+    crate::sync::lock_modelled(state)
 }
 
 impl Handoff {
