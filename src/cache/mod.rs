@@ -444,7 +444,8 @@ impl<B: AvBackend> AddressCache<B> {
 
     /// How many registrations the index holds now (one per client on a live entry).
     pub fn indexed(&self) -> usize {
-        self.core.shared.index.len()
+        // The pin keeps the table read alive against the writer's replacing it.
+        self.core.shared.index.len(&self.core.epochs.pin())
     }
 
     /// Whether `peer` was resolved through this cache. The endpoint refuses to post to a peer of
@@ -473,6 +474,15 @@ impl<B: AvBackend> AddressCache<B> {
     #[doc(hidden)]
     pub fn queued_chunk_misses(&self) -> usize {
         self.core.shared.chunk_misses.queued()
+    }
+
+    /// How many times the writer has replaced the index's table with a smaller one (once it had
+    /// emptied to an eighth of what it grew to). For tests of that shrink. Not part of the API
+    /// (feature `model`).
+    #[cfg(feature = "model")]
+    #[doc(hidden)]
+    pub fn index_replacements(&self) -> u64 {
+        self.core.shared.index.replacements()
     }
 
     /// Set the lease counter of `fi_addr`, for tests that reach the lease bound without 2³⁰

@@ -224,10 +224,7 @@ impl<B: AvBackend> Writer<B> {
             {
                 // `clients` shows it holding the live entry at `fi_addr`: a holder, whose
                 // registration an admission may not have published yet.
-                let index = &self.shared.index;
-                let published = index
-                    .get(&index.guard(), client, identity.len(), address)
-                    .is_some();
+                let published = self.shared.index.published(client, identity.len(), address);
                 if !published {
                     self.publish(client, fi_addr);
                 }
@@ -463,11 +460,14 @@ impl<B: AvBackend> Writer<B> {
     }
 
     /// Unlink `client`'s registration on the entry at `fi_addr` from the index.
+    /// If the index has emptied well below what it grew to, it is replaced by a fresh table
+    /// (`index::shrink`), whose old one the batch's deferral covers.
     pub(super) fn unregister(&mut self, client: u64, fi_addr: fi_addr_t) {
         self.shared
             .index
             .unlink(client, identity_at(&self.entries, fi_addr));
         self.stats.clients -= 1;
+        self.shared.index.shrink();
     }
 
     /// Let go of whatever `client` holds or waits for; retire the entry if it was the last holder.
