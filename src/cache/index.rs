@@ -13,10 +13,18 @@
 //!
 //! A reader's guard lives as long as its pin, so a hit does not pay papaya's enter and leave (an
 //! atomic swap) per probe. What keeps that bounded: the index counts the writer's changes
-//! ([`RegistrationIndex::retirements`], bumped after every publish and unlink, alone on its
+//! (`PapayaIndex::retirements`, bumped after every publish, unlink and replacement, alone on its
 //! cache line), and a probe that sees the count moved refreshes its guard first, letting go of
 //! every node retired since its last refresh. A pin that stops probing holds what is retired
 //! until its next probe (`tests/soak.rs` measures it).
+//!
+//! The writer replaces the table once it has emptied to an eighth of what it grew to
+//! ([`RegistrationIndex::shrink`]), so the index's memory follows the registrations, not their
+//! peak: after every client is released it is back to the table the AV's capacity asked for. A
+//! reader keeps the table it probes with its guard and moves to the new one when the count moved;
+//! the old one is freed once every reader pinned at the replacement has unpinned (see
+//! [`PapayaIndex`]). Bounded: one table of at most twice the registrations or the capacity, and at
+//! most one replaced table waiting for its readers.
 
 use std::hash::{Hash, Hasher};
 #[cfg(not(dma_loom))]
