@@ -364,14 +364,13 @@ fn evictions_driven_on_one_rail_with_the_rail_set_never_called_keep_nothing() {
 
 /// What a registered client may cost at any number of them, as the writer's module docs and
 /// `docs/guarantees.md` state it: its place in the writer's `clients` map, in its entry's holders
-/// set and in the index (papaya's node and table slot, and tables papaya has outgrown until its
-/// collector frees them). The tables' slack makes it vary with the count: 145 B a client at the
-/// peak of 115,000 (just after they grew), 113 B at 200,000. Not the issue's 64 B: see
-/// `docs/guarantees.md`.
-const REGISTERED_CLIENT: usize = 150;
+/// set and in the index (papaya's 16-byte node, the client and its entry's index, and its table
+/// slot). The tables' slack makes it vary with the count: 86 B a client just after they double
+/// (16,384, 32,769, 65,537, 131,073 or 262,145 clients), 61 B at 200,000.
+const REGISTERED_CLIENT: usize = 96;
 
-/// What 200,000 clients cost each, as the docs state it (113 B measured).
-const REGISTERED_CLIENT_AT_200K: usize = 120;
+/// What 200,000 clients cost each, as the docs state it (61 B measured): issue 29's 64 B.
+const REGISTERED_CLIENT_AT_200K: usize = 64;
 
 /// What a cache over a 64-entry AV keeps above its empty self once every client is released and
 /// the cache quiesced, whatever the number of clients was (16,920 B measured after 200,000).

@@ -1,15 +1,21 @@
-//! The published index readers probe: one entry per (client, identity) registration.
+//! The published index readers probe: one registration per client, mapping it to the AV index of
+//! the entry it holds, and the address of every entry, by index.
 //!
-//! The key folds the client check into the one probe a hit costs: a reader looks up the pair
-//! (client id, identity slice) with a borrowed [`Lookup`], which builds nothing on the heap, and a
-//! hit then compares the full address bytes. So a registration is found only for a client the
-//! writer registered on that very address, and a new QKEY on a known efa slot, or a client that
-//! was evicted, is a miss that goes to the writer.
+//! A hit is one probe of the map by the client id (a `u64`: the cheapest key to hash), then a
+//! compare of the probe's whole address with the address of the entry the client is registered
+//! on, read from a per-entry array the writer fills when it installs the entry. So a registration
+//! is found only for a client the writer registered on that very address, and a new QKEY on a
+//! known efa slot, or a client that was evicted, is a miss that goes to the writer. A client is
+//! registered on at most one entry (the writer's invariant), which is what lets the client alone
+//! be the key: a map node is 16 bytes (client and index), where a node that carried the address
+//! it confirms was 56.
 //!
-//! Only the writer thread inserts and removes; readers only probe. papaya's own reclamation
-//! (seize) keeps a key alive while a reader's guard may still see it, so a reader may read a key
-//! the writer has just unlinked. That is memory safety only: whether the *fi_addr_t* in it is
-//! still in the AV is the epoch deferral's business (see the `cache` module).
+//! Only the writer inserts and removes; readers only probe. papaya's own reclamation (seize)
+//! keeps a node alive while a reader's guard may still see it, so a reader may read a node the
+//! writer has just unlinked. That is memory safety only: whether the *fi_addr_t* in it is still
+//! in the AV is the epoch deferral's business (see the `cache` module), and so is the address
+//! slot it reads: the writer rewrites an index's slot only for a new entry at that index, after
+//! the old one's `fi_av_remove`, which waited for every reader that could have found it.
 //!
 //! A reader's guard lives as long as its pin, so a hit does not pay papaya's enter and leave (an
 //! atomic swap) per probe. What keeps that bounded: the index counts the writer's changes
@@ -23,10 +29,12 @@
 //! peak: after every client is released it is back to the table the AV's capacity asked for. A
 //! reader keeps the table it probes with its guard and moves to the new one when the count moved;
 //! the old one is freed once every reader pinned at the replacement has unpinned (see
-//! [`PapayaIndex`]). Bounded: one table of at most twice the registrations or the capacity, and at
-//! most one replaced table waiting for its readers.
+//! [`PapayaIndex`]). Bounded: one table of at most twice the registrations or the capacity, at
+//! most one replaced table waiting for its readers, and the address slots, one per AV index (40
+//! bytes each, allocated with the cache).
 
-use std::hash::{Hash, Hasher};
+#[cfg(not(dma_loom))]
+use std::cell::UnsafeCell;
 #[cfg(not(dma_loom))]
 use std::sync::Arc;
 #[cfg(not(dma_loom))]
@@ -36,75 +44,10 @@ use super::epoch::EpochPin;
 use super::stored::StoredAddress;
 use dma_libfabric_sys::fi_addr_t;
 
-/// The hasher: foldhash, seeded per map. Lookups hash a `u64` and 16 to 18 bytes, where
-/// SipHash would cost more than the probe.
+/// The hasher: foldhash, seeded per map. A lookup hashes one `u64`, where SipHash would cost
+/// more than the probe.
 #[cfg(not(dma_loom))]
 pub(crate) type IndexHasher = foldhash::fast::RandomState;
-
-/// A registration: `client` posts to the entry for `address`. The address is stored inline up to
-/// 32 bytes (efa's 32, a `sockaddr_in6`'s 28, a `sockaddr_in`'s 16), so a hit reads the key's
-/// bytes from the node papaya already loaded instead of following one more pointer.
-#[derive(Debug, Clone)]
-pub(crate) struct Registration {
-    client: u64,
-    /// The full address, so a hit can confirm the incarnation too, and its identity's length.
-    address: StoredAddress,
-}
-
-impl Registration {
-    pub(crate) fn new(client: u64, address: StoredAddress) -> Self {
-        Self { client, address }
-    }
-
-    #[inline]
-    fn address(&self) -> &[u8] {
-        self.address.bytes()
-    }
-
-    #[inline]
-    fn identity(&self) -> &[u8] {
-        self.address.identity()
-    }
-}
-
-/// A borrowed key: what a reader probes with.
-#[derive(Debug, Clone, Copy)]
-#[cfg_attr(dma_loom, allow(dead_code))]
-pub(crate) struct Lookup<'a> {
-    pub(crate) client: u64,
-    pub(crate) identity: &'a [u8],
-}
-
-/// A reader's probe: the client and the whole address, whose first `identity_len` bytes are the
-/// identity. It hashes as the `(client, identity)` key does, and is equivalent only to the
-/// registration of that client on exactly that address: so one comparison confirms the key and
-/// the incarnation, and a registration on another incarnation of the identity is a miss, as it
-/// must be (the writer decides what becomes of it).
-#[derive(Debug, Clone, Copy)]
-#[cfg_attr(dma_loom, allow(dead_code))]
-pub(crate) struct Probe<'a> {
-    pub(crate) client: u64,
-    pub(crate) identity_len: usize,
-    pub(crate) address: &'a [u8],
-}
-
-impl Hash for Probe<'_> {
-    #[inline]
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        Lookup {
-            client: self.client,
-            identity: &self.address[..self.identity_len.min(self.address.len())],
-        }
-        .hash(state);
-    }
-}
-
-impl papaya::Equivalent<Registration> for Probe<'_> {
-    #[inline]
-    fn equivalent(&self, key: &Registration) -> bool {
-        self.client == key.client && same_bytes(self.address, key.address())
-    }
-}
 
 /// Whether `a` and `b` hold the same bytes: as one fixed-size compare for the lengths addresses
 /// have (a `sockaddr_in`'s 16, efa's 32), which the compiler inlines, instead of a call to
@@ -119,42 +62,6 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     match (<&[u8; 32]>::try_from(a), <&[u8; 32]>::try_from(b)) {
         (Ok(a), Ok(b)) => a == b,
         _ => a == b,
-    }
-}
-
-// `Hash` writes the same sequence for a `Registration` and for a `Lookup` or `Probe` of it, and
-// `Eq` and `Equivalent` compare the same fields (a `Probe` the whole address, which decides the
-// identity too), as papaya requires of a borrowed key.
-impl Hash for Registration {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        Lookup {
-            client: self.client,
-            identity: self.identity(),
-        }
-        .hash(state);
-    }
-}
-
-impl Hash for Lookup<'_> {
-    #[inline]
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.client);
-        state.write(self.identity);
-    }
-}
-
-impl PartialEq for Registration {
-    fn eq(&self, other: &Self) -> bool {
-        self.client == other.client && self.identity() == other.identity()
-    }
-}
-
-impl Eq for Registration {}
-
-impl papaya::Equivalent<Registration> for Lookup<'_> {
-    #[inline]
-    fn equivalent(&self, key: &Registration) -> bool {
-        self.client == key.client && self.identity == key.identity()
     }
 }
 
@@ -184,15 +91,19 @@ pub(crate) trait RegistrationIndex: Send + Sync {
         &'a self,
         reader: &mut Self::Reader<'a>,
         client: u64,
-        identity_len: usize,
         address: &[u8],
     ) -> Option<fi_addr_t>;
-    /// Whether `client`'s registration on exactly `address` is published. Writer only.
-    fn published(&self, client: u64, identity_len: usize, address: &[u8]) -> bool;
-    /// Publish a registration. Writer only.
-    fn publish(&self, registration: Registration, fi_addr: fi_addr_t);
-    /// Unlink a registration. Writer only.
-    fn unlink(&self, client: u64, identity: &[u8]);
+    /// Record `address` as the address of the entry at `fi_addr`, before any registration on it
+    /// is published. Writer only, for an entry it has just inserted: no reader can read the slot
+    /// of an index the AV has just handed out (its previous entry's readers are gone).
+    fn install(&self, fi_addr: fi_addr_t, address: &StoredAddress);
+    /// Whether `client`'s registration on the entry at `fi_addr` is published. Writer only.
+    fn published(&self, client: u64, fi_addr: fi_addr_t) -> bool;
+    /// Publish `client`'s registration on the entry at `fi_addr`, whose address is installed.
+    /// Writer only.
+    fn publish(&self, client: u64, fi_addr: fi_addr_t);
+    /// Unlink `client`'s registration. Writer only.
+    fn unlink(&self, client: u64);
     /// How many registrations are published; `pinned` keeps the table read alive.
     fn len(&self, pinned: &EpochPin) -> usize;
     /// The clients registered on index `fi_addr`, in no order: a scan of every registration
@@ -228,7 +139,7 @@ pub(crate) type Index = LockedIndex;
 /// One table of registrations: a papaya map, and what the writer knows of its size.
 #[cfg(not(dma_loom))]
 struct Table {
-    map: papaya::HashMap<Registration, fi_addr_t, IndexHasher>,
+    map: papaya::HashMap<u64, fi_addr_t, IndexHasher>,
     /// Which of the index's two collectors the map reclaims through.
     collector: usize,
     /// How many registrations it holds, and the most it has held (at least what it was built
@@ -288,7 +199,23 @@ pub(crate) struct PapayaIndex {
     collectors: [Arc<seize::Collector>; 2],
     /// See [`RegistrationIndex::replacements`]: the writer's alone, read by tests.
     replacements: AtomicU64,
+    /// The address of the entry at each AV index below the capacity: what a hit compares the
+    /// probe's address with.
+    addresses: Box<[AddressSlot]>,
 }
+
+/// The address of the entry at one AV index.
+#[cfg(not(dma_loom))]
+struct AddressSlot(UnsafeCell<StoredAddress>);
+
+// SAFETY: the writer alone writes a slot, and only in `install`, for an index the AV has just
+// handed out: the entry that held it before was removed after every reader that could have
+// found a registration on it unpinned, and no registration on the new entry is published yet,
+// so no reader reads the slot while it is written. A reader reads a slot only at the index of a
+// registration it found under its pin; the publish of that registration (papaya's insert,
+// `Release`, paired with its `get`'s `Acquire`) orders the slot's write before the read.
+#[cfg(not(dma_loom))]
+unsafe impl Sync for AddressSlot {}
 
 /// A value alone on its cache line (128 bytes: a pair of lines, as the adjacent-line prefetcher
 /// fetches them), so the writer's stores to it do not take the line of what readers load.
@@ -321,6 +248,9 @@ impl PapayaIndex {
             presized: capacity,
             collectors,
             replacements: AtomicU64::new(0),
+            addresses: (0..capacity)
+                .map(|_| AddressSlot(UnsafeCell::new(StoredAddress::new(&[], 0))))
+                .collect(),
         }
     }
 
@@ -370,7 +300,6 @@ impl RegistrationIndex for PapayaIndex {
         &'a self,
         reader: &mut Self::Reader<'a>,
         client: u64,
-        identity_len: usize,
         address: &[u8],
     ) -> Option<fi_addr_t> {
         let retirements = self.retirements();
@@ -394,46 +323,57 @@ impl RegistrationIndex for PapayaIndex {
         // as long as `reader` (this function's contract), and the writer frees a replaced table
         // only once every reader pinned at its replacement has unpinned.
         let table = unsafe { &*reader.table };
-        let probe = Probe {
-            client,
-            identity_len,
-            address,
-        };
-        table.map.get(&probe, guard).copied()
+        let fi_addr = *table.map.get(&client, guard)?;
+        let slot = self.addresses.get(usize::try_from(fi_addr).ok()?)?;
+        // SAFETY: `fi_addr` is the index of a registration found under the caller's pin, so its
+        // slot holds that entry's address and is not written while the pin lives (see
+        // `AddressSlot`).
+        let stored = unsafe { &*slot.0.get() };
+        same_bytes(stored.bytes(), address).then_some(fi_addr)
     }
 
-    fn published(&self, client: u64, identity_len: usize, address: &[u8]) -> bool {
+    fn install(&self, fi_addr: fi_addr_t, address: &StoredAddress) {
+        let Some(slot) = usize::try_from(fi_addr)
+            .ok()
+            .and_then(|index| self.addresses.get(index))
+        else {
+            return;
+        };
+        // SAFETY: the writer alone calls this, for an index the AV has just handed out, whose
+        // slot no reader reads until a registration on it is published (see `AddressSlot`).
+        unsafe { *slot.0.get() = address.clone() };
+    }
+
+    fn published(&self, client: u64, fi_addr: fi_addr_t) -> bool {
         let table = self.table();
-        let probe = Probe {
-            client,
-            identity_len,
-            address,
-        };
-        table.map.contains_key(&probe, &table.map.guard())
+        table.map.get(&client, &table.map.guard()) == Some(&fi_addr)
     }
 
-    fn publish(&self, registration: Registration, fi_addr: fi_addr_t) {
+    fn publish(&self, client: u64, fi_addr: fi_addr_t) {
         let table = self.table();
         let guard = table.map.guard();
-        if table.map.insert(registration, fi_addr, &guard).is_none() {
+        if table.map.insert(client, fi_addr, &guard).is_none() {
             let live = table.live.load(Ordering::Relaxed) + 1;
             table.live.store(live, Ordering::Relaxed);
             if table.grown_to.load(Ordering::Relaxed) < live {
                 table.grown_to.store(live, Ordering::Relaxed);
+                if live.is_power_of_two() && live > self.presized {
+                    // papaya doubles its table when half of it is used, and retires the old one
+                    // into this thread's batch, which would keep it until the batch fills (a few
+                    // dozen retirements): hand it over now, so the tables outgrown cost nothing
+                    // once readers have moved on. Once per doubling: a flush is a `membarrier`.
+                    papaya::Guard::flush(&guard);
+                }
             }
         }
         drop(guard);
         self.retired();
     }
 
-    fn unlink(&self, client: u64, identity: &[u8]) {
+    fn unlink(&self, client: u64) {
         let table = self.table();
         let guard = table.map.guard();
-        if table
-            .map
-            .remove(&Lookup { client, identity }, &guard)
-            .is_some()
-        {
+        if table.map.remove(&client, &guard).is_some() {
             let live = table.live.load(Ordering::Relaxed).saturating_sub(1);
             table.live.store(live, Ordering::Relaxed);
             if live == 0 {
@@ -457,7 +397,7 @@ impl RegistrationIndex for PapayaIndex {
         let guard = map.guard();
         map.iter(&guard)
             .filter(|(_, index)| fi_addr == **index)
-            .map(|(registration, _)| registration.client)
+            .map(|(&client, _)| client)
             .collect()
     }
 
@@ -478,8 +418,8 @@ impl RegistrationIndex for PapayaIndex {
         );
         {
             let (from, to) = (old.map.guard(), fresh.map.guard());
-            for (registration, &fi_addr) in old.map.iter(&from) {
-                fresh.map.insert(registration.clone(), fi_addr, &to);
+            for (&client, &fi_addr) in old.map.iter(&from) {
+                fresh.map.insert(client, fi_addr, &to);
             }
         }
         fresh.live.store(live, Ordering::Relaxed);
@@ -540,25 +480,30 @@ impl Drop for PapayaIndex {
     }
 }
 
-/// The index under loom: a loom mutex over a std map, so loom sees every probe and change.
+/// The index under loom: a loom mutex over std maps, so loom sees every probe and change.
 #[cfg(dma_loom)]
 pub(crate) struct LockedIndex {
-    map: loom::sync::Mutex<std::collections::HashMap<(u64, Vec<u8>), (Box<[u8]>, fi_addr_t)>>,
+    maps: loom::sync::Mutex<LockedMaps>,
+}
+
+/// The clients' registrations and the entries' addresses, under one lock.
+#[cfg(dma_loom)]
+#[derive(Default)]
+struct LockedMaps {
+    clients: std::collections::HashMap<u64, fi_addr_t>,
+    addresses: std::collections::HashMap<fi_addr_t, Box<[u8]>>,
 }
 
 #[cfg(dma_loom)]
 impl LockedIndex {
     pub(crate) fn with_capacity(_capacity: usize) -> Self {
         Self {
-            map: loom::sync::Mutex::new(std::collections::HashMap::new()),
+            maps: loom::sync::Mutex::new(LockedMaps::default()),
         }
     }
 
-    fn locked(
-        &self,
-    ) -> loom::sync::MutexGuard<'_, std::collections::HashMap<(u64, Vec<u8>), (Box<[u8]>, fi_addr_t)>>
-    {
-        self.map
+    fn locked(&self) -> loom::sync::MutexGuard<'_, LockedMaps> {
+        self.maps
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -576,40 +521,42 @@ impl RegistrationIndex for LockedIndex {
         &'a self,
         _reader: &mut Self::Reader<'a>,
         client: u64,
-        identity_len: usize,
         address: &[u8],
     ) -> Option<fi_addr_t> {
-        let map = self.locked();
-        let identity = address.get(..identity_len)?;
-        let (registered, fi_addr) = map.get(&(client, identity.to_vec()))?;
-        (**registered == *address).then_some(*fi_addr)
+        let maps = self.locked();
+        let fi_addr = *maps.clients.get(&client)?;
+        let registered = maps.addresses.get(&fi_addr)?;
+        same_bytes(registered, address).then_some(fi_addr)
     }
 
-    fn published(&self, client: u64, identity_len: usize, address: &[u8]) -> bool {
-        let mut reader = self.reader();
-        // SAFETY: the locked index frees nothing a reader holds; the contract is papaya's.
-        unsafe { self.probe(&mut reader, client, identity_len, address) }.is_some()
-    }
-
-    fn publish(&self, registration: Registration, fi_addr: fi_addr_t) {
-        let key = (registration.client, registration.identity().to_vec());
+    fn install(&self, fi_addr: fi_addr_t, address: &StoredAddress) {
         self.locked()
-            .insert(key, (registration.address().into(), fi_addr));
+            .addresses
+            .insert(fi_addr, address.bytes().into());
     }
 
-    fn unlink(&self, client: u64, identity: &[u8]) {
-        self.locked().remove(&(client, identity.to_vec()));
+    fn published(&self, client: u64, fi_addr: fi_addr_t) -> bool {
+        self.locked().clients.get(&client) == Some(&fi_addr)
+    }
+
+    fn publish(&self, client: u64, fi_addr: fi_addr_t) {
+        self.locked().clients.insert(client, fi_addr);
+    }
+
+    fn unlink(&self, client: u64) {
+        self.locked().clients.remove(&client);
     }
 
     fn len(&self, _pinned: &EpochPin) -> usize {
-        self.locked().len()
+        self.locked().clients.len()
     }
 
     fn clients_at(&self, _pinned: &EpochPin, fi_addr: fi_addr_t) -> Vec<u64> {
         self.locked()
+            .clients
             .iter()
-            .filter(|(_, (_, index))| fi_addr == *index)
-            .map(|((client, _), _)| *client)
+            .filter(|(_, index)| fi_addr == **index)
+            .map(|(client, _)| *client)
             .collect()
     }
 

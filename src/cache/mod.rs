@@ -4,8 +4,8 @@
 //! per transfer. [`AddressCache`] makes that a hash probe:
 //!
 //! - **Readers** [`pin`](AddressCache::pin) an epoch and [`resolve`](Pinned::resolve)
-//!   `(client, address)` pairs. A hit is one probe of a papaya map keyed by the borrowed
-//!   `(client, identity)` pair plus a comparison of the full address: it allocates nothing,
+//!   `(client, address)` pairs. A hit is one probe of a papaya map keyed by the client id, then
+//!   a comparison of the full address with the address of the entry found: it allocates nothing,
 //!   takes no lock and writes no shared memory. Each [`Peer`] borrows the [`Pinned`] it came
 //!   from, so the borrow checker forbids using it after the pin is dropped; and it knows its
 //!   cache ([`AddressCache::owns`]), so an endpoint refuses another cache's peer.
@@ -78,7 +78,7 @@
 //!    relaxed load of a counter tells), the hit refreshes the pin's papaya guard, which reclaims
 //!    a batch of index nodes the writer retired when the hit's thread is the last to leave them
 //!    (`docs/guarantees.md` has what it costs and how often). On an index the writer leaves
-//!    alone, a hit is one load, one probe and one compare.
+//!    alone, a hit is one load, one probe, one load of the entry's address and one compare.
 //!
 //! # Why a resolve under a pin can be told to wait
 //!

@@ -241,7 +241,8 @@ impl<'cache> Pinned<'cache> {
         Ok(Lease::new(peer.fi_addr, self.core.id, &self.core.shared))
     }
 
-    /// The hot path: one relaxed load, one probe, no allocation, no lock, no shared write.
+    /// The hot path: one relaxed load, one probe by the client, one load of the entry's address and
+    /// a compare; no allocation, no lock, no shared write.
     ///
     /// The index's memory guard (papaya's) is the pin's, taken once: entering and leaving it per
     /// probe costs an atomic swap, about 5 ns a hit. Held as long as the pin, though, it would keep
@@ -253,7 +254,9 @@ impl<'cache> Pinned<'cache> {
     /// peers invalidates nothing.
     #[inline]
     pub(super) fn hit(&self, client: u64, address: &[u8]) -> Result<Option<Peer<'_>>, DmaError> {
-        let identity_len = self.core.identity_len(address)?;
+        // No check of the address here: one of the wrong length (or all zero) is never
+        // registered, so it misses, and every miss checks it (`Core::stored`) before anything is
+        // queued, answering `InvalidAddress`.
         // SAFETY: the pin is neither `Send` nor `Sync`, so this thread alone reaches the cell, and
         // this is the one place that borrows it: the borrow ends with this function, and nothing
         // in it calls back into the pin (papaya's reclamation on refresh drops index nodes, plain
@@ -262,10 +265,7 @@ impl<'cache> Pinned<'cache> {
         let reader = unsafe { &mut *self.index.get() };
         // SAFETY: this thread is pinned on the cache's epoch (`self.epoch`) until the reader is
         // dropped, which it is before the pin (the fields' order).
-        let found = unsafe {
-            self.registrations
-                .probe(reader, client, identity_len, address)
-        };
+        let found = unsafe { self.registrations.probe(reader, client, address) };
         Ok(found.map(|fi_addr| self.peer(fi_addr)))
     }
 
