@@ -123,6 +123,23 @@ fn hit(criterion: &mut Criterion) {
                         .unwrap()
                 },
             );
+            // The layout that would bring a registration to 64 B a client or less (see
+            // `docs/guarantees.md`, the per-client term): the index keyed by the client alone,
+            // its node a client and an index (16 B), and the hit confirming the address from a
+            // per-entry array, one more dependent load.
+            let (by_client, addresses) = client_keyed(&keys, capacity);
+            probes(
+                &mut group,
+                cursor,
+                "papaya_client_keyed",
+                || by_client.guard(),
+                |guard, client, address| {
+                    let fi_addr = *by_client.get(&client, guard).unwrap();
+                    let stored = &addresses[fi_addr as usize];
+                    assert!(stored[..address.len()] == *address);
+                    fi_addr
+                },
+            );
             match kind {
                 Kind::Efa => foldhash_bare::<32>(&mut group, cursor, &keys),
                 Kind::Tcp => foldhash_bare::<16>(&mut group, cursor, &keys),
@@ -167,6 +184,31 @@ fn hit(criterion: &mut Criterion) {
             assert_eq!(n as u64, misses, "every probe after warming must have hit");
         }
     }
+}
+
+/// The client-keyed layout of `keys`: a papaya map from the client to its entry's index, and the
+/// entries' addresses by index, each inline.
+fn client_keyed(
+    keys: &Keys,
+    capacity: usize,
+) -> (
+    papaya::HashMap<u64, fi_addr_t, common::Hasher>,
+    Vec<[u8; 32]>,
+) {
+    let map = papaya::HashMap::builder()
+        .hasher(common::Hasher::default())
+        .capacity(capacity)
+        .resize_mode(papaya::ResizeMode::Blocking)
+        .build();
+    let mut addresses = vec![[0; 32]; keys.addresses.len()];
+    {
+        let guard = map.guard();
+        for (client, address) in keys.addresses.iter().enumerate() {
+            map.insert(client as u64, client as fi_addr_t, &guard);
+            addresses[client][..address.len()].copy_from_slice(address);
+        }
+    }
+    (map, addresses)
 }
 
 /// What a lease costs: a `pin → resolve → lease → drop` round next to `pin → resolve → drop`, on

@@ -8,7 +8,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use common::{efa, sockaddr, tcp};
-use dma_libfabric::{AddressCache, AddressFormat, AvBackend, ModelAv};
+use dma_libfabric::{AddressCache, AddressFormat, AvBackend, DmaError, ModelAv};
 
 /// Counts allocations made by the current thread only, so the writer thread's work (and the test
 /// harness's) does not blur the count.
@@ -152,10 +152,16 @@ fn churn<B: AvBackend>(cache: &AddressCache<B>, cycles: impl Iterator<Item = u64
     for cycle in cycles {
         let client = 1_000 + cycle % 8;
         cache.release(client);
-        cache
-            .pin()
-            .resolve(client, &sockaddr(100_000 + (cycle % 1_000_000) as u32))
-            .expect("the churned client");
+        let address = sockaddr(100_000 + (cycle % 1_000_000) as u32);
+        // Under load the removals of the entries this churn retires may lag behind it until
+        // every slot awaits one (seen at a load average of 10 on 2 cores): wait for them then.
+        while let Err(error) = cache.pin().resolve(client, &address) {
+            assert!(
+                matches!(error, DmaError::Capacity { .. }),
+                "the churned client: {error:?}"
+            );
+            std::thread::yield_now();
+        }
         done += 1;
     }
     done

@@ -166,8 +166,8 @@ impl Core {
 /// per transfer. The cache makes that a hash probe:
 ///
 /// - **Readers** [`pin`](AddressCache::pin) an epoch and [`resolve`](Pinned::resolve)
-///   `(client, address)` pairs. A hit is one probe of a papaya map keyed by the borrowed
-///   `(client, identity)` pair plus a comparison of the full address: it allocates nothing,
+///   `(client, address)` pairs. A hit is one probe of a papaya map keyed by the client id, then
+///   a comparison of the full address with the address of the entry found: it allocates nothing,
 ///   takes no lock and writes no shared memory. Each [`Peer`] borrows the [`Pinned`] it came
 ///   from, so the borrow checker forbids using it after the pin is dropped; and it knows its
 ///   cache ([`AddressCache::owns`]), so an endpoint refuses another cache's peer.
@@ -238,7 +238,7 @@ impl Core {
 ///    relaxed load of a counter tells), the hit refreshes the pin's papaya guard, which reclaims
 ///    a batch of index nodes the writer retired when the hit's thread is the last to leave them
 ///    (`docs/guarantees.md` has what it costs and how often). On an index the writer leaves
-///    alone, a hit is one load, one probe and one compare.
+///    alone, a hit is one load, one probe, one load of the entry's address and one compare.
 ///
 /// # Why a resolve under a pin can be told to wait
 ///
@@ -448,7 +448,8 @@ impl<B: AvBackend> AddressCache<B> {
 
     /// How many registrations the index holds now (one per client on a live entry).
     pub fn indexed(&self) -> usize {
-        self.core.shared.index.len()
+        // The pin keeps the table read alive against the writer's replacing it.
+        self.core.shared.index.len(&self.core.epochs.pin())
     }
 
     /// Whether `peer` was resolved through this cache. The endpoint refuses to post to a peer of
@@ -477,6 +478,15 @@ impl<B: AvBackend> AddressCache<B> {
     #[doc(hidden)]
     pub fn queued_chunk_misses(&self) -> usize {
         self.core.shared.chunk_misses.queued()
+    }
+
+    /// How many times the writer has replaced the index's table with a smaller one (once it had
+    /// emptied to an eighth of what it grew to). For tests of that shrink. Not part of the API
+    /// (feature `model`).
+    #[cfg(feature = "model")]
+    #[doc(hidden)]
+    pub fn index_replacements(&self) -> u64 {
+        self.core.shared.index.replacements()
     }
 
     /// Set the lease counter of `fi_addr`, for tests that reach the lease bound without 2³⁰

@@ -32,23 +32,18 @@ use dma_libfabric_sys::fi_addr_t;
 ///
 /// Neither `Send` nor `Sync`: a pin belongs to the thread that took it.
 pub struct Pinned<'cache> {
+    /// The table this pin probes and its guard on the table's memory, held across probes and
+    /// moved on by [`hit`](Self::hit) alone. In a cell because `hit` takes `&self` (the peers it
+    /// returns borrow the pin); the pin is neither `Send` nor `Sync` (its epoch guard is
+    /// neither), so only its own thread reaches it. Declared before `epoch`, so it is dropped
+    /// first: the table it points into may be freed once the epoch is unpinned.
+    index: std::cell::UnsafeCell<<index::Index as RegistrationIndex>::Reader<'cache>>,
     /// Held for its `Drop`, which unpins: every `Peer` borrows this `Pinned`, so none outlives it.
     #[allow(dead_code)]
     epoch: epoch::EpochPin,
-    /// The index's memory guard, held across probes and refreshed by [`hit`](Self::hit) alone.
-    /// In a cell because `hit` takes `&self` (the peers it returns borrow the pin); the pin is
-    /// neither `Send` nor `Sync` (its epoch guard is neither), so only its own thread reaches it.
-    index: std::cell::UnsafeCell<HeldGuard<'cache>>,
-    /// The index itself, one load closer than through `core`: the hit's first dependent load.
+    /// The index itself, one load closer than through `core`.
     registrations: &'cache index::Index,
     core: &'cache Core,
-}
-
-/// A pin's guard on the index's memory, taken at its first probe (a pin that never probes holds
-/// none), and the index's retirement count when it last refreshed.
-struct HeldGuard<'cache> {
-    seen: u64,
-    guard: Option<<index::Index as RegistrationIndex>::Guard<'cache>>,
 }
 
 impl std::fmt::Debug for Pinned<'_> {
@@ -62,11 +57,8 @@ impl<'cache> Pinned<'cache> {
     /// first probe.
     pub(super) fn new(core: &'cache Core) -> Self {
         Self {
+            index: std::cell::UnsafeCell::new(core.shared.index.reader()),
             epoch: core.epochs.pin(),
-            index: std::cell::UnsafeCell::new(HeldGuard {
-                seen: 0,
-                guard: None,
-            }),
             registrations: &core.shared.index,
             core,
         }
@@ -249,7 +241,8 @@ impl<'cache> Pinned<'cache> {
         Ok(Lease::new(peer.fi_addr, self.core.id, &self.core.shared))
     }
 
-    /// The hot path: one relaxed load, one probe, no allocation, no lock, no shared write.
+    /// The hot path: one relaxed load, one probe by the client, one load of the entry's address and
+    /// a compare; no allocation, no lock, no shared write.
     ///
     /// The index's memory guard (papaya's) is the pin's, taken once: entering and leaving it per
     /// probe costs an atomic swap, about 5 ns a hit. Held as long as the pin, though, it would keep
@@ -261,25 +254,19 @@ impl<'cache> Pinned<'cache> {
     /// peers invalidates nothing.
     #[inline]
     pub(super) fn hit(&self, client: u64, address: &[u8]) -> Result<Option<Peer<'_>>, DmaError> {
-        let identity_len = self.core.identity_len(address)?;
-        let index = self.registrations;
-        let retirements = index.retirements();
+        // No check of the address here: one of the wrong length (or all zero) is never
+        // registered, so it misses, and every miss checks it (`Core::stored`) before anything is
+        // queued, answering `InvalidAddress`.
         // SAFETY: the pin is neither `Send` nor `Sync`, so this thread alone reaches the cell, and
         // this is the one place that borrows it: the borrow ends with this function, and nothing
         // in it calls back into the pin (papaya's reclamation on refresh drops index nodes, plain
         // data). No `Peer` refers into the index (a peer is a copied `fi_addr_t`), so refreshing
         // the guard while peers of this pin are alive invalidates nothing they hold.
-        let held = unsafe { &mut *self.index.get() };
-        if held.seen != retirements {
-            held.seen = retirements;
-            if let Some(guard) = &mut held.guard {
-                index::Index::refresh(guard);
-            }
-        }
-        let guard = held.guard.get_or_insert_with(|| index.guard());
-        Ok(index
-            .get(guard, client, identity_len, address)
-            .map(|fi_addr| self.peer(fi_addr)))
+        let reader = unsafe { &mut *self.index.get() };
+        // SAFETY: this thread is pinned on the cache's epoch (`self.epoch`) until the reader is
+        // dropped, which it is before the pin (the fields' order).
+        let found = unsafe { self.registrations.probe(reader, client, address) };
+        Ok(found.map(|fi_addr| self.peer(fi_addr)))
     }
 
     fn peer(&self, fi_addr: fi_addr_t) -> Peer<'_> {

@@ -11,7 +11,7 @@ use super::state::{
 };
 use super::{Reply, Request, Writer};
 use crate::av::AvBackend;
-use crate::cache::index::{Registration, RegistrationIndex};
+use crate::cache::index::RegistrationIndex;
 use crate::cache::reply::Answer;
 use crate::cache::stored::StoredAddress;
 use crate::error::DmaError;
@@ -186,6 +186,9 @@ impl<B: AvBackend> Writer<B> {
             self.entries.resize_with(index + 1, || None);
         }
         let hash = self.hasher.hash_one(address.identity());
+        // Readers compare a hit's address with the index's copy: in place before any
+        // registration on the entry is published.
+        self.shared.index.install(fi_addr, &address);
         self.entries[index] = Some(Entry {
             address,
             holders: Holders::None,
@@ -224,10 +227,7 @@ impl<B: AvBackend> Writer<B> {
             {
                 // `clients` shows it holding the live entry at `fi_addr`: a holder, whose
                 // registration an admission may not have published yet.
-                let index = &self.shared.index;
-                let published = index
-                    .get(&index.guard(), client, identity.len(), address)
-                    .is_some();
+                let published = self.shared.index.published(client, fi_addr);
                 if !published {
                     self.publish(client, fi_addr);
                 }
@@ -437,9 +437,8 @@ impl<B: AvBackend> Writer<B> {
 
     /// Publish the registration of `client` on the entry at `fi_addr`, which it holds.
     fn publish(&self, client: u64, fi_addr: fi_addr_t) {
-        if let Some(entry) = self.entry(fi_addr) {
-            let registration = Registration::new(client, entry.address.clone());
-            self.shared.index.publish(registration, fi_addr);
+        if self.entry(fi_addr).is_some() {
+            self.shared.index.publish(client, fi_addr);
         }
     }
 
@@ -463,11 +462,12 @@ impl<B: AvBackend> Writer<B> {
     }
 
     /// Unlink `client`'s registration on the entry at `fi_addr` from the index.
-    pub(super) fn unregister(&mut self, client: u64, fi_addr: fi_addr_t) {
-        self.shared
-            .index
-            .unlink(client, identity_at(&self.entries, fi_addr));
+    /// If the index has emptied well below what it grew to, it is replaced by a fresh table
+    /// (`index::shrink`), whose old one the batch's deferral covers.
+    pub(super) fn unregister(&mut self, client: u64, _fi_addr: fi_addr_t) {
+        self.shared.index.unlink(client);
         self.stats.clients -= 1;
+        self.shared.index.shrink();
     }
 
     /// Let go of whatever `client` holds or waits for; retire the entry if it was the last holder.

@@ -135,29 +135,33 @@
 //!                               (a chunk counts as its misses: `cache::budget`)
 //! + Failures::BOUND × 240 B     failure records of queued misses (4,096 of them: 960 KiB; an
 //!                               address over 32 bytes adds its length: `cache::failures`)
-//! + per registered client 150 B its place in `clients`, in its entry's holders set, and its
-//!                               index registration (papaya's node and table slot)
+//! + per registered client 96 B its place in `clients`, in its entry's holders set, and its
+//!                               index registration (papaya's 16-byte node and table slot)
 //! + per thread                  an epoch handle and a reply channel, registered once
 //! ```
 //!
 //! however long a probing reader stays pinned (a pin refreshes its guard on the index whenever
 //! the writer has changed it; an idle pin holds the index nodes retired until its next probe, a
 //! per-pin cost: `cache::index`) and however many releases, revives, retries and patience
-//! expiries go by. The per-client term, measured with 200,000 clients on 64 entries (113 B a client:
-//! papaya's node 56 B, its table 12 B, the tables it outgrew until its collector frees them 12 B,
-//! `clients` 22 B, the holders sets 12 B) and at the tables' worst load, just after they grow (145
-//! B a client at 115,000), is not the 64 B issue 29 asks for: a registration that carries the
-//! address it confirms costs 56 B of node and 9 B or more of slot before any of the writer's own
-//! state, so 64 B needs a hit that reads the address from somewhere else (see
-//! `docs/guarantees.md`). Once every client is released and the cache quiesced, papaya's table
-//! stays at its largest (2.4 MB after 200,000: 12 B a former client). A thread's epoch state is
+//! expiries go by. The per-client term, measured with 200,000 clients on 64 entries, is 61 B a
+//! client (papaya's node 16 B, as the index is keyed by the client alone and a hit reads the
+//! address it confirms from the index's per-entry slots; its table 12 B; `clients` 22 B; the
+//! holders sets 12 B), and 86 B at the tables' worst load, just after they double (131,073
+//! clients, say): issue 29's 64 B holds at 200,000 but not just after a doubling, where the
+//! writer's `clients` map (which the index could stand in for) and papaya's fresh table are at
+//! their emptiest. The index's address slots, 40 B an AV index, are allocated with the cache.
+//! Once every client is released and the cache quiesced, nothing stays
+//! per former client: the writer replaces the index's table once it has emptied to an eighth of
+//! what it grew to (`cache::index`), and a quiesced cache keeps 13.9-16.9 KB after 200,000
+//! clients on 64 entries as after 2,000 (tables bounded by `C`, crossbeam's bags, the calling
+//! threads' one-time state; `tests/cache_bounds.rs`, `RELEASED_RESIDUE`). A thread's epoch state is
 //! kept by crossbeam for an exited thread while any reader stays pinned (4,376 B a thread).
 //! `tests/soak.rs` checks the capacity and inbox terms with a counting allocator (its peaks, at `C`
 //! = 4,096: 795 KB under a long pin over 20,000 revives and churn, against 1.8 MB), and
 //! `tests/cache_bounds.rs` each other term at its worst case: the chunked misses (a storm of 8,192
 //! behind a slow insert queues at most 4,096), the failure records (4,096 refused clients on a full
 //! 64-entry AV, each refused with a 4 KiB provider text: +934 KB at the peak, 226 B a record kept,
-//! against 1.27 MB), the clients (200,000 on 64 entries: +22.7 MB, against 30 MB and 120 B a
+//! against 1.27 MB), the clients (200,000 on 64 entries: +12.4 MB, against 19.5 MB and 64 B a
 //! client) and an entry's holders (100,000 moves away and back keep nothing); the `cache_ops` fuzz
 //! target checks the first two terms after every step.
 //!

@@ -13,6 +13,7 @@ use super::Writer;
 use super::run::{FIRST_RETRY, LAST_RETRY};
 use super::state::{Pending, Wait};
 use crate::av::AvBackend;
+use crate::cache::index::RegistrationIndex;
 use dma_libfabric_sys::fi_addr_t;
 
 impl<B: AvBackend> Writer<B> {
@@ -123,5 +124,13 @@ impl<B: AvBackend> Writer<B> {
         if let Ok(slot) = self.slots.find_entry(hash, |&held| held == fi_addr) {
             slot.remove();
         }
+    }
+
+    /// The outstanding deferral has returned: a table the index replaced before it was deferred
+    /// has no reader left, so it is freed; and if the table now in use has emptied well below
+    /// what it grew to meanwhile, it is replaced in turn (the next deferral covers it).
+    pub(super) fn index_readers_gone(&mut self) {
+        self.shared.index.readers_gone();
+        self.shared.index.shrink();
     }
 }

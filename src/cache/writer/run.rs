@@ -13,6 +13,7 @@ use super::{Request, Writer};
 use crate::av::AvBackend;
 #[cfg(dma_loom)]
 use crate::cache::doorbell::{APPLYING, PARKED, POLLING};
+use crate::cache::index::RegistrationIndex;
 use crate::error::DmaError;
 use crate::sync::atomic::Ordering;
 use crate::sync::{Arc, mpsc};
@@ -390,7 +391,8 @@ impl<B: AvBackend> Writer<B> {
         while index < self.quiescing.len() {
             let quiescer = &self.quiescing[index];
             let done = oldest.is_none_or(|oldest| quiescer.watermark <= oldest)
-                && self.unpublished.is_empty();
+                && self.unpublished.is_empty()
+                && !self.shared.index.holds_retired();
             let gave_up = quiescer.stalled >= STALLED_ROUNDS
                 && (cfg!(dma_loom) || quiescer.progress_at.elapsed() >= quiescer.patience);
             if done || gave_up {
@@ -416,11 +418,16 @@ impl<B: AvBackend> Writer<B> {
     /// If no deferral is out and tickets retired since the last one are still pending, defer one
     /// closure that covers them all, and hand it to the collector. See "One deferral at a time".
     pub(super) fn defer_retired(&mut self) {
-        if self.in_flight.is_some() || self.pending.range(self.undeferred..).next().is_none() {
+        if self.in_flight.is_some()
+            || (self.pending.range(self.undeferred..).next().is_none()
+                && !self.shared.index.retired_uncovered())
+        {
             return;
         }
         self.in_flight = Some(self.undeferred..self.next_ticket);
         self.undeferred = self.next_ticket;
+        // A table the index replaced before this deferral is covered by it (`index::shrink`).
+        self.shared.index.cover_retired();
         let shared = Arc::clone(&self.shared);
         let guard = self.epoch.pin();
         guard.defer(move || {
@@ -464,6 +471,7 @@ impl<B: AvBackend> Writer<B> {
         if self.shared.readers_gone.swap(false, Ordering::Acquire) {
             if let Some(range) = self.in_flight.take() {
                 self.deferrals_returned += 1;
+                self.index_readers_gone();
                 scratch.clear();
                 scratch.extend(self.pending.range(range).map(|(&ticket, _)| ticket));
                 for &ticket in &scratch {
