@@ -73,6 +73,10 @@ pub(crate) const APPLYING: u64 = 0;
 pub(crate) const POLLING: u64 = 1;
 /// The writer is parked (or about to park) until it is rung.
 pub(crate) const PARKED: u64 = 2;
+/// The background thread is parked (or about to park) with a timer, while callers that hold the
+/// role do its work: a ring for a request wakes it, a report ([`Doorbell::ring_report`]) does
+/// not, since the next holder or the timer takes it.
+pub(crate) const DOZING: u64 = 3;
 /// The state's bits in the word; the batch cost sits above them, then the wake-up cost.
 const STATE_BITS: u32 = 2;
 const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
@@ -106,9 +110,14 @@ impl WriterState {
         self.word & STATE_MASK
     }
 
+    /// Whether the background thread was parked ([`PARKED`] or [`DOZING`]).
+    pub(crate) fn parked(self) -> bool {
+        matches!(self.state(), PARKED | DOZING)
+    }
+
     /// Whether the writer was awake, or parked with a wake-up on its way: a waiter may poll.
     pub(crate) fn awake(self) -> bool {
-        self.state() != PARKED || self.waking || self.serving
+        !self.parked() || self.waking || self.serving
     }
 
     /// The writer's recent batches' average cost, in nanoseconds (0 before the first).
@@ -129,11 +138,7 @@ impl WriterState {
     /// within [`MIN_SPIN`] and [`MAX_SPIN`].
     #[cfg(not(dma_loom))]
     pub(crate) fn spin_budget(self) -> Duration {
-        let wake = if self.state() == PARKED {
-            self.wake_ns()
-        } else {
-            0
-        };
+        let wake = if self.parked() { self.wake_ns() } else { 0 };
         Duration::from_nanos(self.batch_ns() * 2 + wake).clamp(MIN_SPIN, MAX_SPIN)
     }
 }
@@ -171,18 +176,42 @@ impl Default for Doorbell {
 }
 
 impl Doorbell {
-    /// Wake the writer if it is parked. Call after making the work visible.
+    /// Wake the writer if it is parked ([`PARKED`] or [`DOZING`]): for a request that no caller
+    /// serves. Call after making the work visible.
     #[inline]
     pub(crate) fn ring(&self) {
         #[cfg(not(dma_loom))]
         {
             fence(Ordering::SeqCst);
-            if self.writer_state().state() == PARKED {
-                if let Some(writer) = self.writer.get() {
-                    self.rung_at.store(self.now_ns().max(1), Ordering::Relaxed);
-                    writer.unpark();
-                }
+            if self.writer_state().parked() {
+                self.unpark_writer();
             }
+        }
+    }
+
+    /// Wake the background thread for a report (the epoch deferral's readers have gone) if it is
+    /// parked without a timer ([`PARKED`]); while it dozes ([`DOZING`]), callers hold the role
+    /// often enough that the next holder takes the report (`Writer::take_reports`), or the
+    /// background thread does at its timer, at most `writer::rounds::DOZE_MAX` later. So a
+    /// steady stream of updates does not unpark the background thread once per update. Call
+    /// after making the report visible.
+    #[inline]
+    pub(crate) fn ring_report(&self) {
+        #[cfg(not(dma_loom))]
+        {
+            fence(Ordering::SeqCst);
+            if self.writer_state().state() == PARKED {
+                self.unpark_writer();
+            }
+        }
+    }
+
+    /// Unpark the background thread, recording when (a wake-up is pending until it runs).
+    #[cfg(not(dma_loom))]
+    fn unpark_writer(&self) {
+        if let Some(writer) = self.writer.get() {
+            self.rung_at.store(self.now_ns().max(1), Ordering::Relaxed);
+            writer.unpark();
         }
     }
 
@@ -238,17 +267,23 @@ impl Doorbell {
 
     /// Park the writer until it is rung, `timeout` passes (`None`: no timeout), or a spurious
     /// wake-up, unless `ready` (its last look for work) finds something. Publishes [`PARKED`]
-    /// before the last look and, after, [`POLLING`] (with the costs `costs` returns once it is
-    /// given how long the ring took to get the writer running, if a ring woke it).
+    /// ([`DOZING`] if `dozing`, which needs a timeout) before the last look and, after,
+    /// [`POLLING`] (with the costs `costs` returns once it is given how long the ring took to
+    /// get the writer running, if a ring woke it).
     #[cfg(not(dma_loom))]
     pub(crate) fn park(
         &self,
         ready: impl FnOnce() -> bool,
-        timeout: Option<Duration>,
+        (timeout, dozing): (Option<Duration>, bool),
         (batch_ns, wake_ns): (u64, u64),
         costs: impl FnOnce(Option<Duration>) -> (u64, u64),
     ) {
-        self.publish(PARKED, batch_ns, wake_ns);
+        let parked = if dozing && timeout.is_some() {
+            DOZING
+        } else {
+            PARKED
+        };
+        self.publish(parked, batch_ns, wake_ns);
         fence(Ordering::SeqCst);
         if !ready() {
             match timeout {
@@ -280,7 +315,7 @@ mod tests {
                 // then the assertion on `woke` below fails rather than the test hanging).
                 doorbell.park(
                     || false,
-                    Some(Duration::from_secs(60)),
+                    (Some(Duration::from_secs(60)), false),
                     (1_000, 0),
                     |measured| {
                         woke = measured;

@@ -124,15 +124,34 @@ impl<B: AvBackend> Serve for WriterCell<B> {
 /// The background thread: takes the role whenever it is rung or its tick comes, does one round
 /// ([`Writer::background_round`]), gives the role back, looks at the inbox again, and parks on
 /// the doorbell until the next ring or tick. It ends when the writer stops or panics.
+///
+/// If it finds the role held while it dozes (callers hold the role often: see
+/// `Writer::park_for`), it dozes again rather than ask the holder to wake it: the holder is a
+/// caller that takes the reports and ticks the epoch itself, so its release unparks nobody.
 pub(crate) fn background<B: AvBackend>(cell: Arc<WriterCell<B>>) {
     let doorbell = &cell.shared.doorbell;
     doorbell.answer_here();
     let role = &doorbell.role;
     let mut woke: Option<Duration> = None;
+    // How the last round said to park, and the costs it published.
+    let mut parking: (Option<Duration>, bool) = (None, false);
+    let mut costs = (0, 0);
     loop {
         match role.try_take() {
             Take::Taken => {}
             Take::Poisoned => return,
+            Take::Held if parking.1 && parking.0.is_some() => {
+                doorbell.park(
+                    || role.has_queued() && !role.held(),
+                    parking,
+                    costs,
+                    |measured| {
+                        woke = measured;
+                        costs
+                    },
+                );
+                continue;
+            }
             Take::Held => match role.want() {
                 // Freed meanwhile: take it.
                 None => continue,
@@ -146,8 +165,15 @@ pub(crate) fn background<B: AvBackend>(cell: Arc<WriterCell<B>>) {
             },
         }
         let next = cell.under_role(|writer| writer.background_round(woke.take()));
-        let (timeout, costs) = match next {
-            Some(Next::Wait { timeout, costs }) => (timeout, costs),
+        let (timeout, dozing) = match next {
+            Some(Next::Wait {
+                timeout,
+                dozing,
+                costs: published,
+            }) => {
+                costs = published;
+                (timeout, dozing)
+            }
             Some(Next::Stopped) => {
                 cell.close();
                 return;
@@ -155,6 +181,7 @@ pub(crate) fn background<B: AvBackend>(cell: Arc<WriterCell<B>>) {
             // Poisoned: the role stays held for good.
             None => return,
         };
+        parking = (timeout, dozing);
         role.release();
         // The second look (see `role`): a caller that found the role held left its request here.
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -165,7 +192,7 @@ pub(crate) fn background<B: AvBackend>(cell: Arc<WriterCell<B>>) {
         // or a lease reported.
         doorbell.park(
             || (role.has_queued() && !role.held()) || signalled(&cell.shared),
-            timeout,
+            parking,
             costs,
             |measured| {
                 woke = measured;

@@ -456,6 +456,17 @@ pub(crate) struct Writer<B> {
     background_ticking: bool,
     #[cfg_attr(dma_loom, allow(dead_code))]
     background_until: Option<Instant>,
+    /// Rounds of callers that left work needing ticks while the background thread had a timer
+    /// (a wake-up saved), and the count at the background thread's last round: if they differ,
+    /// callers came meanwhile, and the background thread dozes on.
+    #[cfg_attr(dma_loom, allow(dead_code))]
+    wakes_saved: u64,
+    #[cfg_attr(dma_loom, allow(dead_code))]
+    saved_seen: u64,
+    /// How long the background thread dozes while callers come, from [`run::FIRST_TICK`] up to
+    /// `rounds::DOZE_MAX` (see `Writer::park_for`).
+    #[cfg_attr(dma_loom, allow(dead_code))]
+    doze: Duration,
     stats: CacheStats,
     epoch: LocalHandle,
     inbox: mpsc::Receiver<Request>,
@@ -534,6 +545,9 @@ impl<B: AvBackend> Writer<B> {
             last_advance: Instant::now(),
             background_ticking: false,
             background_until: None,
+            wakes_saved: 0,
+            saved_seen: 0,
+            doze: run::FIRST_TICK,
             stats: CacheStats::default(),
             epoch,
             inbox,

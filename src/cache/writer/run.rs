@@ -345,8 +345,9 @@ impl<B: AvBackend> Writer<B> {
     }
 
     /// What the reports of readers and leases brought: removals, waiters out of patience, the
-    /// eviction hook's leftovers; and the next slice of an admission's registrations.
-    pub(super) fn take_reports(&mut self) {
+    /// eviction hook's leftovers; and the next slice of an admission's registrations. Whether
+    /// anything was removed.
+    pub(super) fn take_reports(&mut self) -> bool {
         let removed = self.collect();
         self.expire_waiters();
         self.retry_evictions();
@@ -356,6 +357,7 @@ impl<B: AvBackend> Writer<B> {
             self.finish_batch();
         }
         self.answer_quiescers();
+        removed
     }
 
     /// One round for the quiescers: count what each still waits for, note progress or a stall.
@@ -422,6 +424,7 @@ impl<B: AvBackend> Writer<B> {
         self.in_flight = Some(self.undeferred..self.next_ticket);
         self.undeferred = self.next_ticket;
         let shared = Arc::clone(&self.shared);
+        let cache = self.cache;
         let guard = self.epoch.pin();
         guard.defer(move || {
             // Release: pairs with the writer's Acquire swap, after which it removes. A swap, not a
@@ -429,7 +432,14 @@ impl<B: AvBackend> Writer<B> {
             // the writer's later swap (a model of `aba` failed that way), and an exchange costs the
             // same on this rare path.
             shared.readers_gone.swap(true, Ordering::AcqRel);
-            shared.doorbell.ring();
+            // A report: while callers hold the role often enough that the background thread
+            // dozes, the next holder takes it (see `Doorbell::ring_report`). Run by the role's
+            // holder (its own advance), it rings nobody: the holder's `hand_over` still sees
+            // the deferral out (only `collect` takes it back) and wakes the background thread
+            // unless it ticks already.
+            if !super::on_writer_of(cache) {
+                shared.doorbell.ring_report();
+            }
         });
         // The closure waits in this thread's bag until it is flushed; flush so that readers'
         // pins can collect it too.
