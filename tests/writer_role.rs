@@ -203,3 +203,101 @@ fn a_cache_whose_writer_panicked_drops_without_waiting() {
         drop(cache);
     });
 }
+
+/// The threads of this process named `dma-av-writer`.
+fn background_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(Result::ok)
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.trim() == "dma-av-writer")
+        })
+        .count()
+}
+
+#[test]
+fn nine_tcp_endpoints_share_one_background_thread_and_each_gets_its_removals() {
+    let endpoints: Vec<_> = (0..9).map(|_| testkit::tcp()).collect();
+    for (n, endpoint) in endpoints.iter().enumerate() {
+        let cache = endpoint.peers();
+        for client in 0..8_u32 {
+            let address = sockaddr(1_000 * n as u32 + client);
+            cache
+                .pin()
+                .resolve(u64::from(client), &address)
+                .expect("a miss on a real tcp AV");
+        }
+        for client in 0..8 {
+            cache.release(client);
+        }
+    }
+    // Every cache's removals wait for the epoch deferral's readers: only the background thread
+    // runs them once no caller comes, and `quiesce` is a request no caller serves.
+    for endpoint in &endpoints {
+        endpoint.peers().quiesce();
+        let stats = endpoint.peers().stats();
+        assert_eq!(
+            (0, 0, 8, 8),
+            (
+                stats.entries,
+                stats.pending_removals,
+                stats.inserts,
+                stats.removes
+            ),
+            "every removal of every cache ran"
+        );
+    }
+    // One thread for the process however many caches (other tests of this binary share it too).
+    assert_eq!(1, background_threads(), "one background thread, not nine");
+    drop(endpoints);
+    // A cache made after those were dropped is tended by the same thread.
+    let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    cache.pin().resolve(1, &sockaddr(1)).expect("a miss");
+    cache.release(1);
+    cache.quiesce();
+    assert_eq!(1, cache.stats().removes);
+    assert_eq!(1, background_threads());
+}
+
+#[test]
+fn a_cache_dropped_while_another_keeps_the_background_thread_busy_removes_everything() {
+    let av = ModelAv::new(AddressFormat::Opaque);
+    let busy = Arc::new(AddressCache::with_backend(ModelAv::new(
+        AddressFormat::Opaque,
+    )));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Another cache whose releases and quiesces keep the shared thread visiting it.
+    let churn = {
+        let (busy, stop) = (Arc::clone(&busy), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut client = 0_u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                client += 1;
+                let _ = busy.pin().resolve(client, &sockaddr(client as u32));
+                busy.release(client);
+                busy.quiesce();
+            }
+        })
+    };
+    for round in 0..50_u32 {
+        let cache = AddressCache::with_backend(av.clone());
+        for client in 0..20_u32 {
+            cache
+                .pin()
+                .resolve(u64::from(client), &sockaddr(round * 100 + client))
+                .expect("a miss");
+        }
+        // Half released (their removals deferred), half still held: the drop removes both.
+        for client in 0..10 {
+            cache.release(client);
+        }
+        within_10s(move || drop(cache));
+        assert!(
+            av.is_empty(),
+            "round {round}: the dropped cache left entries"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().expect("the churning thread");
+}

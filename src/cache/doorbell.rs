@@ -3,13 +3,21 @@
 //! is awake. It also carries the writer role ([`super::role`]): a waiter polls while some thread
 //! holds it, since the holder answers within a batch.
 //!
-//! The background thread parks with `std::thread::park` (with a timeout while removals are
-//! pending), not on a channel, so that every source of work can wake it the same way: a request
-//! no caller serves (`try_resolve`, `release`, `quiesce`), an epoch deferral whose readers have
-//! gone, the last lease of an awaited removal, a role holder that hands it work. A caller whose
-//! miss takes the role does not ring: it applies its own request. The state word below is the
-//! background thread's alone; a caller that holds the role never writes it (a `POLLING` written
-//! over the background thread's `PARKED` would lose a wake-up).
+//! The background thread (one per process, shared by every cache: `writer::background`) parks
+//! with `std::thread::park` (with a timeout while removals are pending), not on a channel, so
+//! that every source of work can wake it the same way: a request no caller serves
+//! (`try_resolve`, a rail set's queued release, `quiesce`), an epoch deferral whose readers have
+//! gone, the last lease of an awaited removal, a role holder that hands it work. Each cache's
+//! doorbell says whether the thread looks at that cache: a ringer unparks the thread only if it
+//! announced that it stopped looking. A caller whose miss takes the role does not ring: it
+//! applies its own request. The state word below is the background thread's alone; a caller that
+//! holds the role never writes it (a `POLLING` written over the background thread's `PARKED`
+//! would lose a wake-up).
+//!
+//! While callers hold the role often enough to do its routine work, the background thread dozes
+//! ([`DOZING`]): it parks on a timer of at most 2 ms (`writer::rounds::DOZE_MAX`), a request
+//! still rings it, and a report ([`Doorbell::ring_report`], the deferral's closure) does not:
+//! the next holder takes the report, or the thread at its timer.
 //!
 //! # The writer's state
 //!
@@ -37,7 +45,8 @@
 //!   its work visible, issues a `SeqCst` fence, and then reads the state. Of two `SeqCst` fences
 //!   one comes first, so either the writer's last look sees the work, or the ringer sees
 //!   [`PARKED`] and unparks it (an unpark that comes before the park makes the park return at
-//!   once).
+//!   once). A report that finds it [`DOZING`] is not lost either: the doze is a timer, at the end
+//!   of which the thread looks at the cache, and every holder before that takes the report.
 //! - **No lost wake-up of a waiter, whatever state it reads.** A waiter's spin only polls its
 //!   answer channel; however it ends (the answer came, the writer was seen parked, the budget ran
 //!   out), the waiter then blocks on the channel itself, whose `recv` returns as soon as the
@@ -158,6 +167,11 @@ pub(crate) struct Doorbell {
     origin: std::time::Instant,
     #[cfg(not(dma_loom))]
     writer: OnceLock<std::thread::Thread>,
+    /// A role holder (or the cache's drop) handed the background thread work it does not know
+    /// of ([`wake_background`](Self::wake_background)): its next pass visits this cache whatever
+    /// the cache's timer says. Cleared when the visit starts ([`woken`](Self::woken)).
+    #[cfg(not(dma_loom))]
+    handed: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Doorbell {
@@ -171,6 +185,8 @@ impl Default for Doorbell {
             origin: std::time::Instant::now(),
             #[cfg(not(dma_loom))]
             writer: OnceLock::new(),
+            #[cfg(not(dma_loom))]
+            handed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -243,9 +259,20 @@ impl Doorbell {
     /// unpark costs the background thread one look.
     pub(crate) fn wake_background(&self) {
         #[cfg(not(dma_loom))]
-        if let Some(writer) = self.writer.get() {
-            writer.unpark();
+        {
+            // Release: the visit that clears it (Acquire) sees the holder's work. The thread is
+            // shared, so the flag says which cache the unpark is for.
+            self.handed.store(true, Ordering::Release);
+            if let Some(writer) = self.writer.get() {
+                writer.unpark();
+            }
         }
+    }
+
+    /// Whether a holder handed the background thread work since its last visit here.
+    #[cfg(not(dma_loom))]
+    pub(crate) fn handed(&self) -> bool {
+        self.handed.load(Ordering::Acquire)
     }
 
     /// Publish the writer's `state` with its batch cost `batch_ns` and wake-up cost `wake_ns`.
@@ -259,43 +286,59 @@ impl Doorbell {
         self.word.store(word, Ordering::Relaxed);
     }
 
-    /// Record the calling thread as the writer. Writer only, once, before it first parks.
+    /// Record `thread` as the background thread to unpark: the process's shared one
+    /// (`writer::background`). Once, before the cache's first park.
     #[cfg(not(dma_loom))]
-    pub(crate) fn answer_here(&self) {
-        let _ = self.writer.set(std::thread::current());
+    pub(crate) fn answer_at(&self, thread: std::thread::Thread) {
+        let _ = self.writer.set(thread);
     }
 
-    /// Park the writer until it is rung, `timeout` passes (`None`: no timeout), or a spurious
-    /// wake-up, unless `ready` (its last look for work) finds something. Publishes [`PARKED`]
-    /// ([`DOZING`] if `dozing`, which needs a timeout) before the last look and, after,
-    /// [`POLLING`] (with the costs `costs` returns once it is given how long the ring took to
-    /// get the writer running, if a ring woke it).
+    /// Announce that the background thread stops looking at this cache: publish [`PARKED`]
+    /// ([`DOZING`] if `dozing`) with the costs, then a `SeqCst` fence, after which the caller
+    /// takes its last look for work (a ringer that made work visible before that look is seen
+    /// by it; one after it reads the state and unparks the thread). Background thread only.
     #[cfg(not(dma_loom))]
+    pub(crate) fn announce_park(&self, dozing: bool, (batch_ns, wake_ns): (u64, u64)) {
+        let parked = if dozing { DOZING } else { PARKED };
+        self.publish(parked, batch_ns, wake_ns);
+        fence(Ordering::SeqCst);
+    }
+
+    /// The background thread looks at this cache again: publish [`POLLING`] with the costs
+    /// `costs` returns once it is given how long the ring that woke it took to get it running,
+    /// if a ring did. Background thread only.
+    #[cfg(not(dma_loom))]
+    pub(crate) fn woken(&self, costs: impl FnOnce(Option<Duration>) -> (u64, u64)) {
+        self.handed.store(false, Ordering::Relaxed);
+        // The holder's work is what the round reads under the role, whose take is Acquire.
+        fence(Ordering::Acquire);
+        let rung_at = self.rung_at.swap(0, Ordering::Relaxed);
+        let woke =
+            (rung_at != 0).then(|| Duration::from_nanos(self.now_ns().saturating_sub(rung_at)));
+        let (batch_ns, wake_ns) = costs(woke);
+        self.publish(POLLING, batch_ns, wake_ns);
+    }
+
+    /// Park the calling thread as the background thread of this cache alone until it is rung,
+    /// `timeout` passes (`None`: no timeout), or a spurious wake-up, unless `ready` (its last
+    /// look for work) finds something: [`announce_park`](Self::announce_park), the look, the
+    /// park, then [`woken`](Self::woken).
+    #[cfg(all(test, not(dma_loom)))]
     pub(crate) fn park(
         &self,
         ready: impl FnOnce() -> bool,
-        (timeout, dozing): (Option<Duration>, bool),
-        (batch_ns, wake_ns): (u64, u64),
-        costs: impl FnOnce(Option<Duration>) -> (u64, u64),
+        timeout: Option<Duration>,
+        costs: (u64, u64),
+        woke_costs: impl FnOnce(Option<Duration>) -> (u64, u64),
     ) {
-        let parked = if dozing && timeout.is_some() {
-            DOZING
-        } else {
-            PARKED
-        };
-        self.publish(parked, batch_ns, wake_ns);
-        fence(Ordering::SeqCst);
+        self.announce_park(false, costs);
         if !ready() {
             match timeout {
                 Some(timeout) => std::thread::park_timeout(timeout),
                 None => std::thread::park(),
             }
         }
-        let rung_at = self.rung_at.swap(0, Ordering::Relaxed);
-        let woke =
-            (rung_at != 0).then(|| Duration::from_nanos(self.now_ns().saturating_sub(rung_at)));
-        let (batch_ns, wake_ns) = costs(woke);
-        self.publish(POLLING, batch_ns, wake_ns);
+        self.woken(woke_costs);
     }
 }
 
@@ -309,13 +352,13 @@ mod tests {
         let writer = {
             let doorbell = std::sync::Arc::clone(&doorbell);
             std::thread::spawn(move || {
-                doorbell.answer_here();
+                doorbell.answer_at(std::thread::current());
                 let mut woke = None;
                 // Parks until rung (a spurious wake-up or the generous timeout ends it too, and
                 // then the assertion on `woke` below fails rather than the test hanging).
                 doorbell.park(
                     || false,
-                    (Some(Duration::from_secs(60)), false),
+                    Some(Duration::from_secs(60)),
                     (1_000, 0),
                     |measured| {
                         woke = measured;
