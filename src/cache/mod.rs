@@ -19,8 +19,8 @@
 //!   `fi_av_insert` and `fi_av_remove`, counts which clients hold which entry, evicts stale efa
 //!   incarnations, and publishes and unlinks index entries. The writer is a role, not a thread
 //!   (see `writer`): a miss queues a request and, if the role is free, applies it (and what else
-//!   is queued) on its own thread; otherwise the holder answers it. A background thread per cache
-//!   takes the same role for the work no caller brings. `resolve` waits for the reply,
+//!   is queued) on its own thread; otherwise the holder answers it. One background thread per
+//!   process, shared by every cache, takes the same role for the work no caller brings. `resolve` waits for the reply,
 //!   `try_resolve` does not.
 //! - **Removal is deferred**: an entry whose last client has gone is unlinked from the index and
 //!   its removal deferred on the cache's private `crossbeam_epoch::Collector` (one deferral out at
