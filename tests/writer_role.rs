@@ -301,3 +301,64 @@ fn a_cache_dropped_while_another_keeps_the_background_thread_busy_removes_everyt
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     churn.join().expect("the churning thread");
 }
+
+/// How many times the background thread has slept and been woken.
+fn background_switches() -> u64 {
+    let task = std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(Result::ok)
+        .find(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.trim() == "dma-av-writer")
+        })
+        .expect("the background thread");
+    let status = std::fs::read_to_string(task.path().join("status")).expect("its status");
+    status
+        .lines()
+        .filter(|line| line.starts_with("voluntary_ctxt_switches:"))
+        .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_stream_of_updates_under_readers_does_not_wake_the_background_thread_for_each() {
+    // In a child process, so that no other test's cache keeps the shared thread busy.
+    if !testkit::in_child_process(
+        "a_stream_of_updates_under_readers_does_not_wake_the_background_thread_for_each",
+    ) {
+        return;
+    }
+    let av = ModelAv::new(AddressFormat::Opaque);
+    let cache = AddressCache::with_backend(av.clone());
+    // The thread names itself when it starts: one round trip through it first.
+    cache.pin().resolve(99, &sockaddr(99_999)).expect("a miss");
+    cache.release(99);
+    cache.quiesce();
+    let updates = 4_000_u32;
+    let before = background_switches();
+    // Each update retires an entry (a removal deferred for readers) and makes a new one; the
+    // readers' pins in between move the epoch on. Before the callers did the background
+    // thread's ticks, every update woke it at least once (a holder handing it the deferral,
+    // then the deferral's closure ringing it).
+    for update in 0..updates {
+        let client = u64::from(update % 16);
+        cache
+            .pin()
+            .resolve(client, &sockaddr(update))
+            .expect("a re-advertise");
+        for _ in 0..50 {
+            let pinned = cache.pin();
+            pinned.resolve(client, &sockaddr(update)).expect("a hit");
+        }
+    }
+    let woken = background_switches() - before;
+    assert!(
+        woken < u64::from(updates) / 4,
+        "the background thread was switched in {woken} times for {updates} updates"
+    );
+    for client in 0..16 {
+        cache.release(client);
+    }
+    cache.quiesce();
+    assert!(av.is_empty(), "every removal ran");
+}
