@@ -181,7 +181,7 @@ impl<B: AvBackend> Tend for WriterCell<B> {
                     _ => FIRST_TICK,
                 };
                 doorbell.announce_park(dozing, visits.costs);
-                return After::Park(Some(Instant::now() + again));
+                return After::Park(Instant::now().checked_add(again));
             }
         }
         let next = self.under_role(|writer| writer.background_round(visits.woke.take()));
@@ -213,7 +213,9 @@ impl<B: AvBackend> Tend for WriterCell<B> {
         if self.ready() {
             return After::Again;
         }
-        After::Park(timeout.map(|timeout| Instant::now() + timeout))
+        // A timeout past what an `Instant` holds (none is: the longest is the cache's patience,
+        // at most an hour) parks until rung rather than panic on the shared thread.
+        After::Park(timeout.and_then(|timeout| Instant::now().checked_add(timeout)))
     }
 
     fn answer_at(&self, thread: std::thread::Thread) {

@@ -231,7 +231,7 @@ impl<B: AvBackend> Writer<B> {
             }
         };
         self.background_ticking = timeout.is_some_and(|timeout| timeout <= LAST_TICK);
-        self.background_until = timeout.map(|timeout| Instant::now() + timeout);
+        self.background_until = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
         (timeout, dozing)
     }
 }
