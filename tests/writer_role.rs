@@ -203,3 +203,162 @@ fn a_cache_whose_writer_panicked_drops_without_waiting() {
         drop(cache);
     });
 }
+
+/// The threads of this process named `dma-av-writer`.
+fn background_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(Result::ok)
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.trim() == "dma-av-writer")
+        })
+        .count()
+}
+
+#[test]
+fn nine_tcp_endpoints_share_one_background_thread_and_each_gets_its_removals() {
+    let endpoints: Vec<_> = (0..9).map(|_| testkit::tcp()).collect();
+    for (n, endpoint) in endpoints.iter().enumerate() {
+        let cache = endpoint.peers();
+        for client in 0..8_u32 {
+            let address = sockaddr(1_000 * n as u32 + client);
+            cache
+                .pin()
+                .resolve(u64::from(client), &address)
+                .expect("a miss on a real tcp AV");
+        }
+        for client in 0..8 {
+            cache.release(client);
+        }
+    }
+    // Every cache's removals wait for the epoch deferral's readers: only the background thread
+    // runs them once no caller comes, and `quiesce` is a request no caller serves.
+    for endpoint in &endpoints {
+        endpoint.peers().quiesce();
+        let stats = endpoint.peers().stats();
+        assert_eq!(
+            (0, 0, 8, 8),
+            (
+                stats.entries,
+                stats.pending_removals,
+                stats.inserts,
+                stats.removes
+            ),
+            "every removal of every cache ran"
+        );
+    }
+    // One thread for the process however many caches (other tests of this binary share it too).
+    assert_eq!(1, background_threads(), "one background thread, not nine");
+    drop(endpoints);
+    // A cache made after those were dropped is tended by the same thread.
+    let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    cache.pin().resolve(1, &sockaddr(1)).expect("a miss");
+    cache.release(1);
+    cache.quiesce();
+    assert_eq!(1, cache.stats().removes);
+    assert_eq!(1, background_threads());
+}
+
+#[test]
+fn a_cache_dropped_while_another_keeps_the_background_thread_busy_removes_everything() {
+    let av = ModelAv::new(AddressFormat::Opaque);
+    let busy = Arc::new(AddressCache::with_backend(ModelAv::new(
+        AddressFormat::Opaque,
+    )));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Another cache whose releases and quiesces keep the shared thread visiting it.
+    let churn = {
+        let (busy, stop) = (Arc::clone(&busy), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut client = 0_u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                client += 1;
+                let _ = busy.pin().resolve(client, &sockaddr(client as u32));
+                busy.release(client);
+                busy.quiesce();
+            }
+        })
+    };
+    for round in 0..50_u32 {
+        let cache = AddressCache::with_backend(av.clone());
+        for client in 0..20_u32 {
+            cache
+                .pin()
+                .resolve(u64::from(client), &sockaddr(round * 100 + client))
+                .expect("a miss");
+        }
+        // Half released (their removals deferred), half still held: the drop removes both.
+        for client in 0..10 {
+            cache.release(client);
+        }
+        within_10s(move || drop(cache));
+        assert!(
+            av.is_empty(),
+            "round {round}: the dropped cache left entries"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().expect("the churning thread");
+}
+
+/// How many times the background thread has slept and been woken.
+fn background_switches() -> u64 {
+    let task = std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(Result::ok)
+        .find(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.trim() == "dma-av-writer")
+        })
+        .expect("the background thread");
+    let status = std::fs::read_to_string(task.path().join("status")).expect("its status");
+    status
+        .lines()
+        .filter(|line| line.starts_with("voluntary_ctxt_switches:"))
+        .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_stream_of_updates_under_readers_does_not_wake_the_background_thread_for_each() {
+    // In a child process, so that no other test's cache keeps the shared thread busy.
+    if !testkit::in_child_process(
+        "a_stream_of_updates_under_readers_does_not_wake_the_background_thread_for_each",
+    ) {
+        return;
+    }
+    let av = ModelAv::new(AddressFormat::Opaque);
+    let cache = AddressCache::with_backend(av.clone());
+    // The thread names itself when it starts: one round trip through it first.
+    cache.pin().resolve(99, &sockaddr(99_999)).expect("a miss");
+    cache.release(99);
+    cache.quiesce();
+    let updates = 4_000_u32;
+    let before = background_switches();
+    // Each update retires an entry (a removal deferred for readers) and makes a new one; the
+    // readers' pins in between move the epoch on. Before the callers did the background
+    // thread's ticks, every update woke it at least once (a holder handing it the deferral,
+    // then the deferral's closure ringing it).
+    for update in 0..updates {
+        let client = u64::from(update % 16);
+        cache
+            .pin()
+            .resolve(client, &sockaddr(update))
+            .expect("a re-advertise");
+        for _ in 0..50 {
+            let pinned = cache.pin();
+            pinned.resolve(client, &sockaddr(update)).expect("a hit");
+        }
+    }
+    let woken = background_switches() - before;
+    assert!(
+        woken < u64::from(updates) / 4,
+        "the background thread was switched in {woken} times for {updates} updates"
+    );
+    for client in 0..16 {
+        cache.release(client);
+    }
+    cache.quiesce();
+    assert!(av.is_empty(), "every removal ran");
+}

@@ -3,13 +3,21 @@
 //! is awake. It also carries the writer role ([`super::role`]): a waiter polls while some thread
 //! holds it, since the holder answers within a batch.
 //!
-//! The background thread parks with `std::thread::park` (with a timeout while removals are
-//! pending), not on a channel, so that every source of work can wake it the same way: a request
-//! no caller serves (`try_resolve`, `release`, `quiesce`), an epoch deferral whose readers have
-//! gone, the last lease of an awaited removal, a role holder that hands it work. A caller whose
-//! miss takes the role does not ring: it applies its own request. The state word below is the
-//! background thread's alone; a caller that holds the role never writes it (a `POLLING` written
-//! over the background thread's `PARKED` would lose a wake-up).
+//! The background thread (one per process, shared by every cache: `writer::background`) parks
+//! with `std::thread::park` (with a timeout while removals are pending), not on a channel, so
+//! that every source of work can wake it the same way: a request no caller serves
+//! (`try_resolve`, a rail set's queued release, `quiesce`), an epoch deferral whose readers have
+//! gone, the last lease of an awaited removal, a role holder that hands it work. Each cache's
+//! doorbell says whether the thread looks at that cache: a ringer unparks the thread only if it
+//! announced that it stopped looking. A caller whose miss takes the role does not ring: it
+//! applies its own request. The state word below is the background thread's alone; a caller that
+//! holds the role never writes it (a `POLLING` written over the background thread's `PARKED`
+//! would lose a wake-up).
+//!
+//! While callers hold the role often enough to do its routine work, the background thread dozes
+//! ([`DOZING`]): it parks on a timer of at most 2 ms (`writer::rounds::DOZE_MAX`), a request
+//! still rings it, and a report ([`Doorbell::ring_report`], the deferral's closure) does not:
+//! the next holder takes the report, or the thread at its timer.
 //!
 //! # The writer's state
 //!
@@ -37,7 +45,8 @@
 //!   its work visible, issues a `SeqCst` fence, and then reads the state. Of two `SeqCst` fences
 //!   one comes first, so either the writer's last look sees the work, or the ringer sees
 //!   [`PARKED`] and unparks it (an unpark that comes before the park makes the park return at
-//!   once).
+//!   once). A report that finds it [`DOZING`] is not lost either: the doze is a timer, at the end
+//!   of which the thread looks at the cache, and every holder before that takes the report.
 //! - **No lost wake-up of a waiter, whatever state it reads.** A waiter's spin only polls its
 //!   answer channel; however it ends (the answer came, the writer was seen parked, the budget ran
 //!   out), the waiter then blocks on the channel itself, whose `recv` returns as soon as the
@@ -73,6 +82,10 @@ pub(crate) const APPLYING: u64 = 0;
 pub(crate) const POLLING: u64 = 1;
 /// The writer is parked (or about to park) until it is rung.
 pub(crate) const PARKED: u64 = 2;
+/// The background thread is parked (or about to park) with a timer, while callers that hold the
+/// role do its work: a ring for a request wakes it, a report ([`Doorbell::ring_report`]) does
+/// not, since the next holder or the timer takes it.
+pub(crate) const DOZING: u64 = 3;
 /// The state's bits in the word; the batch cost sits above them, then the wake-up cost.
 const STATE_BITS: u32 = 2;
 const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
@@ -106,9 +119,14 @@ impl WriterState {
         self.word & STATE_MASK
     }
 
+    /// Whether the background thread was parked ([`PARKED`] or [`DOZING`]).
+    pub(crate) fn parked(self) -> bool {
+        matches!(self.state(), PARKED | DOZING)
+    }
+
     /// Whether the writer was awake, or parked with a wake-up on its way: a waiter may poll.
     pub(crate) fn awake(self) -> bool {
-        self.state() != PARKED || self.waking || self.serving
+        !self.parked() || self.waking || self.serving
     }
 
     /// The writer's recent batches' average cost, in nanoseconds (0 before the first).
@@ -129,11 +147,7 @@ impl WriterState {
     /// within [`MIN_SPIN`] and [`MAX_SPIN`].
     #[cfg(not(dma_loom))]
     pub(crate) fn spin_budget(self) -> Duration {
-        let wake = if self.state() == PARKED {
-            self.wake_ns()
-        } else {
-            0
-        };
+        let wake = if self.parked() { self.wake_ns() } else { 0 };
         Duration::from_nanos(self.batch_ns() * 2 + wake).clamp(MIN_SPIN, MAX_SPIN)
     }
 }
@@ -153,6 +167,11 @@ pub(crate) struct Doorbell {
     origin: std::time::Instant,
     #[cfg(not(dma_loom))]
     writer: OnceLock<std::thread::Thread>,
+    /// A role holder (or the cache's drop) handed the background thread work it does not know
+    /// of ([`wake_background`](Self::wake_background)): its next pass visits this cache whatever
+    /// the cache's timer says. Cleared when the visit starts ([`woken`](Self::woken)).
+    #[cfg(not(dma_loom))]
+    handed: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Doorbell {
@@ -166,23 +185,49 @@ impl Default for Doorbell {
             origin: std::time::Instant::now(),
             #[cfg(not(dma_loom))]
             writer: OnceLock::new(),
+            #[cfg(not(dma_loom))]
+            handed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
 
 impl Doorbell {
-    /// Wake the writer if it is parked. Call after making the work visible.
+    /// Wake the writer if it is parked ([`PARKED`] or [`DOZING`]): for a request that no caller
+    /// serves. Call after making the work visible.
     #[inline]
     pub(crate) fn ring(&self) {
         #[cfg(not(dma_loom))]
         {
             fence(Ordering::SeqCst);
-            if self.writer_state().state() == PARKED {
-                if let Some(writer) = self.writer.get() {
-                    self.rung_at.store(self.now_ns().max(1), Ordering::Relaxed);
-                    writer.unpark();
-                }
+            if self.writer_state().parked() {
+                self.unpark_writer();
             }
+        }
+    }
+
+    /// Wake the background thread for a report (the epoch deferral's readers have gone) if it is
+    /// parked without a timer ([`PARKED`]); while it dozes ([`DOZING`]), callers hold the role
+    /// often enough that the next holder takes the report (`Writer::take_reports`), or the
+    /// background thread does at its timer, at most `writer::rounds::DOZE_MAX` later. So a
+    /// steady stream of updates does not unpark the background thread once per update. Call
+    /// after making the report visible.
+    #[inline]
+    pub(crate) fn ring_report(&self) {
+        #[cfg(not(dma_loom))]
+        {
+            fence(Ordering::SeqCst);
+            if self.writer_state().state() == PARKED {
+                self.unpark_writer();
+            }
+        }
+    }
+
+    /// Unpark the background thread, recording when (a wake-up is pending until it runs).
+    #[cfg(not(dma_loom))]
+    fn unpark_writer(&self) {
+        if let Some(writer) = self.writer.get() {
+            self.rung_at.store(self.now_ns().max(1), Ordering::Relaxed);
+            writer.unpark();
         }
     }
 
@@ -214,9 +259,20 @@ impl Doorbell {
     /// unpark costs the background thread one look.
     pub(crate) fn wake_background(&self) {
         #[cfg(not(dma_loom))]
-        if let Some(writer) = self.writer.get() {
-            writer.unpark();
+        {
+            // Release: the visit that clears it (Acquire) sees the holder's work. The thread is
+            // shared, so the flag says which cache the unpark is for.
+            self.handed.store(true, Ordering::Release);
+            if let Some(writer) = self.writer.get() {
+                writer.unpark();
+            }
         }
+    }
+
+    /// Whether a holder handed the background thread work since its last visit here.
+    #[cfg(not(dma_loom))]
+    pub(crate) fn handed(&self) -> bool {
+        self.handed.load(Ordering::Acquire)
     }
 
     /// Publish the writer's `state` with its batch cost `batch_ns` and wake-up cost `wake_ns`.
@@ -230,37 +286,59 @@ impl Doorbell {
         self.word.store(word, Ordering::Relaxed);
     }
 
-    /// Record the calling thread as the writer. Writer only, once, before it first parks.
+    /// Record `thread` as the background thread to unpark: the process's shared one
+    /// (`writer::background`). Once, before the cache's first park.
     #[cfg(not(dma_loom))]
-    pub(crate) fn answer_here(&self) {
-        let _ = self.writer.set(std::thread::current());
+    pub(crate) fn answer_at(&self, thread: std::thread::Thread) {
+        let _ = self.writer.set(thread);
     }
 
-    /// Park the writer until it is rung, `timeout` passes (`None`: no timeout), or a spurious
-    /// wake-up, unless `ready` (its last look for work) finds something. Publishes [`PARKED`]
-    /// before the last look and, after, [`POLLING`] (with the costs `costs` returns once it is
-    /// given how long the ring took to get the writer running, if a ring woke it).
+    /// Announce that the background thread stops looking at this cache: publish [`PARKED`]
+    /// ([`DOZING`] if `dozing`) with the costs, then a `SeqCst` fence, after which the caller
+    /// takes its last look for work (a ringer that made work visible before that look is seen
+    /// by it; one after it reads the state and unparks the thread). Background thread only.
     #[cfg(not(dma_loom))]
+    pub(crate) fn announce_park(&self, dozing: bool, (batch_ns, wake_ns): (u64, u64)) {
+        let parked = if dozing { DOZING } else { PARKED };
+        self.publish(parked, batch_ns, wake_ns);
+        fence(Ordering::SeqCst);
+    }
+
+    /// The background thread looks at this cache again: publish [`POLLING`] with the costs
+    /// `costs` returns once it is given how long the ring that woke it took to get it running,
+    /// if a ring did. Background thread only.
+    #[cfg(not(dma_loom))]
+    pub(crate) fn woken(&self, costs: impl FnOnce(Option<Duration>) -> (u64, u64)) {
+        self.handed.store(false, Ordering::Relaxed);
+        // The holder's work is what the round reads under the role, whose take is Acquire.
+        fence(Ordering::Acquire);
+        let rung_at = self.rung_at.swap(0, Ordering::Relaxed);
+        let woke =
+            (rung_at != 0).then(|| Duration::from_nanos(self.now_ns().saturating_sub(rung_at)));
+        let (batch_ns, wake_ns) = costs(woke);
+        self.publish(POLLING, batch_ns, wake_ns);
+    }
+
+    /// Park the calling thread as the background thread of this cache alone until it is rung,
+    /// `timeout` passes (`None`: no timeout), or a spurious wake-up, unless `ready` (its last
+    /// look for work) finds something: [`announce_park`](Self::announce_park), the look, the
+    /// park, then [`woken`](Self::woken).
+    #[cfg(all(test, not(dma_loom)))]
     pub(crate) fn park(
         &self,
         ready: impl FnOnce() -> bool,
         timeout: Option<Duration>,
-        (batch_ns, wake_ns): (u64, u64),
-        costs: impl FnOnce(Option<Duration>) -> (u64, u64),
+        costs: (u64, u64),
+        woke_costs: impl FnOnce(Option<Duration>) -> (u64, u64),
     ) {
-        self.publish(PARKED, batch_ns, wake_ns);
-        fence(Ordering::SeqCst);
+        self.announce_park(false, costs);
         if !ready() {
             match timeout {
                 Some(timeout) => std::thread::park_timeout(timeout),
                 None => std::thread::park(),
             }
         }
-        let rung_at = self.rung_at.swap(0, Ordering::Relaxed);
-        let woke =
-            (rung_at != 0).then(|| Duration::from_nanos(self.now_ns().saturating_sub(rung_at)));
-        let (batch_ns, wake_ns) = costs(woke);
-        self.publish(POLLING, batch_ns, wake_ns);
+        self.woken(woke_costs);
     }
 }
 
@@ -274,7 +352,7 @@ mod tests {
         let writer = {
             let doorbell = std::sync::Arc::clone(&doorbell);
             std::thread::spawn(move || {
-                doorbell.answer_here();
+                doorbell.answer_at(std::thread::current());
                 let mut woke = None;
                 // Parks until rung (a spurious wake-up or the generous timeout ends it too, and
                 // then the assertion on `woke` below fails rather than the test hanging).

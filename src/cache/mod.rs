@@ -181,8 +181,8 @@ impl Core {
 ///   and `fi_av_remove`, counts which clients hold which entry, evicts stale efa incarnations, and
 ///   publishes and unlinks index entries. The writer is a role, not a thread: a miss queues a
 ///   request and, if the role is free, applies it (and what else is queued) on its own thread;
-///   otherwise the holder answers it. A background thread per cache takes the same role for the
-///   work no caller brings. `resolve` waits for the reply, `try_resolve` does not.
+///   otherwise the holder answers it. One background thread per process, shared by every
+///   cache, takes the same role for the work no caller brings. `resolve` waits for the reply, `try_resolve` does not.
 /// - **Removal is deferred**: an entry whose last client has gone is unlinked from the index and
 ///   its removal deferred on the cache's private `crossbeam_epoch::Collector` (one deferral out at
 ///   a time, covering every entry retired before it). The deferred closure only tells the writer (a
@@ -534,10 +534,11 @@ fn next_cache_id() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Build the writer and start the background thread: the writer's state goes in a cell that
-/// whoever holds the writer role uses (see `role`), and the background thread takes the role for
-/// the work no caller brings. If the thread cannot start, callers still serve their own misses;
-/// releases and removals then wait for the next miss, and the cache's drop removes everything.
+/// Build the writer and register it with the process's background thread: the writer's state
+/// goes in a cell that whoever holds the writer role uses (see `role`), and the background thread
+/// (one per process, shared by every cache: `writer::background`) takes the role for the work no
+/// caller brings. If the thread cannot start, callers still serve their own misses; releases and
+/// removals then wait for the next miss, and the cache's drop removes everything.
 #[cfg(not(dma_loom))]
 fn start_writer<B: AvBackend>(
     backend: B,
@@ -557,18 +558,11 @@ fn start_writer<B: AvBackend>(
         cache,
     );
     let cell = std::sync::Arc::new(writer::WriterCell::new(writer, Arc::clone(shared), cache));
-    let background = std::sync::Arc::clone(&cell);
-    let handle = match std::thread::Builder::new()
-        .name("dma-av-writer".into())
-        .spawn(move || writer::background(background))
-    {
-        Ok(handle) => Some(handle),
-        Err(error) => {
-            tracing::error!(%error, "could not start the address cache's background writer thread");
-            None
-        }
-    };
-    (handle, Some(cell))
+    let tended: std::sync::Arc<dyn writer::Tend> = cell.clone();
+    // The process's one background thread (see `writer::background`); if it could not be
+    // started, callers serve what they can.
+    writer::tend(std::sync::Arc::downgrade(&tended));
+    (None, Some(cell))
 }
 
 /// Start the writer thread, which holds the writer role for its whole life under loom. Its epoch
@@ -603,12 +597,16 @@ impl<B: AvBackend> Drop for AddressCache<B> {
                     );
                 }
             }
-            // No background thread: stop the writer here (no `Pinned` and no `Lease` is left, so
-            // nobody else holds the role).
+            // The background thread is the process's, not this cache's: stop the writer here
+            // (no `Pinned` and no `Lease` is left, so only the background thread may hold the
+            // role meanwhile, for one round, which may take the shutdown itself).
             None => {
                 if let Some(writer) = &self.core.requests.writer {
                     while !self.core.shared.doorbell.role.poisoned() {
                         writer.serve();
+                        if !self.core.shared.doorbell.role.poisoned() {
+                            thread::yield_now();
+                        }
                     }
                 }
             }

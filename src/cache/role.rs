@@ -6,9 +6,10 @@
 //! the role with one compare-and-swap; if it wins, it applies what is queued (its own request
 //! among it) inline, publishes, answers, and releases the role. If the role is held, the holder
 //! answers it: a holder looks at the inbox again after every release ([`Role::serve`]), so a
-//! request queued while the role was held is never stranded. The cache's background thread
+//! request queued while the role was held is never stranded. The process's background thread
 //! takes the same role for the work no caller brings (deferred removals, retries, `quiesce`,
-//! eviction reports).
+//! eviction reports); it never asks a holder to wake it: a holder is a caller that does that
+//! work itself, and the background thread comes back at its timer.
 //!
 //! # Guarantees
 //!
@@ -38,8 +39,6 @@ use crate::sync::atomic::{AtomicU8, AtomicUsize, Ordering, fence};
 
 /// The role is held.
 const HELD: u8 = 1;
-/// The background thread waits for the role: the holder unparks it on release.
-const WANTED: u8 = 2;
 /// A holder panicked: the role is never taken again.
 const POISONED: u8 = 4;
 
@@ -100,28 +99,12 @@ impl Role {
         }
     }
 
-    /// Give the role back; whether the background thread asked to be woken for it.
+    /// Give the role back.
     #[inline]
-    pub fn release(&self) -> bool {
+    pub fn release(&self) {
         // SeqCst: its Release half publishes the holder's writes to the next holder; see the
         // module docs for the total order.
-        self.word.swap(0, Ordering::SeqCst) & WANTED != 0
-    }
-
-    /// Ask the holder to wake the caller when it releases: what the background thread does when
-    /// it finds the role held. [`Take::Taken`] is never answered: [`Take::Held`] if the holder
-    /// will wake the caller, [`Take::Poisoned`], or, if the role was free meanwhile, an answer
-    /// that tells the caller to try again (`None`).
-    pub fn want(&self) -> Option<Take> {
-        match self
-            .word
-            .compare_exchange(HELD, HELD | WANTED, Ordering::SeqCst, Ordering::SeqCst)
-        {
-            Ok(_) => Some(Take::Held),
-            Err(word) if word & POISONED != 0 => Some(Take::Poisoned),
-            Err(word) if word & HELD != 0 => Some(Take::Held),
-            Err(_) => None,
-        }
+        self.word.swap(0, Ordering::SeqCst);
     }
 
     /// The holder panicked: keep the role for good.
@@ -160,8 +143,8 @@ impl Role {
 
     /// Serve as the writer while the role is free and requests are queued: take the role, run
     /// `round` under it, release it, and look again. `round` answers `false` if it poisoned the
-    /// role (it panicked). `wake` is called when the background thread must take over: it asked
-    /// for the role, or requests are left after [`Role::ROUNDS`] rounds.
+    /// role (it panicked). `wake` is called when the background thread must take over: requests
+    /// are left after [`Role::ROUNDS`] rounds.
     pub fn serve(&self, mut round: impl FnMut() -> bool, wake: impl Fn()) -> Served {
         // The requester's half of the second-look argument: its count (`queue`) before its take.
         fence(Ordering::SeqCst);
@@ -174,9 +157,7 @@ impl Role {
             if !round() {
                 return Served::Poisoned;
             }
-            if self.release() {
-                wake();
-            }
+            self.release();
             // The second look: a request queued while the role was held finds it free, or is
             // found here (the holder's half: its release before its look).
             fence(Ordering::SeqCst);

@@ -2,8 +2,8 @@
 //!
 //! [`WriterCell`] keeps the one [`Writer`] of a cache. Whoever holds the role
 //! ([`crate::cache::role`]) has it, and nobody else: a caller whose miss won the role
-//! ([`Serve::serve`]), or the cache's background thread ([`background`]), which takes the same
-//! role for the work no caller brings (deferred removals as readers unpin and leases drop, failed
+//! ([`Serve::serve`]), or the process's background thread ([`super::background`], through
+//! [`Tend::visit`]), which takes the same role for the work no caller brings (deferred removals as readers unpin and leases drop, failed
 //! removals' retries, `quiesce`, eviction reports, waiters' deadlines).
 //!
 //! A holder that panics poisons the role for good and drops the writer's state: its inbox closes,
@@ -13,9 +13,10 @@
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::rounds::Next;
+use super::run::FIRST_TICK;
 use super::{RoleMark, Serve, Shared, Writer, signalled};
 use crate::av::AvBackend;
 use crate::cache::role::Take;
@@ -121,56 +122,103 @@ impl<B: AvBackend> Serve for WriterCell<B> {
     }
 }
 
-/// The background thread: takes the role whenever it is rung or its tick comes, does one round
-/// ([`Writer::background_round`]), gives the role back, looks at the inbox again, and parks on
-/// the doorbell until the next ring or tick. It ends when the writer stops or panics.
-pub(crate) fn background<B: AvBackend>(cell: Arc<WriterCell<B>>) {
-    let doorbell = &cell.shared.doorbell;
-    doorbell.answer_here();
-    let role = &doorbell.role;
-    let mut woke: Option<Duration> = None;
-    loop {
+/// What the shared background thread keeps for one cache between its visits: how the last round
+/// said to park, the costs it published, and how long the ring that woke it took.
+#[derive(Default)]
+pub(crate) struct Visits {
+    woke: Option<Duration>,
+    parking: (Option<Duration>, bool),
+    costs: (u64, u64),
+}
+
+/// What a visit leaves the shared background thread to do for the cache.
+pub(crate) enum After {
+    /// Visit again when rung, or at the instant (`None`: only when rung).
+    Park(Option<Instant>),
+    /// Visit again at once: requests are queued, or the round asked to hurry.
+    Again,
+    /// The writer stopped or panicked: forget the cache.
+    Gone,
+}
+
+/// A cache as the shared background thread tends it (see `writer::background`).
+pub(crate) trait Tend: Send + Sync {
+    /// Whether work has come for the background thread: a request queued while nobody holds the
+    /// role, a report of the readers or a lease, or work a holder handed it.
+    fn ready(&self) -> bool;
+    /// Take the role for one background round ([`Writer::background_round`]) and announce how
+    /// long to park.
+    fn visit(&self, visits: &mut Visits) -> After;
+    /// Record `thread` as the one to unpark.
+    fn answer_at(&self, thread: std::thread::Thread);
+}
+
+impl<B: AvBackend> Tend for WriterCell<B> {
+    fn ready(&self) -> bool {
+        let role = &self.shared.doorbell.role;
+        (role.has_queued() && !role.held())
+            || signalled(&self.shared)
+            || self.shared.doorbell.handed()
+    }
+
+    fn visit(&self, visits: &mut Visits) -> After {
+        let doorbell = &self.shared.doorbell;
+        let role = &doorbell.role;
+        doorbell.woken(|measured| {
+            visits.woke = visits.woke.or(measured);
+            visits.costs
+        });
         match role.try_take() {
             Take::Taken => {}
-            Take::Poisoned => return,
-            Take::Held => match role.want() {
-                // Freed meanwhile: take it.
-                None => continue,
-                Some(Take::Poisoned) => return,
-                // The holder unparks this thread when it releases (a spurious wake-up, or an
-                // unpark meant for the doorbell, costs one more look).
-                Some(_) => {
-                    std::thread::park();
-                    continue;
-                }
-            },
+            Take::Poisoned => return After::Gone,
+            // A caller holds the role and serves: it takes the reports and ticks the epoch, and
+            // looks at the inbox again when it releases, so this thread comes back at its timer
+            // (its doze) or, if it had none, a tick later. Its release unparks nobody.
+            Take::Held => {
+                let (timeout, dozing) = visits.parking;
+                let again = match timeout {
+                    Some(timeout) if dozing => timeout,
+                    _ => FIRST_TICK,
+                };
+                doorbell.announce_park(dozing, visits.costs);
+                return After::Park(Instant::now().checked_add(again));
+            }
         }
-        let next = cell.under_role(|writer| writer.background_round(woke.take()));
-        let (timeout, costs) = match next {
-            Some(Next::Wait { timeout, costs }) => (timeout, costs),
+        let next = self.under_role(|writer| writer.background_round(visits.woke.take()));
+        let (timeout, dozing) = match next {
+            Some(Next::Wait {
+                timeout,
+                dozing,
+                costs,
+            }) => {
+                visits.costs = costs;
+                (timeout, dozing)
+            }
             Some(Next::Stopped) => {
-                cell.close();
-                return;
+                self.close();
+                return After::Gone;
             }
             // Poisoned: the role stays held for good.
-            None => return,
+            None => return After::Gone,
         };
+        visits.parking = (timeout, dozing);
         role.release();
         // The second look (see `role`): a caller that found the role held left its request here.
         std::sync::atomic::fence(Ordering::SeqCst);
         if role.has_queued() || timeout == Some(Duration::ZERO) {
-            continue;
+            return After::Again;
         }
-        // Parks unless a request is queued and nobody holds the role to apply it, or the readers
-        // or a lease reported.
-        doorbell.park(
-            || (role.has_queued() && !role.held()) || signalled(&cell.shared),
-            timeout,
-            costs,
-            |measured| {
-                woke = measured;
-                costs
-            },
-        );
+        // The last look before parking: a ringer after it reads the state announced here.
+        doorbell.announce_park(dozing && timeout.is_some(), visits.costs);
+        if self.ready() {
+            return After::Again;
+        }
+        // A timeout past what an `Instant` holds (none is: the longest is the cache's patience,
+        // at most an hour) parks until rung rather than panic on the shared thread.
+        After::Park(timeout.and_then(|timeout| Instant::now().checked_add(timeout)))
+    }
+
+    fn answer_at(&self, thread: std::thread::Thread) {
+        self.shared.doorbell.answer_at(thread);
     }
 }

@@ -15,15 +15,24 @@
 //!   always did (a short poll while the role is held, then a block on its answer channel): the
 //!   holder's second look finds its request. No hand-off to another thread on an uncontended
 //!   miss, and no context switch.
-//! - **The background thread** (`dma-av-writer`, one per cache), for the work no caller brings:
-//!   epoch advances while a deferral is out, removals as readers unpin and leases drop, failed
-//!   removals' retries, `quiesce`, waiters' deadlines, the eviction hook's leftovers, and the
-//!   requests of callers that do not serve (`try_resolve`, `quiesce`, a rail set's queued
-//!   releases), which ring its
-//!   [`Doorbell`]. It takes the role the same way, and asks the holder to wake it when it finds
-//!   the role held. A holder that leaves it work it does not know of (a new deferral, a quiescer,
-//!   an earlier deadline) wakes it. (`release` was first left to the background thread too: in
-//!   the mixed bench every release then cost the thread a wake-up and a context switch.)
+//! - **The background thread** (`dma-av-writer`, one per process, shared by every cache:
+//!   [`background`]), for the work no caller brings: removals as readers unpin and leases drop
+//!   once callers stop coming, failed removals' retries, `quiesce`, waiters' deadlines, the
+//!   eviction hook's leftovers, and the requests of callers that do not serve (`try_resolve`,
+//!   `quiesce`, a rail set's queued releases), which ring its [`Doorbell`]. It visits each
+//!   cache in turn and takes that cache's role the same way. A holder that leaves it work it
+//!   does not know of (a new deferral while it has no timer, a quiescer, an earlier deadline)
+//!   wakes it. (`release` was first left to the background thread too: in the mixed bench every
+//!   release then cost the thread a wake-up and a context switch.)
+//! - **Callers do the background thread's routine work while they come.** A caller that holds
+//!   the role takes what the readers and leases reported (removing what they freed) and moves the
+//!   epoch on while a deferral is out, at most once a `FIRST_TICK`. While callers keep leaving
+//!   work that needs ticks, the background thread dozes: it parks on a timer (doubling up to
+//!   `rounds::DOZE_MAX`, 2 ms, while they leave it nothing to remove) that the holders do not cut
+//!   short and the deferral's closure does not ring (`Doorbell::ring_report`), so a stream of
+//!   updates costs no wake-up each; once a round finds that no caller came, it ticks or parks as
+//!   before. The price: a removal whose readers have gone waits for the next caller or the timer,
+//!   at most `DOZE_MAX`, where a parked thread was rung at once.
 //!
 //! Why one holder at a time keeps every invariant the single writer thread kept: each invariant
 //! is about the order in which the writer's state changes and its calls into the AV happen, never
@@ -49,12 +58,13 @@
 //! # Files
 //!
 //! This file holds the requests, what readers and the writer share, and the writer's fields;
-//! `cell.rs` the writer's state between holders and the background thread; `state.rs` the
-//! per-entry state (holders, entries, parked incarnations, pending removals); `run.rs` the rounds
-//! (a caller's, the background thread's: batches, epoch advances, quiescers, counters,
-//! shutdown); `apply.rs` what a request does to the state (resolve, release, evict, park,
-//! admit); and `reclaim.rs` the way out of the AV (retire, remove once readers and leases are
-//! gone, retry, forget).
+//! `cell.rs` the writer's state between holders and a background visit; `background.rs` the
+//! process's background thread; `rounds.rs` a caller's and the background thread's rounds and how
+//! long the thread parks; `state.rs` the per-entry state (holders, entries, parked incarnations,
+//! pending removals); `run.rs` batches, epoch advances, quiescers, counters and shutdown;
+//! `apply.rs` what a request does to the state (resolve, release, evict, park, admit); and
+//! `reclaim.rs` the way out of the AV (retire, remove once readers and leases are gone, retry,
+//! forget).
 //!
 //! # State
 //!
@@ -210,6 +220,8 @@ use state::{Deadlines, Entry, Holding, Parked, Pending};
 
 mod apply;
 #[cfg(not(dma_loom))]
+mod background;
+#[cfg(not(dma_loom))]
 mod cell;
 mod reclaim;
 #[cfg(not(dma_loom))]
@@ -220,7 +232,9 @@ mod state;
 pub(crate) use super::budget::INBOX_BOUND;
 pub(crate) use super::shared::Shared;
 #[cfg(not(dma_loom))]
-pub(crate) use cell::{WriterCell, background};
+pub(crate) use background::tend;
+#[cfg(not(dma_loom))]
+pub(crate) use cell::{Tend, WriterCell};
 
 /// Under loom the background thread owns the writer for its whole life (see `run`): no cell.
 #[cfg(dma_loom)]
@@ -459,6 +473,17 @@ pub(crate) struct Writer<B> {
     background_ticking: bool,
     #[cfg_attr(dma_loom, allow(dead_code))]
     background_until: Option<Instant>,
+    /// Rounds of callers that left work needing ticks while the background thread had a timer
+    /// (a wake-up saved), and the count at the background thread's last round: if they differ,
+    /// callers came meanwhile, and the background thread dozes on.
+    #[cfg_attr(dma_loom, allow(dead_code))]
+    wakes_saved: u64,
+    #[cfg_attr(dma_loom, allow(dead_code))]
+    saved_seen: u64,
+    /// How long the background thread dozes while callers come, from [`run::FIRST_TICK`] up to
+    /// `rounds::DOZE_MAX` (see `Writer::park_for`).
+    #[cfg_attr(dma_loom, allow(dead_code))]
+    doze: Duration,
     stats: CacheStats,
     epoch: LocalHandle,
     inbox: mpsc::Receiver<Request>,
@@ -535,6 +560,9 @@ impl<B: AvBackend> Writer<B> {
             last_advance: Instant::now(),
             background_ticking: false,
             background_until: None,
+            wakes_saved: 0,
+            saved_seen: 0,
+            doze: run::FIRST_TICK,
             stats: CacheStats::default(),
             epoch,
             inbox,

@@ -10,12 +10,18 @@ use crate::av::AvBackend;
 use crate::cache::doorbell::{APPLYING, PARKED, POLLING};
 use crate::cache::role::Role;
 
+/// The longest the background thread dozes while callers hold the role (see
+/// [`Writer::park_for`]): the most a report waits for it when the callers stop coming.
+pub(crate) const DOZE_MAX: Duration = Duration::from_millis(2);
+
 /// What a round of the background thread leaves it to do.
 pub(crate) enum Next {
     /// Park until rung, or for `timeout` at most (`None`: until rung), publishing `costs` (the
     /// batch and wake-up averages) on the doorbell meanwhile.
     Wait {
         timeout: Option<Duration>,
+        /// It parks while callers do its work ([`crate::cache::doorbell::DOZING`]).
+        dozing: bool,
         costs: (u64, u64),
     },
     /// The cache asked the writer to stop, and everything has been removed.
@@ -53,10 +59,10 @@ impl<B: AvBackend> Writer<B> {
     }
 
     /// One round of a caller that won the role: what the readers and leases reported, then one
-    /// batch of queued requests (its own among them), published and answered. Whether the writer
-    /// stopped. If the round left work only the background thread does (epoch ticks for a
-    /// deferral, retries, quiescers, a waiter's deadline) that the background thread does not
-    /// know of, it is woken.
+    /// batch of queued requests (its own among them), published and answered, then an epoch
+    /// advance if one is due. Whether the writer stopped. If the round left work only the
+    /// background thread does (retries, quiescers, a waiter's deadline, or ticks while callers
+    /// stop coming) that the background thread does not know of, it is woken.
     pub(crate) fn serve_round(&mut self) -> bool {
         let started = Instant::now();
         self.take_reports();
@@ -69,12 +75,30 @@ impl<B: AvBackend> Writer<B> {
         if taken != 0 {
             self.measured_batch(started.elapsed());
         }
+        self.tick_if_due();
         self.answer_quiescers();
         self.hand_over();
         false
     }
 
-    /// Wake the background thread if this round left it work it does not know of.
+    /// The background thread's epoch tick, done by a caller that holds the role: while a
+    /// deferral is out, move the epoch on at most once a [`FIRST_TICK`], and take what that
+    /// brought. So while callers come, the deferral returns without the background thread.
+    fn tick_if_due(&mut self) {
+        if self.in_flight.is_none() || self.last_advance.elapsed() < FIRST_TICK {
+            return;
+        }
+        self.advance();
+        self.last_advance = Instant::now();
+        if self.collect() || !self.replies.is_empty() {
+            self.finish_batch();
+        }
+    }
+
+    /// Wake the background thread if this round left it work it does not know of: work that
+    /// needs ticks while it parks with no timer (or one longer than [`LAST_TICK`]), or a waiter's
+    /// deadline before it wakes. While it dozes (callers come), it wakes by itself: no wake-up
+    /// per update.
     fn hand_over(&mut self) {
         let ticking = self.needs_ticks();
         let deadline = self.deadlines.first().map(|&(deadline, ..)| deadline);
@@ -83,9 +107,14 @@ impl<B: AvBackend> Writer<B> {
             (Some(_), None) => true,
             (None, _) => false,
         };
+        if ticking && self.background_ticking {
+            // A wake-up the background thread's timer saved: it dozes on while callers save it
+            // these (see `park_for`).
+            self.wakes_saved = self.wakes_saved.wrapping_add(1);
+        }
         if ticking && !self.background_ticking || late {
             // Until its next round says otherwise, it is ticking: no second wake per miss.
-            self.background_ticking = ticking;
+            self.background_ticking = true;
             self.background_until = deadline;
             self.shared.doorbell.wake_background();
         }
@@ -109,7 +138,7 @@ impl<B: AvBackend> Writer<B> {
         if let Some(woke) = woke {
             self.wake_ns = averaged(self.wake_ns, woke);
         }
-        self.take_reports();
+        let removed = self.take_reports();
         let mut idle = true;
         for _ in 0..Role::ROUNDS {
             let started = Instant::now();
@@ -155,14 +184,44 @@ impl<B: AvBackend> Writer<B> {
                 .quiescing
                 .iter()
                 .any(|quiescer| quiescer.stalled < STALLED_ROUNDS);
-        // Removals awaiting only their leases need no ticks: the last lease rings. A waiter's
-        // deadline wakes the thread once, when it comes.
+        let (timeout, dozing) = self.park_for(hurry, removed);
+        Next::Wait {
+            timeout,
+            dozing,
+            costs: (self.batch_ns, self.wake_ns),
+        }
+    }
+
+    /// How long the background thread parks after a round (`None`: until rung), and whether it
+    /// dozes. Removals awaiting only their leases need no ticks: the last lease rings. A waiter's
+    /// deadline wakes the thread once, when it comes.
+    ///
+    /// If callers held the role since its last round and left work that needs ticks (each a
+    /// wake-up this thread's timer saved), they take the reports and tick the epoch themselves
+    /// (`serve_round`), so the thread dozes: it parks for [`Writer::doze`], doubled
+    /// after every round in which the callers left it nothing to remove, halved when they did,
+    /// between [`FIRST_TICK`] and [`DOZE_MAX`], whether work is pending or not. A dozing
+    /// thread's holders do not wake it and a report does not ring it (see
+    /// `Doorbell::ring_report`), so a steady stream of updates costs it about one wake-up a
+    /// [`DOZE_MAX`], not one an update. Once a round finds no caller since the one before, it
+    /// ticks (or parks until rung) as it did before the callers came.
+    fn park_for(&mut self, hurry: bool, removed: bool) -> (Option<Duration>, bool) {
+        let callers = self.saved_seen != self.wakes_saved;
+        self.saved_seen = self.wakes_saved;
         let ticking = self.needs_ticks();
         let deadline = self.deadlines.first().map(|&(deadline, ..)| deadline);
         let until_deadline =
             deadline.map(|deadline| deadline.saturating_duration_since(Instant::now()));
+        let dozing = callers && !hurry;
         let timeout = if hurry {
             Some(Duration::ZERO)
+        } else if dozing {
+            self.doze = if removed {
+                (self.doze / 2).max(FIRST_TICK)
+            } else {
+                (self.doze * 2).min(DOZE_MAX)
+            };
+            Some(until_deadline.map_or(self.doze, |until| until.min(self.doze)))
         } else {
             match until_deadline {
                 Some(until) if ticking => Some(self.tick.min(until)),
@@ -171,11 +230,8 @@ impl<B: AvBackend> Writer<B> {
                 None => None,
             }
         };
-        self.background_ticking = ticking;
-        self.background_until = timeout.map(|timeout| Instant::now() + timeout);
-        Next::Wait {
-            timeout,
-            costs: (self.batch_ns, self.wake_ns),
-        }
+        self.background_ticking = timeout.is_some_and(|timeout| timeout <= LAST_TICK);
+        self.background_until = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
+        (timeout, dozing)
     }
 }

@@ -84,88 +84,17 @@ impl<B: AvBackend> Writer<B> {
             // Removals may have let parked incarnations in: publish them and answer their waiters
             // before waiting for the next request; then answer the waiters whose patience is out.
             self.take_reports();
-            // Quiescing, the first rounds run back to back; once they suspect a pinned reader or
-            // a lease, the writer sleeps between rounds so that reader gets the core to finish on.
-            let hurry = !self.unpublished.is_empty()
-                || self
-                    .quiescing
-                    .iter()
-                    .any(|quiescer| quiescer.stalled < STALLED_ROUNDS)
-                || cfg!(dma_loom) && !self.quiescing.is_empty()
-                // Under loom the writer blocks on its inbox, which has no timeout: a waiter whose
-                // deadline has come is answered by the next round instead.
-                || cfg!(dma_loom)
-                    && self
-                        .deadlines
-                        .first()
-                        .is_some_and(|&(deadline, ..)| deadline <= Instant::now());
-            // Removals awaiting only their leases need no ticks: the last lease rings. A waiter's
-            // deadline wakes the writer once, when it comes.
-            let ticking = self.in_flight.is_some()
-                || !self.retries.is_empty()
-                || !self.quiescing.is_empty()
-                || !self.deferred_evictions.is_empty();
-            let waiting = ticking || !self.deadlines.is_empty();
-            let until_deadline = self
-                .deadlines
-                .first()
-                .map(|&(deadline, ..)| deadline.saturating_duration_since(Instant::now()));
-            let tick_or_deadline = match until_deadline {
-                Some(until) if ticking => tick.min(until),
-                Some(until) => until,
-                None => tick,
-            };
-            let request = if hurry {
-                match self.inbox.try_recv() {
-                    Ok(request) => Some(request),
-                    Err(std::sync::mpsc::TryRecvError::Empty) => None,
-                    Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
-                }
-            } else if waiting {
-                // Poll first, as when idle, for what is left of `IDLE_SPIN` since the last
-                // request: a miss that finds the writer parked pays a wake-up, and while removals
-                // are pending (most of the time under churn) that would be every miss. Polling
-                // longer than that, with no traffic, only took the core from the readers whose
-                // pins move the epoch on (the reclamation bench's delay went from 0.15 to 4 ms).
-                let spin = IDLE_SPIN
-                    .saturating_sub(last_request.elapsed())
-                    .min(tick_or_deadline);
-                match self.next_request(spin, Some(tick_or_deadline)) {
-                    Ok(request) => request,
-                    Err(Stopped) => break,
-                }
-            } else {
-                match self.next_request(IDLE_SPIN, None) {
-                    Ok(request) => request,
-                    Err(Stopped) => break,
-                }
+            let Ok(request) = self.wait_for_request(tick, last_request) else {
+                break;
             };
             let idle = request.is_none();
             if !idle {
                 last_request = Instant::now();
             }
-            let mut stop = false;
             if let Some(request) = request {
-                // Awake and applying: a waiter that reads this spins for its answer.
-                let started = Instant::now();
-                self.set_state(APPLYING);
-                stop = self.accept(request, &mut tick);
-                // The rest of what is queued, as one batch.
-                let mut taken = 1;
-                while !stop && taken < BATCH {
-                    match self.inbox.try_recv() {
-                        Ok(request) => stop = self.accept(request, &mut tick),
-                        Err(std::sync::mpsc::TryRecvError::Empty) => break,
-                        Err(std::sync::mpsc::TryRecvError::Disconnected) => stop = true,
-                    }
-                    taken += 1;
+                if self.apply_loom_batch(request, &mut tick) {
+                    break;
                 }
-                self.finish_batch();
-                self.measured_batch(started.elapsed());
-                self.set_state(POLLING);
-            }
-            if stop {
-                break;
             }
             // Move the epoch on so the outstanding deferral runs without reader traffic: when
             // idle, and, while one is out, between requests too, at most once a tick (loom has no
@@ -194,6 +123,86 @@ impl<B: AvBackend> Writer<B> {
         self.shutdown();
         // Gone for good: a waiter still polling stops at once (its answer is sent, or `Closed`).
         self.set_state(PARKED);
+    }
+
+    /// The loom loop's wait for its next request: none if it must hurry (quiescing, or a
+    /// waiter's deadline has come) or the tick came first; `Stopped` once the inbox closed.
+    fn wait_for_request(
+        &mut self,
+        tick: Duration,
+        last_request: Instant,
+    ) -> Result<Option<Request>, Stopped> {
+        // Quiescing, the first rounds run back to back; once they suspect a pinned reader or a
+        // lease, the writer sleeps between rounds so that reader gets the core to finish on.
+        let hurry = !self.unpublished.is_empty()
+            || self
+                .quiescing
+                .iter()
+                .any(|quiescer| quiescer.stalled < STALLED_ROUNDS)
+            || cfg!(dma_loom) && !self.quiescing.is_empty()
+            // Under loom the writer blocks on its inbox, which has no timeout: a waiter whose
+            // deadline has come is answered by the next round instead.
+            || cfg!(dma_loom)
+                && self
+                    .deadlines
+                    .first()
+                    .is_some_and(|&(deadline, ..)| deadline <= Instant::now());
+        if hurry {
+            return match self.inbox.try_recv() {
+                Ok(request) => Ok(Some(request)),
+                Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => Err(Stopped),
+            };
+        }
+        // Removals awaiting only their leases need no ticks: the last lease rings. A waiter's
+        // deadline wakes the writer once, when it comes.
+        let ticking = self.in_flight.is_some()
+            || !self.retries.is_empty()
+            || !self.quiescing.is_empty()
+            || !self.deferred_evictions.is_empty();
+        if !ticking && self.deadlines.is_empty() {
+            return self.next_request(IDLE_SPIN, None);
+        }
+        let until_deadline = self
+            .deadlines
+            .first()
+            .map(|&(deadline, ..)| deadline.saturating_duration_since(Instant::now()));
+        let tick_or_deadline = match until_deadline {
+            Some(until) if ticking => tick.min(until),
+            Some(until) => until,
+            None => tick,
+        };
+        // Poll first, as when idle, for what is left of `IDLE_SPIN` since the last request: a
+        // miss that finds the writer parked pays a wake-up, and while removals are pending (most
+        // of the time under churn) that would be every miss. Polling longer than that, with no
+        // traffic, only took the core from the readers whose pins move the epoch on (the
+        // reclamation bench's delay went from 0.15 to 4 ms).
+        let spin = IDLE_SPIN
+            .saturating_sub(last_request.elapsed())
+            .min(tick_or_deadline);
+        self.next_request(spin, Some(tick_or_deadline))
+    }
+
+    /// Apply `request` and the rest of what is queued, as one batch; whether one asked the
+    /// writer to stop.
+    fn apply_loom_batch(&mut self, request: Request, tick: &mut Duration) -> bool {
+        // Awake and applying: a waiter that reads this spins for its answer.
+        let started = Instant::now();
+        self.set_state(APPLYING);
+        let mut stop = self.accept(request, tick);
+        let mut taken = 1;
+        while !stop && taken < BATCH {
+            match self.inbox.try_recv() {
+                Ok(request) => stop = self.accept(request, tick),
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => stop = true,
+            }
+            taken += 1;
+        }
+        self.finish_batch();
+        self.measured_batch(started.elapsed());
+        self.set_state(POLLING);
+        stop
     }
 
     /// The next request: under loom, waited for on the inbox alone (the models drive the writer
@@ -281,6 +290,10 @@ impl<B: AvBackend> Writer<B> {
     /// a last lease dropped whose report has not been read yet ends the wait with the entry, so
     /// the error is never given for a wait that could end now.
     pub(super) fn expire_waiters(&mut self) {
+        // No waiter: no clock read (this runs in every round, a caller's miss included).
+        if self.deadlines.is_empty() {
+            return;
+        }
         let now = Instant::now();
         while let Some(&key) = self.deadlines.first() {
             let (deadline, client, at) = key;
@@ -346,8 +359,9 @@ impl<B: AvBackend> Writer<B> {
     }
 
     /// What the reports of readers and leases brought: removals, waiters out of patience, the
-    /// eviction hook's leftovers; and the next slice of an admission's registrations.
-    pub(super) fn take_reports(&mut self) {
+    /// eviction hook's leftovers; and the next slice of an admission's registrations. Whether
+    /// anything was removed.
+    pub(super) fn take_reports(&mut self) -> bool {
         let removed = self.collect();
         self.expire_waiters();
         self.retry_evictions();
@@ -357,6 +371,7 @@ impl<B: AvBackend> Writer<B> {
             self.finish_batch();
         }
         self.answer_quiescers();
+        removed
     }
 
     /// One round for the quiescers: count what each still waits for, note progress or a stall.
@@ -429,6 +444,7 @@ impl<B: AvBackend> Writer<B> {
         // A table the index replaced before this deferral is covered by it (`index::shrink`).
         self.shared.index.cover_retired();
         let shared = Arc::clone(&self.shared);
+        let cache = self.cache;
         let guard = self.epoch.pin();
         guard.defer(move || {
             // Release: pairs with the writer's Acquire swap, after which it removes. A swap, not a
@@ -436,7 +452,14 @@ impl<B: AvBackend> Writer<B> {
             // the writer's later swap (a model of `aba` failed that way), and an exchange costs the
             // same on this rare path.
             shared.readers_gone.swap(true, Ordering::AcqRel);
-            shared.doorbell.ring();
+            // A report: while callers hold the role often enough that the background thread
+            // dozes, the next holder takes it (see `Doorbell::ring_report`). Run by the role's
+            // holder (its own advance), it rings nobody: the holder's `hand_over` still sees
+            // the deferral out (only `collect` takes it back) and wakes the background thread
+            // unless it ticks already.
+            if !super::on_writer_of(cache) {
+                shared.doorbell.ring_report();
+            }
         });
         // The closure waits in this thread's bag until it is flushed; flush so that readers'
         // pins can collect it too.
