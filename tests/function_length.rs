@@ -23,7 +23,7 @@ const EXAMPLES_LIMIT: usize = 150;
 
 /// Functions allowed past their limit for now, as `(file, function)`: each is being split on
 /// another branch.
-const PENDING: &[(&str, &str)] = &[("src/cache/writer/run.rs", "run")];
+const PENDING: &[(&str, &str)] = &[];
 
 /// One function found: its name, the line its `fn` is on (from 1), and how many lines it spans.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -220,7 +220,7 @@ fn background_threads() -> usize {
 fn nine_tcp_endpoints_share_one_background_thread_and_each_gets_its_removals() {
     let endpoints: Vec<_> = (0..9).map(|_| testkit::tcp()).collect();
     for (n, endpoint) in endpoints.iter().enumerate() {
-        let cache = endpoint.peers();
+        let cache = endpoint.cache();
         for client in 0..8_u32 {
             let address = sockaddr(1_000 * n as u32 + client);
             cache
@@ -235,8 +235,8 @@ fn nine_tcp_endpoints_share_one_background_thread_and_each_gets_its_removals() {
     // Every cache's removals wait for the epoch deferral's readers: only the background thread
     // runs them once no caller comes, and `quiesce` is a request no caller serves.
     for endpoint in &endpoints {
-        endpoint.peers().quiesce();
-        let stats = endpoint.peers().stats();
+        endpoint.cache().quiesce();
+        let stats = endpoint.cache().stats();
         assert_eq!(
             (0, 0, 8, 8),
             (
