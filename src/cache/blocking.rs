@@ -77,13 +77,13 @@ impl<B: AvBackend> AddressCache<B> {
     /// ```
     #[must_use]
     pub fn with_patience(mut self, patience: Duration) -> Self {
-        self.core.patience = patience;
+        self.reader_side.patience = patience;
         self
     }
 
     /// The longest any call of this cache waits.
     pub fn patience(&self) -> Duration {
-        self.core.patience
+        self.reader_side.patience
     }
 
     /// A [`Lease`] on `client`'s entry for `address`, without a pin: resolve (inserting through
@@ -137,7 +137,7 @@ impl<B: AvBackend> AddressCache<B> {
     /// # Ok::<(), DmaError>(())
     /// ```
     pub fn lease(&self, client: u64, address: &[u8]) -> Result<Lease<'_>, DmaError> {
-        self.lease_for(client, address, self.core.patience)
+        self.lease_for(client, address, self.reader_side.patience)
     }
 
     /// [`lease`](Self::lease) for many `(client, address)` pairs at once: the misses go to the
@@ -167,11 +167,11 @@ impl<B: AvBackend> AddressCache<B> {
     pub fn lease_all(&self, requests: &[(u64, &[u8])]) -> Vec<Result<Lease<'_>, DmaError>> {
         // Under the writer role, the refusal says so, whether or not the holder is pinned too (a
         // caller serving its own miss is).
-        if on_writer_of(self.core.id) {
+        if on_writer_of(self.reader_side.id) {
             let refusal = on_writer_thread("AddressCache::lease_all");
             return requests.iter().map(|_| Err(refusal.clone())).collect();
         }
-        if self.core.epochs.pinned_here() {
+        if self.reader_side.epochs.pinned_here() {
             let refusal = pinned_here(
                 "AddressCache::lease_all",
                 "Pinned::resolve_all and Pinned::lease",
@@ -210,7 +210,7 @@ impl<B: AvBackend> AddressCache<B> {
             if let (Some(slot), Some(&(client, address))) =
                 (results.get_mut(position), requests.get(position))
             {
-                let left = self.core.patience.saturating_sub(started.elapsed());
+                let left = self.reader_side.patience.saturating_sub(started.elapsed());
                 *slot = self.lease_for(client, address, left);
             }
         }
@@ -241,7 +241,7 @@ impl<B: AvBackend> AddressCache<B> {
         address: &[u8],
         timeout: Duration,
     ) -> Result<Lease<'_>, DmaError> {
-        self.lease_for(client, address, timeout.min(self.core.patience))
+        self.lease_for(client, address, timeout.min(self.reader_side.patience))
     }
 
     /// `lease`'s loop, waiting at most `patience` (no more than the cache's).
@@ -253,10 +253,10 @@ impl<B: AvBackend> AddressCache<B> {
     ) -> Result<Lease<'_>, DmaError> {
         // Under the writer role, the refusal says so, whether or not the holder is pinned too (a
         // caller serving its own miss is).
-        if on_writer_of(self.core.id) {
+        if on_writer_of(self.reader_side.id) {
             return Err(on_writer_thread("AddressCache::lease"));
         }
-        if self.core.epochs.pinned_here() {
+        if self.reader_side.epochs.pinned_here() {
             return Err(pinned_here("AddressCache::lease", "Pinned::lease"));
         }
         let started = Instant::now();
@@ -289,11 +289,11 @@ impl<B: AvBackend> AddressCache<B> {
             // Unpinned while waiting: a parked incarnation waits for every pin, this one's too.
             let outcome = match reply::round_trip(
                 |answer| {
-                    self.core
+                    self.reader_side
                         .ask(client, address, Reply::Admitted { answer, deadline })
                 },
                 fallback,
-                &self.core.shared.doorbell,
+                &self.reader_side.shared.doorbell,
             ) {
                 Outcome::Answered(outcome) => outcome,
                 Outcome::TimedOut => return Err(out_of_patience()),
@@ -367,26 +367,26 @@ impl<B: AvBackend> AddressCache<B> {
     /// on the cache's own writer thread (a `tracing` subscriber, an [`AvBackend`]) it returns at
     /// once.
     pub fn quiesce_with_patience(&self, patience: Duration) {
-        if on_writer_of(self.core.id) {
+        if on_writer_of(self.reader_side.id) {
             tracing::debug!("quiesce called on the writer thread: returns at once");
             return;
         }
-        let patience = if self.core.epochs.pinned_here() {
+        let patience = if self.reader_side.epochs.pinned_here() {
             Duration::ZERO
         } else {
-            patience.min(self.core.patience)
+            patience.min(self.reader_side.patience)
         };
         let started = Instant::now();
         let (reply, done) = mpsc::channel();
         if self
-            .core
+            .reader_side
             .requests
             .send(Request::Quiesce { reply, patience })
             .is_ok()
         {
             // An error means the writer stopped, which leaves nothing to wait for; a timeout, a
             // writer still applying what came before after the whole patience: return anyway.
-            let bound = started.checked_add(self.core.patience.max(GRACE));
+            let bound = started.checked_add(self.reader_side.patience.max(GRACE));
             match bound {
                 Some(bound) => {
                     let _ = recv_until(&done, bound);

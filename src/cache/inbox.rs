@@ -5,7 +5,7 @@
 //! Bounded by [`INBOX_BOUND`](super::AddressCache::INBOX_BOUND) requests; a sender that finds it
 //! full waits for room or, for `try_*`, queues nothing.
 
-use super::writer::{self, Request, Shared};
+use super::writer::{self, Request, SharedState};
 use crate::sync::{Arc, Bounded, TrySendError};
 
 /// The writer's inbox. Every request is counted as queued on the writer role before it is sent
@@ -14,7 +14,7 @@ use crate::sync::{Arc, Bounded, TrySendError};
 /// and any other rings the background thread's doorbell.
 pub(super) struct Inbox {
     pub(super) channel: Bounded<Request>,
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<SharedState>,
     /// The writer, for a sender that serves as it. `None` under loom, where the background
     /// thread alone is the writer (see `writer::run`).
     pub(super) writer: Option<std::sync::Arc<dyn writer::Serve>>,
@@ -91,7 +91,7 @@ pub(crate) struct ReleaseQueue {
     channel: Bounded<Request>,
     /// For the doorbell; weak, so that no cycle of caches keeps one alive.
     #[cfg(not(dma_loom))]
-    shared: std::sync::Weak<Shared>,
+    shared: std::sync::Weak<SharedState>,
 }
 
 impl ReleaseQueue {

@@ -503,9 +503,7 @@ impl LockedIndex {
     }
 
     fn locked(&self) -> loom::sync::MutexGuard<'_, LockedMaps> {
-        self.maps
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock_modelled(&self.maps)
     }
 }
 

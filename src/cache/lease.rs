@@ -51,7 +51,7 @@
 //!   hidden under a flag already cleared.
 
 use super::Peer;
-use super::shared::Shared;
+use super::shared::SharedState;
 use dma_libfabric_sys::fi_addr_t;
 
 /// An owned hold on a cache entry: while it lives, the entry's `fi_av_remove` does not run, and
@@ -140,12 +140,12 @@ use dma_libfabric_sys::fi_addr_t;
 pub struct Lease<'cache> {
     fi_addr: fi_addr_t,
     cache: u64,
-    shared: &'cache Shared,
+    shared: &'cache SharedState,
 }
 
 impl<'cache> Lease<'cache> {
     /// A lease on `fi_addr`, whose counter the caller has just incremented.
-    pub(crate) fn new(fi_addr: fi_addr_t, cache: u64, shared: &'cache Shared) -> Self {
+    pub(crate) fn new(fi_addr: fi_addr_t, cache: u64, shared: &'cache SharedState) -> Self {
         Self {
             fi_addr,
             cache,

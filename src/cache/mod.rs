@@ -38,7 +38,7 @@ pub use self::pinned::{Peer, Pinned};
 pub use self::role::{Role, Served, Take};
 pub use self::stats::CacheStats;
 use self::stored::StoredAddress;
-use self::writer::{BATCH, INBOX_BOUND, Reply, Request, Shared, Writer, on_writer_of};
+use self::writer::{BATCH, INBOX_BOUND, Reply, Request, SharedState, Writer, on_writer_of};
 use crate::address::AddressFormat;
 /// The AV trait lives in [`crate::av`]; re-exported here, where the cache is generic over it.
 pub use crate::av::AvBackend;
@@ -48,11 +48,11 @@ use crate::sync::{Arc, TrySendError, bounded, mpsc, thread};
 use dma_libfabric_sys::fi_addr_t;
 
 /// What a reader needs, whatever the backend.
-struct Core {
+struct ReaderSide {
     /// Unique among the caches of this process, so a [`Peer`] can be checked against the cache
     /// (and so the endpoint) it came from.
     id: u64,
-    shared: Arc<Shared>,
+    shared: Arc<SharedState>,
     epochs: Epochs,
     /// The writer's inbox: bounded, so a flood of queued misses waits instead of growing memory.
     requests: Inbox,
@@ -83,7 +83,7 @@ fn on_writer_thread(call: &str) -> DmaError {
     ))
 }
 
-impl Core {
+impl ReaderSide {
     /// Send the writer a miss, waiting for room in its inbox.
     fn ask(&self, client: u64, address: &[u8], reply: Reply) -> Result<(), DmaError> {
         let address = self.stored(address)?;
@@ -284,7 +284,7 @@ impl Core {
 /// # Ok::<(), dma_libfabric::DmaError>(())
 /// ```
 pub struct AddressCache<B: AvBackend = FabricAv> {
-    core: Core,
+    reader_side: ReaderSide,
     /// The background thread, which takes the writer role for the work no caller brings.
     writer: Option<thread::JoinHandle<()>>,
     /// The writer's state, for whoever holds the role (`None` under loom, where the background
@@ -299,8 +299,8 @@ impl<B: AvBackend> std::fmt::Debug for AddressCache<B> {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter
             .debug_struct("AddressCache")
-            .field("format", &self.core.format)
-            .field("counters", &self.core.shared.counters.snapshot())
+            .field("format", &self.reader_side.format)
+            .field("counters", &self.reader_side.shared.counters.snapshot())
             .finish_non_exhaustive()
     }
 }
@@ -324,13 +324,13 @@ impl<B: AvBackend> AddressCache<B> {
     pub fn with_backend(backend: B) -> Self {
         let format = backend.format();
         let address_len = backend.address_len();
-        let shared = Arc::new(Shared::new(writer::usable_capacity(&backend)));
+        let shared = Arc::new(SharedState::new(writer::usable_capacity(&backend)));
         let epochs = Epochs::new();
         let (requests, inbox) = bounded(INBOX_BOUND);
         let id = next_cache_id();
         let (writer, cell) = start_writer(backend, &shared, epochs.collector(), inbox, id);
         Self {
-            core: Core {
+            reader_side: ReaderSide {
                 id,
                 requests: Inbox {
                     channel: requests,
@@ -367,7 +367,7 @@ impl<B: AvBackend> AddressCache<B> {
     /// # Ok::<(), DmaError>(())
     /// ```
     pub fn pin(&self) -> Pinned<'_> {
-        Pinned::new(&self.core)
+        Pinned::new(&self.reader_side)
     }
 
     /// Let go of `client`'s entry. Waits for no one (only, like every request, for room in a full
@@ -392,11 +392,13 @@ impl<B: AvBackend> AddressCache<B> {
     /// On the cache's own writer thread (a `tracing` subscriber, an [`AvBackend`]) it never
     /// waits: a full inbox queues the release beside it, applied at the writer's next round.
     pub fn release(&self, client: u64) {
-        if on_writer_of(self.core.id) {
-            if let Err(TrySendError::Full) =
-                self.core.requests.try_send(Request::Release { client })
+        if on_writer_of(self.reader_side.id) {
+            if let Err(TrySendError::Full) = self
+                .reader_side
+                .requests
+                .try_send(Request::Release { client })
             {
-                if !writer::queue_own_release(self.core.id, client) {
+                if !writer::queue_own_release(self.reader_side.id, client) {
                     tracing::error!(
                         client,
                         "release called on the writer thread with its inbox and overflow full: dropped"
@@ -409,7 +411,7 @@ impl<B: AvBackend> AddressCache<B> {
         // writer's work; ringing the background thread for it costs a wake-up and a context
         // switch), else by the holder's second look. A stopped writer holds nothing any more.
         let _ = self
-            .core
+            .reader_side
             .requests
             .send_and_serve(Request::Release { client });
     }
@@ -431,25 +433,28 @@ impl<B: AvBackend> AddressCache<B> {
     /// would put a contended write on every lease taken and dropped. `Debug` leaves it out.
     pub fn stats(&self) -> CacheStats {
         CacheStats {
-            leases: self.core.shared.leases.total(),
-            ..self.core.shared.counters.snapshot()
+            leases: self.reader_side.shared.leases.total(),
+            ..self.reader_side.shared.counters.snapshot()
         }
     }
 
     /// How addresses are laid out for this cache's AV.
     pub fn format(&self) -> AddressFormat {
-        self.core.format
+        self.reader_side.format
     }
 
     /// How long every address must be.
     pub fn address_len(&self) -> usize {
-        self.core.address_len
+        self.reader_side.address_len
     }
 
     /// How many registrations the index holds now (one per client on a live entry).
     pub fn indexed(&self) -> usize {
         // The pin keeps the table read alive against the writer's replacing it.
-        self.core.shared.index.len(&self.core.epochs.pin())
+        self.reader_side
+            .shared
+            .index
+            .len(&self.reader_side.epochs.pin())
     }
 
     /// Whether `peer` was resolved through this cache. The endpoint refuses to post to a peer of
@@ -468,7 +473,7 @@ impl<B: AvBackend> AddressCache<B> {
     /// ```
     #[inline]
     pub fn owns(&self, peer: Peer<'_>) -> bool {
-        peer.cache == self.core.id
+        peer.cache == self.reader_side.id
     }
 
     /// How many misses are queued in `resolve_all`/`lease_all` chunks now: at most
@@ -477,7 +482,7 @@ impl<B: AvBackend> AddressCache<B> {
     #[cfg(feature = "model")]
     #[doc(hidden)]
     pub fn queued_chunk_misses(&self) -> usize {
-        self.core.shared.chunk_misses.queued()
+        self.reader_side.shared.chunk_misses.queued()
     }
 
     /// How many times the writer has replaced the index's table with a smaller one (once it had
@@ -486,7 +491,7 @@ impl<B: AvBackend> AddressCache<B> {
     #[cfg(feature = "model")]
     #[doc(hidden)]
     pub fn index_replacements(&self) -> u64 {
-        self.core.shared.index.replacements()
+        self.reader_side.shared.index.replacements()
     }
 
     /// Set the lease counter of `fi_addr`, for tests that reach the lease bound without 2³⁰
@@ -494,7 +499,7 @@ impl<B: AvBackend> AddressCache<B> {
     #[cfg(feature = "model")]
     #[doc(hidden)]
     pub fn force_lease_count(&self, fi_addr: fi_addr_t, leases: u32) {
-        self.core.shared.leases.force(fi_addr, leases);
+        self.reader_side.shared.leases.force(fi_addr, leases);
     }
 
     /// Call `hook` on the writer thread for each client an efa eviction of a live entry drops
@@ -504,14 +509,14 @@ impl<B: AvBackend> AddressCache<B> {
     /// again for a client it was not done with, every round, until it is (see
     /// `Writer::deferred_evictions`).
     pub(crate) fn on_eviction(&self, hook: Box<dyn Fn(u64) -> bool + Send + Sync>) -> bool {
-        self.core.shared.on_evict.set(hook).is_ok()
+        self.reader_side.shared.on_evict.set(hook).is_ok()
     }
 
     /// A handle that queues releases in this cache's inbox without ever waiting: for another
     /// cache's writer (a rail set's eviction hook). It does not keep this cache's shared state
     /// alive, so two caches that hold each other's handles leave no cycle.
     pub(crate) fn release_queue(&self) -> ReleaseQueue {
-        self.core.requests.release_queue()
+        self.reader_side.requests.release_queue()
     }
 
     /// The most leases one entry may have out at once: [`Pinned::lease`] refuses past it, and
@@ -542,7 +547,7 @@ fn next_cache_id() -> u64 {
 #[cfg(not(dma_loom))]
 fn start_writer<B: AvBackend>(
     backend: B,
-    shared: &Arc<Shared>,
+    shared: &Arc<SharedState>,
     collector: &crossbeam_epoch::Collector,
     inbox: mpsc::Receiver<Request>,
     cache: u64,
@@ -570,7 +575,7 @@ fn start_writer<B: AvBackend>(
 #[cfg(dma_loom)]
 fn start_writer<B: AvBackend>(
     backend: B,
-    shared: &Arc<Shared>,
+    shared: &Arc<SharedState>,
     collector: &crossbeam_epoch::Collector,
     inbox: mpsc::Receiver<Request>,
     cache: u64,
@@ -585,10 +590,10 @@ fn start_writer<B: AvBackend>(
 
 impl<B: AvBackend> Drop for AddressCache<B> {
     fn drop(&mut self) {
-        let _ = self.core.requests.send(Request::Shutdown);
+        let _ = self.reader_side.requests.send(Request::Shutdown);
         // A writer that panicked closed its inbox, so the send above rang nobody: the background
         // thread must still see the poisoned role and end.
-        self.core.shared.doorbell.wake_background();
+        self.reader_side.shared.doorbell.wake_background();
         match self.writer.take() {
             Some(writer) => {
                 if writer.join().is_err() {
@@ -601,10 +606,10 @@ impl<B: AvBackend> Drop for AddressCache<B> {
             // (no `Pinned` and no `Lease` is left, so only the background thread may hold the
             // role meanwhile, for one round, which may take the shutdown itself).
             None => {
-                if let Some(writer) = &self.core.requests.writer {
-                    while !self.core.shared.doorbell.role.poisoned() {
+                if let Some(writer) = &self.reader_side.requests.writer {
+                    while !self.reader_side.shared.doorbell.role.poisoned() {
                         writer.serve();
-                        if !self.core.shared.doorbell.role.poisoned() {
+                        if !self.reader_side.shared.doorbell.role.poisoned() {
                             thread::yield_now();
                         }
                     }

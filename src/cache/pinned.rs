@@ -13,7 +13,7 @@ use super::lease::Lease;
 use super::reply::{self, Outcome};
 use super::stored::StoredAddress;
 use super::writer::{Reply, Request};
-use super::{Core, epoch};
+use super::{ReaderSide, epoch};
 use crate::error::DmaError;
 use crate::sync::TrySendError;
 use dma_libfabric_sys::fi_addr_t;
@@ -41,9 +41,9 @@ pub struct Pinned<'cache> {
     /// Held for its `Drop`, which unpins: every `Peer` borrows this `Pinned`, so none outlives it.
     #[allow(dead_code)]
     epoch: epoch::EpochPin,
-    /// The index itself, one load closer than through `core`.
+    /// The index itself, one load closer than through `reader_side`.
     registrations: &'cache index::Index,
-    core: &'cache Core,
+    reader_side: &'cache ReaderSide,
 }
 
 impl std::fmt::Debug for Pinned<'_> {
@@ -53,14 +53,14 @@ impl std::fmt::Debug for Pinned<'_> {
 }
 
 impl<'cache> Pinned<'cache> {
-    /// A pin of the cache `core` is the reader side of: its epoch now, its index guard at its
+    /// A pin of the cache whose reader side is `reader_side`: its epoch now, its index guard at its
     /// first probe.
-    pub(super) fn new(core: &'cache Core) -> Self {
+    pub(super) fn new(reader_side: &'cache ReaderSide) -> Self {
         Self {
-            index: std::cell::UnsafeCell::new(core.shared.index.reader()),
-            epoch: core.epochs.pin(),
-            registrations: &core.shared.index,
-            core,
+            index: std::cell::UnsafeCell::new(reader_side.shared.index.reader()),
+            epoch: reader_side.epochs.pin(),
+            registrations: &reader_side.shared.index,
+            reader_side,
         }
     }
 
@@ -75,7 +75,8 @@ impl<'cache> Pinned<'cache> {
     ///   nothing changes.
     /// - [`DmaError::Capacity`] when a new entry would exceed the AV's capacity; nothing changes.
     /// - [`DmaError::WouldBlock`] when the address is a new incarnation of a slot whose old one
-    ///   must leave the AV first (see the module docs): resolve again under a later pin.
+    ///   must leave the AV first (see [`AddressCache`](super::AddressCache), "Why a resolve
+    ///   under a pin can be told to wait"): resolve again under a later pin.
     /// - [`DmaError::Closed`] when the writer has stopped.
     /// - Whatever `fi_av_insert` returned, when it failed; nothing changes.
     ///
@@ -95,9 +96,9 @@ impl<'cache> Pinned<'cache> {
             return Ok(peer);
         }
         match reply::round_trip(
-            |answer| self.core.ask(client, address, Reply::Now(answer)),
+            |answer| self.reader_side.ask(client, address, Reply::Now(answer)),
             None,
-            &self.core.shared.doorbell,
+            &self.reader_side.shared.doorbell,
         ) {
             Outcome::Answered(fi_addr) => Ok(self.peer(fi_addr?)),
             // Without a deadline the answer always comes.
@@ -132,7 +133,7 @@ impl<'cache> Pinned<'cache> {
         for (position, &(client, address)) in requests.iter().enumerate() {
             let probed = self.hit(client, address).and_then(|hit| match hit {
                 Some(peer) => Ok(Some(peer)),
-                None => self.core.stored(address).map(|stored| {
+                None => self.reader_side.stored(address).map(|stored| {
                     misses.push((client, stored));
                     positions.push(position);
                     None
@@ -145,7 +146,7 @@ impl<'cache> Pinned<'cache> {
                 Err(error) => Err(error),
             });
         }
-        for (position, answer) in positions.iter().zip(self.core.ask_chunks(&misses)) {
+        for (position, answer) in positions.iter().zip(self.reader_side.ask_chunks(&misses)) {
             if let Some(slot) = results.get_mut(*position) {
                 *slot = answer.map(|fi_addr| self.peer(fi_addr));
             }
@@ -191,12 +192,12 @@ impl<'cache> Pinned<'cache> {
         if let Some(peer) = self.hit(client, address)? {
             return Ok(peer);
         }
-        if let Some(error) = self.core.shared.failures.take(client, address) {
+        if let Some(error) = self.reader_side.shared.failures.take(client, address) {
             return Err(error);
         }
-        match self.core.requests.try_send(Request::Resolve {
+        match self.reader_side.requests.try_send(Request::Resolve {
             client,
-            address: self.core.stored(address)?,
+            address: self.reader_side.stored(address)?,
             reply: Reply::Queued,
         }) {
             Ok(()) => Err(DmaError::WouldBlock),
@@ -232,13 +233,17 @@ impl<'cache> Pinned<'cache> {
     /// ```
     #[inline]
     pub fn lease(&self, peer: Peer<'_>) -> Result<Lease<'cache>, DmaError> {
-        if peer.cache != self.core.id {
+        if peer.cache != self.reader_side.id {
             return Err(DmaError::InvalidArgument(
                 "the peer was resolved through another cache".into(),
             ));
         }
-        self.core.shared.leases.acquire(peer.fi_addr)?;
-        Ok(Lease::new(peer.fi_addr, self.core.id, &self.core.shared))
+        self.reader_side.shared.leases.acquire(peer.fi_addr)?;
+        Ok(Lease::new(
+            peer.fi_addr,
+            self.reader_side.id,
+            &self.reader_side.shared,
+        ))
     }
 
     /// The hot path: one relaxed load, one probe by the client, one load of the entry's address and
@@ -255,7 +260,7 @@ impl<'cache> Pinned<'cache> {
     #[inline]
     pub(super) fn hit(&self, client: u64, address: &[u8]) -> Result<Option<Peer<'_>>, DmaError> {
         // No check of the address here: one of the wrong length (or all zero) is never
-        // registered, so it misses, and every miss checks it (`Core::stored`) before anything is
+        // registered, so it misses, and every miss checks it (`ReaderSide::stored`) before anything is
         // queued, answering `InvalidAddress`.
         // SAFETY: the pin is neither `Send` nor `Sync`, so this thread alone reaches the cell, and
         // this is the one place that borrows it: the borrow ends with this function, and nothing
@@ -270,7 +275,7 @@ impl<'cache> Pinned<'cache> {
     }
 
     fn peer(&self, fi_addr: fi_addr_t) -> Peer<'_> {
-        Peer::new(fi_addr, self.core.id)
+        Peer::new(fi_addr, self.reader_side.id)
     }
 
     /// The peer at `fi_addr` as this pin sees it: for the fuzz driver (`testkit`), which

@@ -34,8 +34,8 @@ impl<B: AvBackend> AddressCache<B> {
     /// # Ok::<(), dma_libfabric::DmaError>(())
     /// ```
     pub fn clients_at(&self, fi_addr: fi_addr_t) -> Vec<u64> {
-        let pinned = self.core.epochs.pin();
-        let mut clients = self.core.shared.index.clients_at(&pinned, fi_addr);
+        let pinned = self.reader_side.epochs.pin();
+        let mut clients = self.reader_side.shared.index.clients_at(&pinned, fi_addr);
         drop(pinned);
         clients.sort_unstable();
         clients

@@ -11,7 +11,7 @@ use super::stats::Counters;
 use crate::sync::atomic::AtomicBool;
 
 /// What readers and the writer share.
-pub(crate) struct Shared {
+pub(crate) struct SharedState {
     pub(crate) index: Index,
     pub(crate) counters: Counters,
     pub(crate) leases: LeaseCounts,
@@ -29,11 +29,11 @@ pub(crate) struct Shared {
     pub(crate) on_evict: EvictionHook,
 }
 
-/// What [`Shared::on_evict`] holds: a call per evicted client, made on the writer thread, which
+/// What [`SharedState::on_evict`] holds: a call per evicted client, made on the writer thread, which
 /// must not wait for any writer, and answers whether it is done with the client.
 pub(crate) type EvictionHook = std::sync::OnceLock<Box<dyn Fn(u64) -> bool + Send + Sync>>;
 
-impl Shared {
+impl SharedState {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             index: Index::with_capacity(capacity),

@@ -202,7 +202,7 @@ impl<B: AvBackend> Writer<B> {
     }
 
     /// Register `client` on `stored`, an address the sender checked and whose identity it
-    /// measured ([`crate::cache::Core`]'s `stored`): the writer keeps it as it came, and an
+    /// measured ([`crate::cache::ReaderSide`]'s `stored`): the writer keeps it as it came, and an
     /// entry or a parked incarnation stores a copy of it, never one rebuilt from its bytes.
     pub(super) fn resolve(
         &mut self,

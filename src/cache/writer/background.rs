@@ -39,7 +39,7 @@ use std::time::Instant;
 use super::cell::{After, Tend, Visits};
 
 /// The process's background thread and the caches registered since its last pass.
-struct Shared {
+struct BackgroundThread {
     thread: std::thread::Thread,
     /// Caches registered and not yet in the thread's own list. Locked by a registering cache
     /// (once per cache) and by the thread when `arrived` says there is something to take.
@@ -48,7 +48,7 @@ struct Shared {
 }
 
 /// The thread, once started (`None` if it could not be).
-static BACKGROUND: OnceLock<Option<Shared>> = OnceLock::new();
+static BACKGROUND: OnceLock<Option<BackgroundThread>> = OnceLock::new();
 
 /// Register `cache` with the process's background thread, starting the thread with the first
 /// cache; whether there is one to do the cache's background work.
@@ -66,12 +66,12 @@ pub(crate) fn tend(cache: Weak<dyn Tend>) -> bool {
 }
 
 /// Start the thread; `None` if the system refuses one.
-fn start() -> Option<Shared> {
+fn start() -> Option<BackgroundThread> {
     let spawned = std::thread::Builder::new()
         .name("dma-av-writer".into())
         .spawn(run);
     match spawned {
-        Ok(handle) => Some(Shared {
+        Ok(handle) => Some(BackgroundThread {
             thread: handle.thread().clone(),
             arrivals: Mutex::new(Vec::new()),
             arrived: AtomicBool::new(false),

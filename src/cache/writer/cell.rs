@@ -17,14 +17,14 @@ use std::time::{Duration, Instant};
 
 use super::rounds::Next;
 use super::run::FIRST_TICK;
-use super::{RoleMark, Serve, Shared, Writer, signalled};
+use super::{RoleMark, Serve, SharedState, Writer, signalled};
 use crate::av::AvBackend;
 use crate::cache::role::Take;
 use crate::sync::Arc;
 
 /// The writer's state, for whoever holds the role. See the module docs.
 pub(crate) struct WriterCell<B> {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<SharedState>,
     cache: u64,
     /// `None` once the writer has stopped or panicked (the role is poisoned then, so nobody
     /// looks again).
@@ -50,7 +50,7 @@ unsafe impl<B: AvBackend> Sync for WriterCell<B> {}
 unsafe impl<B: AvBackend> Send for WriterCell<B> {}
 
 impl<B: AvBackend> WriterCell<B> {
-    pub(crate) fn new(writer: Writer<B>, shared: Arc<Shared>, cache: u64) -> Self {
+    pub(crate) fn new(writer: Writer<B>, shared: Arc<SharedState>, cache: u64) -> Self {
         Self {
             shared,
             cache,

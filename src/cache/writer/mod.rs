@@ -230,7 +230,7 @@ mod run;
 mod state;
 
 pub(crate) use super::budget::INBOX_BOUND;
-pub(crate) use super::shared::Shared;
+pub(crate) use super::shared::SharedState;
 #[cfg(not(dma_loom))]
 pub(crate) use background::tend;
 #[cfg(not(dma_loom))]
@@ -415,7 +415,7 @@ pub(crate) fn on_writer_of(cache: u64) -> bool {
 pub(crate) struct Writer<B> {
     backend: B,
     capacity: usize,
-    shared: Arc<Shared>,
+    shared: Arc<SharedState>,
     /// Every incarnation in the AV, by index: `None` where the AV holds nothing of ours.
     entries: Vec<Option<Entry>>,
     /// Identity → the index of its live or removing incarnation. Holds the index alone; the
@@ -521,14 +521,14 @@ struct Stopped;
 /// Whether work other than a request has come for the writer of `shared`: the deferral's readers
 /// have gone, or an awaited lease was dropped.
 #[cfg(not(dma_loom))]
-fn signalled(shared: &Shared) -> bool {
+fn signalled(shared: &SharedState) -> bool {
     shared.readers_gone.load(Ordering::Relaxed) || shared.leases.reported()
 }
 
 impl<B: AvBackend> Writer<B> {
     pub(crate) fn new(
         backend: B,
-        shared: Arc<Shared>,
+        shared: Arc<SharedState>,
         epoch: LocalHandle,
         inbox: mpsc::Receiver<Request>,
         cache: u64,
