@@ -562,8 +562,9 @@ struct Samples {
     misses: Vec<u64>,
 }
 
-/// Resolve `address` for client `id` under `pinned`, as a posting thread does: a non-blocking
-/// probe first, the blocking resolve on a miss. Counts the hit, miss or error in `stats` and
+/// Resolve `address` for client `id` under `pinned`, as a posting thread does: the hit alone
+/// first (`probe`, which queues nothing), the blocking resolve on a miss, which applies the miss
+/// on this thread when the writer's role is free. Counts the hit, miss or error in `stats` and
 /// samples its latency (every hit in `HIT_SAMPLING`, every miss); `None` on an error.
 fn resolve_timed<'p>(
     pinned: &'p Pinned<'_>,
@@ -574,12 +575,9 @@ fn resolve_timed<'p>(
     samples: &mut Samples,
 ) -> Option<Peer<'p>> {
     let started = Instant::now();
-    let (peer, hit) = match pinned.try_resolve(id, address) {
-        Ok(peer) => (Ok(peer), true),
-        // Queued (WouldBlock) or not (Busy: the inbox is full): either way the blocking
-        // resolve waits for the entry, queuing it if it was not.
-        Err(DmaError::WouldBlock | DmaError::Busy) => (pinned.resolve(id, address), false),
-        Err(error) => (Err(error), false),
+    let (peer, hit) = match pinned.probe(id, address) {
+        Some(peer) => (Ok(peer), true),
+        None => (pinned.resolve(id, address), false),
     };
     let took = started.elapsed().as_nanos() as u64;
     let Ok(peer) = peer else {

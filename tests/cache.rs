@@ -503,6 +503,54 @@ fn try_resolve_queues_a_miss_and_never_blocks() {
     assert_eq!(1, cache.stats().inserts);
 }
 
+/// `probe` is the hit alone: a miss, a bad address and a released client are `None` and queue
+/// nothing, and a registered client is the very peer `resolve` gave.
+#[test]
+fn probe_is_the_hit_alone_and_queues_nothing() {
+    let endpoint = tcp();
+    let cache = endpoint.cache();
+    let pinned = cache.pin();
+    assert_eq!(None, pinned.probe(1, &sockaddr(1)), "a miss");
+    assert_eq!(
+        None,
+        pinned.probe(1, &[0; 16]),
+        "an address the cache would refuse"
+    );
+    assert_eq!(
+        None,
+        pinned.probe(1, &[7; 3]),
+        "an address of the wrong length"
+    );
+    assert_eq!(None, pinned.probe(u64::MAX, &[]), "nothing at all");
+    drop(pinned);
+    cache.quiesce();
+    let stats = cache.stats();
+    assert_eq!(
+        (0, 0, 0),
+        (stats.entries, stats.clients, stats.inserts),
+        "nothing was queued"
+    );
+
+    let pinned = cache.pin();
+    let peer = pinned.resolve(1, &sockaddr(1)).expect("client 1");
+    assert_eq!(Some(peer), pinned.probe(1, &sockaddr(1)));
+    assert_eq!(
+        None,
+        pinned.probe(2, &sockaddr(1)),
+        "another client, not registered"
+    );
+    assert_eq!(
+        None,
+        pinned.probe(1, &sockaddr(2)),
+        "client 1 at another address"
+    );
+    drop(pinned);
+    cache.release(1);
+    cache.quiesce();
+    assert_eq!(None, cache.pin().probe(1, &sockaddr(1)), "released");
+    assert_eq!(1, cache.stats().inserts, "and the probes inserted nothing");
+}
+
 /// One cache serves every posting thread; a pin belongs to the thread that took it.
 #[test]
 fn the_cache_is_shared_between_threads() {

@@ -106,6 +106,33 @@ impl<'cache> Pinned<'cache> {
         }
     }
 
+    /// The hit alone: the [`Peer`] for `client` at `address` if the index holds that
+    /// registration now, `None` if it does not. Nothing is queued and nothing changes on a
+    /// `None` (not even for an address the cache would refuse: that is a `None` too, and
+    /// [`resolve`](Self::resolve) names the error). For a posting thread that wants to know
+    /// whether it would miss before it decides what to do; on a miss, [`resolve`](Self::resolve)
+    /// applies the miss itself when the writer's role is free, where a
+    /// [`try_resolve`](Self::try_resolve) first would hand it to the background thread and then
+    /// queue it a second time. Costs what a hit costs: no allocation, no lock, no shared write.
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+    ///
+    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// let pinned = cache.pin();
+    /// assert!(pinned.probe(1, &[1; 16]).is_none(), "a miss, and nothing queued");
+    /// let peer = pinned.resolve(1, &[1; 16])?;
+    /// assert_eq!(Some(peer), pinned.probe(1, &[1; 16]));
+    /// assert!(pinned.probe(1, &[2; 16]).is_none(), "another address is another registration");
+    /// # Ok::<(), DmaError>(())
+    /// ```
+    #[inline]
+    #[must_use]
+    pub fn probe(&self, client: u64, address: &[u8]) -> Option<Peer<'_>> {
+        // `hit` answers no error today; were it to, a probe says "not here", and resolve names it.
+        self.hit(client, address).ok().flatten()
+    }
+
     /// [`resolve`](Self::resolve) for many `(client, address)` pairs at once, for a server that
     /// learns of many clients together (after a restart, from a control plane): hits are probed
     /// here, and the misses go to the writer in chunks of at most 64, one request and one answer
