@@ -152,10 +152,19 @@ fn a_pin_that_probed_the_old_table_keeps_it_and_holds_back_the_next_replacement(
     }
     drop(pinned);
     cache.quiesce();
+    // The second round's releases may still be in the inbox when the pin's drop frees the old
+    // table: the grown table is then replaced by one sized for what was left at that moment, and
+    // that one again once the rest are gone. Two replacements or three, by timing; never a loop.
+    let replaced = cache.index_replacements();
+    assert!(
+        (2..=3).contains(&replaced),
+        "once the pin is gone the old table is freed, and the grown one replaced in turn: {replaced}"
+    );
+    cache.quiesce();
     assert_eq!(
-        2,
+        replaced,
         cache.index_replacements(),
-        "once the pin is gone the old table is freed, and the grown one replaced in turn"
+        "a table sized for what it holds is not replaced again"
     );
     assert_eq!(STABLE as usize, cache.indexed());
     assert!(av.violations().is_empty(), "{:?}", av.violations());
