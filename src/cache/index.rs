@@ -125,7 +125,8 @@ pub(crate) trait RegistrationIndex: Send + Sync {
     fn readers_gone(&self);
     /// Whether a replaced table is still held for its readers.
     fn holds_retired(&self) -> bool;
-    /// How many times the table has been replaced.
+    /// How many times the table has been replaced (a test hook: feature `model`).
+    #[cfg(feature = "model")]
     fn replacements(&self) -> u64;
 }
 
@@ -462,6 +463,7 @@ impl RegistrationIndex for PapayaIndex {
         !self.retired.load(Ordering::Relaxed).is_null()
     }
 
+    #[cfg(feature = "model")]
     fn replacements(&self) -> u64 {
         self.replacements.load(Ordering::Relaxed)
     }
@@ -575,6 +577,7 @@ impl RegistrationIndex for LockedIndex {
         false
     }
 
+    #[cfg(feature = "model")]
     fn replacements(&self) -> u64 {
         0
     }
