@@ -569,8 +569,8 @@ impl<B: AvBackend> Writer<B> {
         fn roomy(capacity: usize, len: usize) -> bool {
             capacity > 64 && capacity > 4 * len
         }
-        if roomy(self.clients.capacity(), self.clients.len()) {
-            self.clients.shrink_to(2 * self.clients.len());
+        if roomy(self.unindexed.capacity(), self.unindexed.len()) {
+            self.unindexed.shrink_to(2 * self.unindexed.len());
         }
         if roomy(self.parked.capacity(), self.parked.len()) {
             self.parked.shrink_to(2 * self.parked.len());
@@ -623,7 +623,7 @@ impl<B: AvBackend> Writer<B> {
         // Waiters on a parked incarnation are told `Closed` when their senders drop with it.
         self.parked.clear();
         self.deadlines.clear();
-        self.clients.clear();
+        self.unindexed.clear();
         for quiescer in self.quiescing.drain(..) {
             let _ = quiescer.reply.send(());
         }
