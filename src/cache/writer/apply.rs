@@ -458,14 +458,16 @@ impl<B: AvBackend> Writer<B> {
                 return;
             };
             // A client released, moved or evicted since is no longer in `unindexed` as a holder
-            // (or is there for a later admission, which publishes it in its own slice).
-            let Some(&holding) = self.unindexed.get(&client) else {
+            // (or is there for a later admission, which publishes it in its own slice). One
+            // lookup: taken out, and put back only if it is parked again.
+            let Some(holding) = self.unindexed.remove(&client) else {
                 continue;
             };
             let fi_addr = holding.fi_addr();
             if !holding.is_parked() && self.entry(fi_addr).is_some_and(Entry::is_live) {
-                self.unindexed.remove(&client);
                 self.publish(client, fi_addr);
+            } else {
+                self.unindexed.insert(client, holding);
             }
         }
     }
