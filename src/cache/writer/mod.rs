@@ -172,12 +172,15 @@
 //! new tables at a doubling, 60-61 B. It was 86 B at the worst while the writer kept a
 //! `clients` map of its own beside the index (16 B a client and its slack, 34 B just after its
 //! doubling). A parked client costs 59 B at the worst (just after `unindexed` and the parked
-//! set double, at 14,337 and 57,345 clients), and 101 B at the peak of its admission (enrolled
-//! and published while its parked place is still held). The blocked-lease figure is reckoned
-//! from the types' sizes, not measured (a blocked caller is a thread): a 48-byte waiter in a
-//! hash map at its worst load, 112 B, and a 32-byte deadline in a B-tree whose leaves hold 5 to
-//! 11 of them, at most 74 B and its share of the inner nodes. The index's address slots, 40 B
-//! an AV index, are allocated with the cache.
+//! set double, at 14,337 and 57,345 clients), and 101-111 B at the peak of its admission (enrolled
+//! and published while its parked place is still held). A caller blocked in `lease` costs
+//! 163-173 B beside its parked place (113 of them, just past a doubling of the waiters' map:
+//! 222-232 B a caller in all): a 48-byte waiter in a hash map at its worst load, 112 B, and a
+//! 32-byte deadline in a B-tree whose leaves hold 5 to 11 of them. Measured by hand, not by a
+//! test: in about one run in five the count also caught 17-33 KB of per-thread allocations
+//! (a thread's first block registers a waker context with std's channel, 144 B; seize's
+//! per-thread slots come in buckets by thread id), which a test could not yet keep out. The
+//! index's address slots, 40 B an AV index, are allocated with the cache.
 //! Once every client is released and the cache quiesced, nothing stays per former client or
 //! entry: the writer replaces the index's table once it has emptied to an eighth of what it
 //! grew to (`cache::index`), and once the cache holds no entry its own tables give back all
@@ -197,7 +200,7 @@
 //! 64-entry AV, each refused with a 4 KiB provider text: +934 KB at the peak, 226 B a record kept,
 //! against 1.27 MB), the clients (200,000 on 64 entries: +7.9 MB, 39 B a client, against
 //! 12.8 MB; and just past each doubling, up to 262,145 clients: 51-52 B a client, against
-//! 64 B), the parked clients (14,337 and 57,345: 59 B a client, against 64 B; 101 B at the
+//! 64 B), the parked clients (14,337 and 57,345: 59 B a client, against 64 B; 101-111 B at the
 //! admission's peak, against 128 B) and an entry's holders (100,000 moves away and back keep
 //! nothing); the `cache_ops` fuzz target checks the first two terms after every step.
 //!
