@@ -10,9 +10,11 @@
 //! be the key: a map node is 16 bytes (client and index), where a node that carried the address
 //! it confirms was 56.
 //!
-//! Only the writer inserts and removes; readers only probe. papaya's own reclamation (seize)
-//! keeps a node alive while a reader's guard may still see it, so a reader may read a node the
-//! writer has just unlinked. That is memory safety only: whether the *fi_addr_t* in it is still
+//! Only the writer inserts and removes; readers only probe. The writer also reads it, to find
+//! the entry a published client holds (`registered`, and what `unlink` took out): the index
+//! stands in for a writer-side map of every client, which cost 16 B a client and its slack.
+//! papaya's own reclamation (seize) keeps a node alive while a reader's guard may still see it,
+//! so a reader may read a node the writer has just unlinked. That is memory safety only: whether the *fi_addr_t* in it is still
 //! in the AV is the epoch deferral's business (see the `cache` module), and so is the address
 //! slot it reads: the writer rewrites an index's slot only for a new entry at that index, after
 //! the old one's `fi_av_remove`, which waited for every reader that could have found it.
