@@ -10,9 +10,11 @@
 //! be the key: a map node is 16 bytes (client and index), where a node that carried the address
 //! it confirms was 56.
 //!
-//! Only the writer inserts and removes; readers only probe. papaya's own reclamation (seize)
-//! keeps a node alive while a reader's guard may still see it, so a reader may read a node the
-//! writer has just unlinked. That is memory safety only: whether the *fi_addr_t* in it is still
+//! Only the writer inserts and removes; readers only probe. The writer also reads it, to find
+//! the entry a published client holds (`registered`, and what `unlink` took out): the index
+//! stands in for a writer-side map of every client, which cost 16 B a client and its slack.
+//! papaya's own reclamation (seize) keeps a node alive while a reader's guard may still see it,
+//! so a reader may read a node the writer has just unlinked. That is memory safety only: whether the *fi_addr_t* in it is still
 //! in the AV is the epoch deferral's business (see the `cache` module), and so is the address
 //! slot it reads: the writer rewrites an index's slot only for a new entry at that index, after
 //! the old one's `fi_av_remove`, which waited for every reader that could have found it.
@@ -97,13 +99,16 @@ pub(crate) trait RegistrationIndex: Send + Sync {
     /// is published. Writer only, for an entry it has just inserted: no reader can read the slot
     /// of an index the AV has just handed out (its previous entry's readers are gone).
     fn install(&self, fi_addr: fi_addr_t, address: &StoredAddress);
-    /// Whether `client`'s registration on the entry at `fi_addr` is published. Writer only.
-    fn published(&self, client: u64, fi_addr: fi_addr_t) -> bool;
+    /// The entry `client`'s published registration names, if it has one. Writer only: the
+    /// writer reads its own writes (papaya is linearizable), so this is where it finds a
+    /// registered client's entry, with no map of its own beside the index.
+    fn registered(&self, client: u64) -> Option<fi_addr_t>;
     /// Publish `client`'s registration on the entry at `fi_addr`, whose address is installed.
     /// Writer only.
     fn publish(&self, client: u64, fi_addr: fi_addr_t);
-    /// Unlink `client`'s registration. Writer only.
-    fn unlink(&self, client: u64);
+    /// Unlink `client`'s registration; the entry it named, if it had one. Writer only. Unlinking
+    /// a client with no registration changes nothing (readers are not told to refresh).
+    fn unlink(&self, client: u64) -> Option<fi_addr_t>;
     /// How many registrations are published; `pinned` keeps the table read alive.
     fn len(&self, pinned: &EpochPin) -> usize;
     /// The clients registered on index `fi_addr`, in no order: a scan of every registration
@@ -345,9 +350,9 @@ impl RegistrationIndex for PapayaIndex {
         unsafe { *slot.0.get() = address.clone() };
     }
 
-    fn published(&self, client: u64, fi_addr: fi_addr_t) -> bool {
+    fn registered(&self, client: u64) -> Option<fi_addr_t> {
         let table = self.table();
-        table.map.get(&client, &table.map.guard()) == Some(&fi_addr)
+        table.map.get(&client, &table.map.guard()).copied()
     }
 
     fn publish(&self, client: u64, fi_addr: fi_addr_t) {
@@ -371,10 +376,11 @@ impl RegistrationIndex for PapayaIndex {
         self.retired();
     }
 
-    fn unlink(&self, client: u64) {
+    fn unlink(&self, client: u64) -> Option<fi_addr_t> {
         let table = self.table();
         let guard = table.map.guard();
-        if table.map.remove(&client, &guard).is_some() {
+        let unlinked = table.map.remove(&client, &guard).copied();
+        if unlinked.is_some() {
             let live = table.live.load(Ordering::Relaxed).saturating_sub(1);
             table.live.store(live, Ordering::Relaxed);
             if live == 0 {
@@ -384,9 +390,12 @@ impl RegistrationIndex for PapayaIndex {
                 // `membarrier`.
                 papaya::Guard::flush(&guard);
             }
+            drop(guard);
+            // Only a removal retires a node: a client that had no registration leaves the
+            // readers' guards alone.
+            self.retired();
         }
-        drop(guard);
-        self.retired();
+        unlinked
     }
 
     fn len(&self, pinned: &EpochPin) -> usize {
@@ -535,16 +544,16 @@ impl RegistrationIndex for LockedIndex {
             .insert(fi_addr, address.bytes().into());
     }
 
-    fn published(&self, client: u64, fi_addr: fi_addr_t) -> bool {
-        self.locked().clients.get(&client) == Some(&fi_addr)
+    fn registered(&self, client: u64) -> Option<fi_addr_t> {
+        self.locked().clients.get(&client).copied()
     }
 
     fn publish(&self, client: u64, fi_addr: fi_addr_t) {
         self.locked().clients.insert(client, fi_addr);
     }
 
-    fn unlink(&self, client: u64) {
-        self.locked().clients.remove(&client);
+    fn unlink(&self, client: u64) -> Option<fi_addr_t> {
+        self.locked().clients.remove(&client)
     }
 
     fn len(&self, _pinned: &EpochPin) -> usize {

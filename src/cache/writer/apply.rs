@@ -86,7 +86,7 @@ impl<B: AvBackend> Writer<B> {
         deadline: Instant,
     ) {
         let parked = self
-            .clients
+            .unindexed
             .get(&client)
             .filter(|holding| holding.is_parked())
             .map(|holding| holding.fi_addr())
@@ -213,7 +213,7 @@ impl<B: AvBackend> Writer<B> {
         self.shared.failures.clear(client);
 
         // Already registered on exactly this? A reader raced its own earlier miss.
-        if let Some(&holding) = self.clients.get(&client) {
+        if let Some(holding) = self.holding(client) {
             let fi_addr = holding.fi_addr();
             if holding.is_parked() {
                 if self.parked.get(&fi_addr).is_some_and(|parked| {
@@ -225,10 +225,9 @@ impl<B: AvBackend> Writer<B> {
                 .entry(fi_addr)
                 .is_some_and(|entry| entry.is_live() && entry.address.bytes() == address)
             {
-                // `clients` shows it holding the live entry at `fi_addr`: a holder, whose
-                // registration an admission may not have published yet.
-                let published = self.shared.index.published(client, fi_addr);
-                if !published {
+                // A holder of the live entry at `fi_addr`. If `unindexed` held it, an admission
+                // enrolled it and has not published its registration yet: publish it now.
+                if self.unindexed.remove(&client).is_some() {
                     self.publish(client, fi_addr);
                 }
                 return Ok(fi_addr);
@@ -332,7 +331,6 @@ impl<B: AvBackend> Writer<B> {
         let evicted = holders.len();
         for holder in holders.to_vec() {
             self.unregister(holder, fi_addr);
-            self.clients.remove(&holder);
             if holder != asking {
                 if let Some(hook) = self.shared.on_evict.get() {
                     if !hook(holder) {
@@ -361,7 +359,7 @@ impl<B: AvBackend> Writer<B> {
             return;
         };
         for waiter in &parked.clients {
-            self.clients.remove(waiter);
+            self.unindexed.remove(waiter);
         }
         parked.turn_away(fi_addr, None, &mut self.deadlines);
         self.stats.evictions += 1;
@@ -396,7 +394,7 @@ impl<B: AvBackend> Writer<B> {
             })
             .clients
             .insert(client);
-        self.clients.insert(client, Holding::parked(fi_addr));
+        self.unindexed.insert(client, Holding::parked(fi_addr));
         tracing::debug!(
             op = "park",
             client,
@@ -404,15 +402,31 @@ impl<B: AvBackend> Writer<B> {
         );
     }
 
-    /// Publish `client`'s registration on the live entry at `fi_addr`.
+    /// Where `client` is: in `unindexed` if it is parked, or enrolled by an admission and not yet
+    /// published; otherwise on the entry its published registration names, if any. The index
+    /// is the writer's own (it alone writes it, and reads its own writes), so it stands in for a
+    /// map of every registered client (issue 29: 64 B a client at the worst).
+    pub(super) fn holding(&self, client: u64) -> Option<Holding> {
+        // An empty map answers before hashing: most of the time nobody is parked.
+        if let Some(&holding) = self.unindexed.get(&client) {
+            return Some(holding);
+        }
+        self.shared.index.registered(client).map(Holding::live)
+    }
+
+    /// Publish `client`'s registration on the live entry at `fi_addr`. `client` holds nothing
+    /// else (its miss detached it first).
     pub(super) fn register(&mut self, client: u64, fi_addr: fi_addr_t) {
         if self.enroll(client, fi_addr) {
+            // Published: the index says where it is from now on.
+            self.unindexed.remove(&client);
             self.publish(client, fi_addr);
         }
     }
 
     /// Record `client` as a holder of the live entry at `fi_addr`, without publishing its
-    /// registration yet; whether the entry is there.
+    /// registration yet; whether the entry is there. The caller says where the client is now:
+    /// in the index (`register`) or in `unindexed` (`admit`).
     pub(super) fn enroll(&mut self, client: u64, fi_addr: fi_addr_t) -> bool {
         let Some(entry) = usize::try_from(fi_addr)
             .ok()
@@ -421,15 +435,7 @@ impl<B: AvBackend> Writer<B> {
         else {
             return false;
         };
-        // One lookup in `clients` (an admission enrolls every parked client at once).
-        let live = Holding::live(fi_addr);
-        let holding = self
-            .clients
-            .entry(client)
-            .or_insert(Holding::parked(fi_addr));
-        if holding.is_parked() || holding.fi_addr() != fi_addr {
-            *holding = live;
-            entry.holders.insert(client);
+        if entry.holders.insert(client) {
             self.stats.clients += 1;
         }
         true
@@ -451,29 +457,49 @@ impl<B: AvBackend> Writer<B> {
                 self.unpublished = Vec::new();
                 return;
             };
-            let Some(&holding) = self.clients.get(&client) else {
+            // A client released, moved or evicted since is no longer in `unindexed` as a holder
+            // (or is there for a later admission, which publishes it in its own slice). One
+            // lookup: taken out, and put back only if it is parked again.
+            let Some(holding) = self.unindexed.remove(&client) else {
                 continue;
             };
             let fi_addr = holding.fi_addr();
             if !holding.is_parked() && self.entry(fi_addr).is_some_and(Entry::is_live) {
                 self.publish(client, fi_addr);
+            } else {
+                self.unindexed.insert(client, holding);
             }
         }
     }
 
-    /// Unlink `client`'s registration on the entry at `fi_addr` from the index.
-    /// If the index has emptied well below what it grew to, it is replaced by a fresh table
-    /// (`index::shrink`), whose old one the batch's deferral covers.
+    /// Forget `client`, a holder of the entry at `fi_addr` that its caller has taken out of the
+    /// entry's holders: unlink its registration from the index, or drop it from `unindexed` if
+    /// an admission had not published it yet.
     pub(super) fn unregister(&mut self, client: u64, _fi_addr: fi_addr_t) {
-        self.shared.index.unlink(client);
+        if self.unindexed.remove(&client).is_none() {
+            self.shared.index.unlink(client);
+        }
+        self.unregistered();
+    }
+
+    /// A holder is gone from its entry and from the index. If the index has emptied well below
+    /// what it grew to, it is replaced by a fresh table (`index::shrink`), whose old one the
+    /// batch's deferral covers.
+    fn unregistered(&mut self) {
         self.stats.clients -= 1;
         self.shared.index.shrink();
     }
 
     /// Let go of whatever `client` holds or waits for; retire the entry if it was the last holder.
     pub(super) fn detach(&mut self, client: u64) {
-        let Some(holding) = self.clients.remove(&client) else {
-            return;
+        // Out of `unindexed`, or out of the index: one lookup each, and the client is in at most
+        // one of them.
+        let holding = match self.unindexed.remove(&client) {
+            Some(holding) => holding,
+            None => match self.shared.index.unlink(client) {
+                Some(fi_addr) => Holding::live(fi_addr),
+                None => return,
+            },
         };
         let fi_addr = holding.fi_addr();
         if holding.is_parked() {
@@ -487,7 +513,7 @@ impl<B: AvBackend> Writer<B> {
             }
             return;
         }
-        // `clients` showed it holding the live entry at `fi_addr`: one of its holders.
+        // It held the live entry at `fi_addr`, published or about to be: one of its holders.
         let Some(entry) = self.entry_mut(fi_addr).filter(|entry| entry.is_live()) else {
             return;
         };
@@ -495,7 +521,7 @@ impl<B: AvBackend> Writer<B> {
             return;
         }
         let last = entry.holders.is_empty();
-        self.unregister(client, fi_addr);
+        self.unregistered();
         if last {
             self.stats.entries -= 1;
             self.retire(fi_addr);
@@ -522,10 +548,16 @@ impl<B: AvBackend> Writer<B> {
                 // them. A client whose registration is still to come misses, and its miss
                 // publishes it (`resolve`).
                 for &client in &parked.clients {
-                    self.enroll(client, fi_addr);
+                    if self.enroll(client, fi_addr) {
+                        self.unindexed.insert(client, Holding::live(fi_addr));
+                    } else {
+                        self.unindexed.remove(&client);
+                    }
                 }
                 for &client in parked.waiters.keys() {
-                    self.publish(client, fi_addr);
+                    if self.unindexed.remove(&client).is_some() {
+                        self.publish(client, fi_addr);
+                    }
                 }
                 self.unpublished.extend(
                     parked
@@ -544,7 +576,7 @@ impl<B: AvBackend> Writer<B> {
             Err(error) => {
                 tracing::warn!(op = "insert_failed", %error, waiting = parked.clients.len(), "fi_av_insert of a parked incarnation failed; its clients must resolve again");
                 for client in &parked.clients {
-                    self.clients.remove(client);
+                    self.unindexed.remove(client);
                 }
                 for (_, waiter) in parked.waiters {
                     self.replies.push((waiter.answer, Err(error.clone())));

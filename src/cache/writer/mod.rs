@@ -62,9 +62,9 @@
 //! process's background thread; `rounds.rs` a caller's and the background thread's rounds and how
 //! long the thread parks; `state.rs` the per-entry state (holders, entries, parked incarnations,
 //! pending removals); `run.rs` batches, epoch advances, quiescers, counters and shutdown;
-//! `apply.rs` what a request does to the state (resolve, release, evict, park, admit); and
+//! `apply.rs` what a request does to the state (resolve, release, evict, park, admit);
 //! `reclaim.rs` the way out of the AV (retire, remove once readers and leases are gone, retry,
-//! forget).
+//! forget); and `tables.rs` how the tables give their memory back.
 //!
 //! # State
 //!
@@ -79,6 +79,11 @@
 //! not before, and the rest of the queue goes on meanwhile.
 //!
 //! Each client is in at most one place, as a holder of a live entry or a waiter on a parked one.
+//! The writer keeps no map of every client: a holder whose registration is published is found
+//! in the index (which the writer alone writes, and reads its own writes from: papaya is
+//! linearizable), and only the clients the index does not hold, those parked and those an
+//! admission has enrolled and not yet published, are kept in `unindexed`, which empties as
+//! they are admitted and published.
 //!
 //! # Batches
 //!
@@ -125,8 +130,9 @@
 //! Every structure the writer keeps is bounded by the AV's capacity `C` or the inbox bound, not by
 //! what readers do: `entries`, `slots`, `pending`, `retries`, `parked` and the scratch list hold at
 //! most `C` items each (an entry awaiting removal still occupies its index, and counts against the
-//! capacity); `clients` holds one item per client registered or parked, each on one of those
+//! capacity); the index holds one registration per registered client, each on one of those
 //! entries (an entry keeps its holders as a set as well, for its eviction: `state::Holders`);
+//! `unindexed` one item per parked client and per client enrolled and not yet published, and
 //! `unpublished` at most one per client, those an admission has enrolled and not yet published (a
 //! parked incarnation's clients are enrolled as holders when it enters the AV, and their
 //! registrations published a slice of `apply::ADMISSION_SLICE` a round, the waiters' first, so an
@@ -135,7 +141,8 @@
 //! keeps at most one waiter per client (a newer request from the same client answers the older one
 //! `WouldBlock`; the waiter's deadline is kept once, in `deadlines`); `deferred_evictions` at most
 //! one per client this writer evicted while a rail's inbox was full; `replies` and the quiescers at
-//! most one per request of a batch. The tables shrink once they empty well below their peak.
+//! most one per request of a batch. The tables shrink once they empty well below their peak, and
+//! give back all their memory once the cache holds no entry (`tables.rs`).
 //!
 //! In bytes, one bound for the whole cache, above the empty cache:
 //!
@@ -145,35 +152,57 @@
 //!                               (a chunk counts as its misses: `cache::budget`)
 //! + Failures::BOUND × 240 B     failure records of queued misses (4,096 of them: 960 KiB; an
 //!                               address over 32 bytes adds its length: `cache::failures`)
-//! + per registered client 96 B its place in `clients`, in its entry's holders set, and its
-//!                               index registration (papaya's 16-byte node and table slot)
-//! + per thread                  an epoch handle and a reply channel, registered once
+//! + per registered client 64 B its place in its entry's holders set and its index
+//!                               registration (papaya's 16-byte node and table slot)
+//! + per parked client 64 B      its place in `unindexed` and in its parked incarnation's set;
+//!                               while its admission publishes it, both terms at once
+//! + per blocked lease 256 B     a caller waiting in `lease` on a parked incarnation: its waiter
+//!                               and deadline (one per client, so at most one per blocked thread)
+//! + per thread 4,904 B          an epoch handle and a reply channel, registered once
 //! ```
 //!
 //! however long a probing reader stays pinned (a pin refreshes its guard on the index whenever
 //! the writer has changed it; an idle pin holds the index nodes retired until its next probe, a
 //! per-pin cost: `cache::index`) and however many releases, revives, retries and patience
-//! expiries go by. The per-client term, measured with 200,000 clients on 64 entries, is 61 B a
+//! expiries go by. The per-client term, measured with 200,000 clients on 64 entries, is 39 B a
 //! client (papaya's node 16 B, as the index is keyed by the client alone and a hit reads the
-//! address it confirms from the index's per-entry slots; its table 12 B; `clients` 22 B; the
-//! holders sets 12 B), and 86 B at the tables' worst load, just after they double (131,073
-//! clients, say): issue 29's 64 B holds at 200,000 but not just after a doubling, where the
-//! writer's `clients` map (which the index could stand in for) and papaya's fresh table are at
-//! their emptiest. The index's address slots, 40 B an AV index, are allocated with the cache.
-//! Once every client is released and the cache quiesced, nothing stays
-//! per former client: the writer replaces the index's table once it has emptied to an eighth of
-//! what it grew to (`cache::index`), and a quiesced cache keeps 13.9-16.9 KB after 200,000
-//! clients on 64 entries as after 2,000 (tables bounded by `C`, crossbeam's bags, the calling
-//! threads' one-time state; `tests/cache_bounds.rs`, `RELEASED_RESIDUE`). A thread's epoch state is
-//! kept by crossbeam for an exited thread while any reader stays pinned (4,376 B a thread).
+//! address it confirms from the index's per-entry slots; its table 12 B; the holders sets 12 B),
+//! and 51-52 B at the tables' worst load, just after they double (16,384, 16,385, 32,769,
+//! 65,537, 131,073 and 262,145 clients, each tested); the peak, while papaya holds its old and
+//! new tables at a doubling, 60-61 B. It was 86 B at the worst while the writer kept a
+//! `clients` map of its own beside the index (16 B a client and its slack, 34 B just after its
+//! doubling). A parked client costs 59 B at the worst (just after `unindexed` and the parked
+//! set double, at 14,337 and 57,345 clients), and 101-111 B at the peak of its admission (enrolled
+//! and published while its parked place is still held). A caller blocked in `lease` costs
+//! 163-173 B beside its parked place (113 of them, just past a doubling of the waiters' map:
+//! 222-232 B a caller in all): a 48-byte waiter in a hash map at its worst load, 112 B, and a
+//! 32-byte deadline in a B-tree whose leaves hold 5 to 11 of them. Measured by hand, not by a
+//! test: in about one run in five the count also caught 17-33 KB of per-thread allocations
+//! (a thread's first block registers a waker context with std's channel, 144 B; seize's
+//! per-thread slots come in buckets by thread id), which a test could not yet keep out. The
+//! index's address slots, 40 B an AV index, are allocated with the cache.
+//! Once every client is released and the cache quiesced, nothing stays per former client or
+//! entry: the writer replaces the index's table once it has emptied to an eighth of what it
+//! grew to (`cache::index`), and once the cache holds no entry its own tables give back all
+//! their memory (`tables.rs`), so the cache is back within 16 B a former entry of its empty self
+//! (issue 29), beside crossbeam's garbage in flight (its queue's sentinel and sealed bags,
+//! 2,072 B each, freed by later pins; up to 2 seen) and each thread's one-time state (4,904 B:
+//! its epoch handle on the cache's collector and its registration, its reply channel and the
+//! channel's block, its role marks). Measured after 2,000 to 262,145 clients on 64 entries:
+//! -1,220 to +3,592 B, mostly one bag; after 20,480 on 1,024 entries, 2,072 B
+//! (`tests/cache_bounds.rs`, `released_residue`; 13.9-16.9 KB before, the tables at their
+//! smallest sizes and the thread's state). A thread's epoch state is kept by crossbeam for an
+//! exited thread while any reader stays pinned (4,376 B a thread).
 //! `tests/soak.rs` checks the capacity and inbox terms with a counting allocator (its peaks, at `C`
 //! = 4,096: 795 KB under a long pin over 20,000 revives and churn, against 1.8 MB), and
 //! `tests/cache_bounds.rs` each other term at its worst case: the chunked misses (a storm of 8,192
 //! behind a slow insert queues at most 4,096), the failure records (4,096 refused clients on a full
 //! 64-entry AV, each refused with a 4 KiB provider text: +934 KB at the peak, 226 B a record kept,
-//! against 1.27 MB), the clients (200,000 on 64 entries: +12.4 MB, against 19.5 MB and 64 B a
-//! client) and an entry's holders (100,000 moves away and back keep nothing); the `cache_ops` fuzz
-//! target checks the first two terms after every step.
+//! against 1.27 MB), the clients (200,000 on 64 entries: +7.9 MB, 39 B a client, against
+//! 12.8 MB; and just past each doubling, up to 262,145 clients: 51-52 B a client, against
+//! 64 B), the parked clients (14,337 and 57,345: 59 B a client, against 64 B; 101-111 B at the
+//! admission's peak, against 128 B) and an entry's holders (100,000 moves away and back keep
+//! nothing); the `cache_ops` fuzz target checks the first two terms after every step.
 //!
 //! # Calls under the writer role
 //!
@@ -228,6 +257,7 @@ mod reclaim;
 mod rounds;
 mod run;
 mod state;
+mod tables;
 
 pub(crate) use super::budget::INBOX_BOUND;
 pub(crate) use super::shared::SharedState;
@@ -424,9 +454,13 @@ pub(crate) struct Writer<B> {
     hasher: Hasher,
     /// Incarnations parked behind a removal, by the index of the removing entry.
     parked: HashMap<fi_addr_t, Box<Parked>, Hasher>,
-    clients: HashMap<u64, Holding, Hasher>,
+    /// Where the clients the index does not hold are: those parked behind a removal, and those
+    /// an admission has enrolled as holders and not yet published (`unpublished`). A client is
+    /// here or in the index, never both: a published client's entry is read from the index.
+    /// Empties as they are admitted and published, released or evicted.
+    unindexed: HashMap<u64, Holding, Hasher>,
     /// Admitted clients whose registrations are still to be published, a slice a round: each
-    /// holds its entry in `clients` already (so at most one item per client).
+    /// holds its entry in `unindexed` already (so at most one item per client).
     unpublished: Vec<u64>,
     /// Evicted clients the eviction hook was not done with (a rail's inbox was full): handed to
     /// it again every round until it is. One item per client, each one this writer held, so it
@@ -541,7 +575,7 @@ impl<B: AvBackend> Writer<B> {
             slots: HashTable::new(),
             hasher: Hasher::default(),
             parked: HashMap::default(),
-            clients: HashMap::default(),
+            unindexed: HashMap::default(),
             unpublished: Vec::new(),
             deferred_evictions: HashSet::default(),
             deadlines: Deadlines::new(),

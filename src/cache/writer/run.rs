@@ -1,10 +1,9 @@
 //! The writer's loop: waiting for requests (and publishing its state while it does), batches,
 //! epoch advances, reclamation rounds, quiescers, the counters, and shutdown.
 
-use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
-use super::state::{Pending, Wait, identity_at};
+use super::state::{Pending, Wait};
 #[cfg(not(dma_loom))]
 use super::take_own_releases;
 #[cfg(dma_loom)]
@@ -563,41 +562,6 @@ impl<B: AvBackend> Writer<B> {
         self.shrink();
     }
 
-    /// Give memory back once the tables have emptied well below their peak, so the writer's
-    /// memory follows the live entries rather than the most it ever held (invariant 4).
-    pub(super) fn shrink(&mut self) {
-        fn roomy(capacity: usize, len: usize) -> bool {
-            capacity > 64 && capacity > 4 * len
-        }
-        if roomy(self.clients.capacity(), self.clients.len()) {
-            self.clients.shrink_to(2 * self.clients.len());
-        }
-        if roomy(self.parked.capacity(), self.parked.len()) {
-            self.parked.shrink_to(2 * self.parked.len());
-        }
-        if roomy(self.slots.capacity(), self.slots.len()) {
-            let (entries, hasher) = (&self.entries, &self.hasher);
-            self.slots.shrink_to(2 * self.slots.len(), |&fi_addr| {
-                hasher.hash_one(identity_at(entries, fi_addr))
-            });
-        }
-        // Indices are handed out lowest first, so the table ends at the highest one in use.
-        if self.entries.last().is_some_and(Option::is_none) {
-            let used = self
-                .entries
-                .iter()
-                .rposition(Option::is_some)
-                .map_or(0, |last| last + 1);
-            self.entries.truncate(used);
-        }
-        if roomy(self.entries.capacity(), self.entries.len()) {
-            self.entries.shrink_to(2 * self.entries.len());
-        }
-        if roomy(self.scratch.capacity(), self.pending.len()) {
-            self.scratch.shrink_to(2 * self.pending.len());
-        }
-    }
-
     /// No reader and no lease can exist any more (the cache is being dropped, and every `Pinned`
     /// and every `Lease` borrows it), so everything is removed now, pending removals first.
     pub(super) fn shutdown(&mut self) {
@@ -623,7 +587,7 @@ impl<B: AvBackend> Writer<B> {
         // Waiters on a parked incarnation are told `Closed` when their senders drop with it.
         self.parked.clear();
         self.deadlines.clear();
-        self.clients.clear();
+        self.unindexed.clear();
         for quiescer in self.quiescing.drain(..) {
             let _ = quiescer.reply.send(());
         }

@@ -12,7 +12,8 @@ use dma_libfabric_sys::fi_addr_t;
 
 /// The clients that hold a live entry, as a set: a release removes one by hash, in O(1) with no
 /// pause (a list compacted now and then, tried instead, made an unrelated miss wait behind a
-/// compaction of 20,000 holders). The writer's `clients` map says the same from the client's side.
+/// compaction of 20,000 holders). The index (or, for a holder an admission has not published
+/// yet, the writer's `unindexed` map) says the same from the client's side.
 /// Nearly every entry has one, so one is stored inline.
 #[derive(Default)]
 pub(super) enum Holders {
@@ -102,7 +103,9 @@ impl Entry {
 }
 
 /// Where a client is: holding the live entry at an index, or waiting on the incarnation parked
-/// behind the removing entry at an index.
+/// behind the removing entry at an index. Kept in the writer's `unindexed` map only for the
+/// clients the index does not hold (parked, or enrolled by an admission and not yet published):
+/// a published holder's entry is the one its registration names.
 #[derive(Clone, Copy)]
 pub(super) struct Holding(u64);
 
