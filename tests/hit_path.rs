@@ -135,6 +135,57 @@ fn a_pin_resolve_lease_drop_round_allocates_nothing() {
     assert_eq!(0, cache.stats().leases);
 }
 
+/// `Pinned::probe` promises a hit's cost whatever it answers: no allocation on a hit, and none on
+/// a `None` either (an unknown client, a registered client at another address, an address the
+/// cache would refuse), with nothing queued for the writer.
+#[test]
+fn a_probe_allocates_nothing_and_queues_nothing_hit_or_miss() {
+    let endpoint = tcp();
+    let cache = endpoint.cache();
+    let addresses = warmed(cache, (0..100).map(sockaddr).collect());
+    let stranger = sockaddr(50_000);
+    let pinned = cache.pin();
+    let before_stats = cache.stats();
+    let before = allocations();
+    let (mut hits, mut nones) = (0_u32, 0_u32);
+    for round in 0..10_000_usize {
+        let client = round % addresses.len();
+        let probed = match round % 4 {
+            0 => pinned.probe(client as u64, &addresses[client]),
+            1 => pinned.probe(u64::MAX - client as u64, &addresses[client]),
+            2 => pinned.probe(client as u64, &stranger),
+            _ => pinned.probe(client as u64, &addresses[client][..1]),
+        };
+        match probed {
+            Some(peer) => {
+                hits += 1;
+                std::hint::black_box(peer.fi_addr());
+            }
+            None => nones += 1,
+        }
+    }
+    let after = allocations();
+    assert_eq!(
+        before,
+        after,
+        "10,000 probes allocated {} times",
+        after - before
+    );
+    assert_eq!((2_500, 7_500), (hits, nones), "a hit in four rounds");
+    drop(pinned);
+    cache.quiesce();
+    let after_stats = cache.stats();
+    assert_eq!(
+        (
+            before_stats.misses,
+            before_stats.inserts,
+            before_stats.entries
+        ),
+        (after_stats.misses, after_stats.inserts, after_stats.entries),
+        "the probes queued nothing"
+    );
+}
+
 /// Cycles of churn in [`a_hit_allocates_nothing_while_another_thread_churns`]: fewer than the 64
 /// entries of a crossbeam bag, so the reader's own bag (which collects the queue nodes it pops)
 /// never fills and crossbeam's node recycling cannot be what the count sees.
