@@ -18,9 +18,11 @@ use crate::error::DmaError;
 use dma_libfabric_sys::fi_addr_t;
 
 /// How many registrations of an admission the writer publishes a round: at about 0.1 µs each,
-/// some tens of µs. An unrelated miss behind an admission waits for the enrolment of every
-/// client (one lookup and one insert each, about 0.7 ms for 20,000) and one slice. One under
-/// loom, so that the models' few parked clients are published across rounds too.
+/// some tens of µs. An unrelated miss behind an admission waits for the admission itself
+/// (`admit`: the insert, the waiters, and a list of the clients, about 1 ns each) and one slice;
+/// it waited for every client's enrolment too (one lookup and one insert each, about 0.7 ms for
+/// 20,000) before the parked set became the entry's holders whole. One under loom, so that the
+/// models' few parked clients are published across rounds too.
 #[cfg(not(dma_loom))]
 pub(super) const ADMISSION_SLICE: usize = 256;
 /// How many registrations of an admission the writer publishes a round.
@@ -376,6 +378,11 @@ impl<B: AvBackend> Writer<B> {
     /// entry at `fi_addr` has run.
     pub(super) fn park(&mut self, client: u64, fi_addr: fi_addr_t, stored: &StoredAddress) {
         let address = stored.bytes();
+        if self.forwarded.contains_key(&fi_addr) {
+            // Clients parked behind this index before may still be read as holding what their
+            // admission let in: publish them, so that a place parked here means parked here.
+            self.publish_every_admission();
+        }
         if self
             .parked
             .get(&fi_addr)
@@ -409,9 +416,31 @@ impl<B: AvBackend> Writer<B> {
     pub(super) fn holding(&self, client: u64) -> Option<Holding> {
         // An empty map answers before hashing: most of the time nobody is parked.
         if let Some(&holding) = self.unindexed.get(&client) {
-            return Some(holding);
+            return Some(self.forward(holding));
         }
         self.shared.index.registered(client).map(Holding::live)
+    }
+
+    /// What a place in `unindexed` means: a client left parked behind an index that no parked
+    /// incarnation uses, by an admission not yet published in full, holds the admitted entry.
+    pub(super) fn forward(&self, holding: Holding) -> Holding {
+        if self.forwarded.is_empty() || !holding.is_parked() {
+            return holding;
+        }
+        let at = holding.fi_addr();
+        match self.forwarded.get(&at) {
+            Some(&fi_addr) if !self.parked.contains_key(&at) => Holding::live(fi_addr),
+            _ => holding,
+        }
+    }
+
+    /// Publish every admission's remaining registrations, and so forget every forwarding: before
+    /// an incarnation parks behind an index that one of them forwards from.
+    fn publish_every_admission(&mut self) {
+        while !self.unpublished.is_empty() {
+            self.publish_admitted();
+        }
+        self.forwarded = HashMap::default();
     }
 
     /// Publish `client`'s registration on the live entry at `fi_addr`. `client` holds nothing
@@ -455,19 +484,24 @@ impl<B: AvBackend> Writer<B> {
         for _ in 0..ADMISSION_SLICE {
             let Some(client) = self.unpublished.pop() else {
                 self.unpublished = Vec::new();
+                // Every admission is published: no place is read through a forwarding now.
+                if !self.forwarded.is_empty() {
+                    self.forwarded = HashMap::default();
+                }
                 return;
             };
             // A client released, moved or evicted since is no longer in `unindexed` as a holder
             // (or is there for a later admission, which publishes it in its own slice). One
             // lookup: taken out, and put back only if it is parked again.
-            let Some(holding) = self.unindexed.remove(&client) else {
+            let Some(place) = self.unindexed.remove(&client) else {
                 continue;
             };
+            let holding = self.forward(place);
             let fi_addr = holding.fi_addr();
             if !holding.is_parked() && self.entry(fi_addr).is_some_and(Entry::is_live) {
                 self.publish(client, fi_addr);
             } else {
-                self.unindexed.insert(client, holding);
+                self.unindexed.insert(client, place);
             }
         }
     }
@@ -495,7 +529,7 @@ impl<B: AvBackend> Writer<B> {
         // Out of `unindexed`, or out of the index: one lookup each, and the client is in at most
         // one of them.
         let holding = match self.unindexed.remove(&client) {
-            Some(holding) => holding,
+            Some(place) => self.forward(place),
             None => match self.shared.index.unlink(client) {
                 Some(fi_addr) => Holding::live(fi_addr),
                 None => return,
@@ -529,56 +563,64 @@ impl<B: AvBackend> Writer<B> {
     }
 
     /// Insert a parked incarnation now that the old one, at `at`, has left the AV.
+    ///
+    /// O(waiters) and a slice, whatever the number of clients: the parked set becomes the
+    /// entry's holders whole, each client's place in `unindexed` is left as it is and read as
+    /// holding the new entry (`forwarded`), and their registrations are published a slice a
+    /// round. Only listing them for the slices is O(clients), about 1 ns each.
     pub(super) fn admit(&mut self, at: fi_addr_t, parked: Parked) {
-        for (&client, waiter) in &parked.waiters {
+        let Parked {
+            address,
+            clients,
+            waiters,
+        } = parked;
+        for (&client, waiter) in &waiters {
             self.deadlines.remove(&(waiter.deadline, client, at));
         }
-        match self.insert(parked.address.bytes()) {
+        match self.insert(address.bytes()) {
             Ok(fi_addr) => {
                 tracing::debug!(
                     op = "insert",
                     fi_addr,
-                    waiting = parked.clients.len(),
+                    waiting = clients.len(),
                     "fi_av_insert of a parked incarnation"
                 );
-                self.install(fi_addr, parked.address);
+                self.install(fi_addr, address);
                 // Every client holds the entry now, but only the waiters' registrations and a
                 // first slice are published at once: the rest go out a slice a round
                 // (`publish_admitted`), so an unrelated miss waits for a slice, not for all of
                 // them. A client whose registration is still to come misses, and its miss
                 // publishes it (`resolve`).
-                for &client in &parked.clients {
-                    if self.enroll(client, fi_addr) {
-                        self.unindexed.insert(client, Holding::live(fi_addr));
-                    } else {
-                        self.unindexed.remove(&client);
-                    }
-                }
-                for &client in parked.waiters.keys() {
-                    if self.unindexed.remove(&client).is_some() {
-                        self.publish(client, fi_addr);
-                    }
-                }
                 self.unpublished.extend(
-                    parked
-                        .clients
+                    clients
                         .iter()
-                        .filter(|client| !parked.waiters.contains_key(client)),
+                        .filter(|client| !waiters.contains_key(client)),
                 );
                 // The set's order is the hasher's: loom needs the same publishes in every run.
                 #[cfg(dma_loom)]
                 self.unpublished.sort_unstable();
+                self.stats.clients += clients.len() as u64;
+                if let Some(entry) = self.entry_mut(fi_addr) {
+                    entry.holders = Holders::from_set(clients);
+                }
+                // Until its clients are published, their places (parked at `at`) mean this entry.
+                self.forwarded.insert(at, fi_addr);
+                for &client in waiters.keys() {
+                    if self.unindexed.remove(&client).is_some() {
+                        self.publish(client, fi_addr);
+                    }
+                }
                 self.publish_admitted();
-                for (_, waiter) in parked.waiters {
+                for (_, waiter) in waiters {
                     self.replies.push((waiter.answer, Ok(fi_addr)));
                 }
             }
             Err(error) => {
-                tracing::warn!(op = "insert_failed", %error, waiting = parked.clients.len(), "fi_av_insert of a parked incarnation failed; its clients must resolve again");
-                for client in &parked.clients {
+                tracing::warn!(op = "insert_failed", %error, waiting = clients.len(), "fi_av_insert of a parked incarnation failed; its clients must resolve again");
+                for client in &clients {
                     self.unindexed.remove(client);
                 }
-                for (_, waiter) in parked.waiters {
+                for (_, waiter) in waiters {
                     self.replies.push((waiter.answer, Err(error.clone())));
                 }
             }

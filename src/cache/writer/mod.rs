@@ -134,10 +134,12 @@
 //! entries (an entry keeps its holders as a set as well, for its eviction: `state::Holders`);
 //! `unindexed` one item per parked client and per client enrolled and not yet published, and
 //! `unpublished` at most one per client, those an admission has enrolled and not yet published (a
-//! parked incarnation's clients are enrolled as holders when it enters the AV, and their
-//! registrations published a slice of `apply::ADMISSION_SLICE` a round, the waiters' first, so an
-//! unrelated miss waits for the enrolment and a slice rather than every registration; `quiesce`
-//! waits for the last slice; the list, 8 B a client, is freed once published); a parked incarnation
+//! parked incarnation's set of clients becomes its entry's holders whole when it enters the AV,
+//! their places in `unindexed` are left as they are and read through `forwarded`, one item per
+//! such admission, and their registrations are published a slice of `apply::ADMISSION_SLICE` a
+//! round, the waiters' first, so an unrelated miss waits for the list of the clients, about 1 ns
+//! each, and a slice rather than for every client's enrolment and registration; `quiesce` waits
+//! for the last slice; the list, 8 B a client, is freed once published); a parked incarnation
 //! keeps at most one waiter per client (a newer request from the same client answers the older one
 //! `WouldBlock`; the waiter's deadline is kept once, in `deadlines`); `deferred_evictions` at most
 //! one per client this writer evicted while a rail's inbox was full; `replies` and the quiescers at
@@ -172,8 +174,8 @@
 //! new tables at a doubling, 60-61 B. It was 86 B at the worst while the writer kept a
 //! `clients` map of its own beside the index (16 B a client and its slack, 34 B just after its
 //! doubling). A parked client costs 59 B at the worst (just after `unindexed` and the parked
-//! set double, at 14,337 and 57,345 clients), and 101-111 B at the peak of its admission (enrolled
-//! and published while its parked place is still held). A caller blocked in `lease` costs
+//! set double, at 14,337 and 57,345 clients), and 101-111 B at the peak of its admission (a holder,
+//! and published, while its parked place is still held). A caller blocked in `lease` costs
 //! 163-173 B beside its parked place (113 of them, just past a doubling of the waiters' map:
 //! 222-232 B a caller in all): a 48-byte waiter in a hash map at its worst load, 112 B, and a
 //! 32-byte deadline in a B-tree whose leaves hold 5 to 11 of them. Measured by hand, not by a
@@ -462,6 +464,15 @@ pub(crate) struct Writer<B> {
     /// Admitted clients whose registrations are still to be published, a slice a round: each
     /// holds its entry in `unindexed` already (so at most one item per client).
     unpublished: Vec<u64>,
+    /// Admissions whose clients may still be in `unindexed` as parked behind the old entry's
+    /// index, which no parked incarnation uses any more: that index → the admitted entry's. An
+    /// admission takes its parked clients over as holders in one step and leaves their places in
+    /// `unindexed` as they were, so its cost does not grow with its clients; such a place reads
+    /// as holding the admitted entry (`apply::forward`). No parked incarnation is keyed by an
+    /// index here (`park` publishes every admission first), so a place cannot be read both
+    /// ways. At most one per admission whose registrations are not all published, and so at most
+    /// `C`; emptied with `unpublished`.
+    forwarded: HashMap<fi_addr_t, fi_addr_t, Hasher>,
     /// Evicted clients the eviction hook was not done with (a rail's inbox was full): handed to
     /// it again every round until it is. One item per client, each one this writer held, so it
     /// is bounded by the clients term of the bound.
@@ -577,6 +588,7 @@ impl<B: AvBackend> Writer<B> {
             parked: HashMap::default(),
             unindexed: HashMap::default(),
             unpublished: Vec::new(),
+            forwarded: HashMap::default(),
             deferred_evictions: HashSet::default(),
             deadlines: Deadlines::new(),
             pending: BTreeMap::new(),

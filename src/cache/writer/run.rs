@@ -588,6 +588,8 @@ impl<B: AvBackend> Writer<B> {
         self.parked.clear();
         self.deadlines.clear();
         self.unindexed.clear();
+        self.unpublished.clear();
+        self.forwarded.clear();
         for quiescer in self.quiescing.drain(..) {
             let _ = quiescer.reply.send(());
         }

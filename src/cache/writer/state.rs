@@ -64,6 +64,17 @@ impl Holders {
         }
     }
 
+    /// The holders of an admitted incarnation: every client parked on it, the set taken over
+    /// whole rather than rebuilt client by client (20,000 of them cost 0.7 ms to enrol one by
+    /// one, all of it in one step of the writer's).
+    pub(super) fn from_set(set: HashSet<u64, Hasher>) -> Self {
+        match set.len() {
+            0 => Self::None,
+            1 => set.iter().next().map_or(Self::None, |&one| Self::One(one)),
+            _ => Self::Many(Box::new(set)),
+        }
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         matches!(self, Self::None)
     }
