@@ -16,6 +16,12 @@
 //!    max, and how many frees (and of how many bytes) ran inside `resolve()` on the hit thread:
 //!    papaya's reclamation of the writer's retired index nodes, run by a reader's guard.
 //!
+//! 3. **The machine's wake-up, the miss's baseline.** A thread blocked on a channel is woken 2,000
+//!    times while another keeps a core busy: median, p99 and most. A miss that blocks for its
+//!    answer pays this on top of the writer's work; a miss figure that matches it in the same
+//!    run is the machine's (on this virtual machine, an idle virtual CPU woken), not the
+//!    writer's.
+//!
 //! Each other parked-waiter figure is the least of five runs. `cargo bench --bench cache_core` (about
 //! 40 s). The figures go to stdout and to
 //! `target/bench-results/cache_core.tsv`.
@@ -195,6 +201,34 @@ fn superseded(n: u64) -> Duration {
     took
 }
 
+/// The machine's own hand-off, the baseline for the unrelated miss: how long a thread blocked on
+/// a channel takes to run again once another thread sends to it, while a third keeps a core busy
+/// (as the releasing thread does). A miss that blocks for its answer pays this on top of the
+/// writer's work, whatever the writer does; on a virtual machine it includes waking an idle
+/// virtual CPU. `count` wake-ups, each after the receiver has had time to block.
+fn wake_ups(count: usize) -> Vec<Duration> {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let stop = &stop;
+        scope.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        let (to, from) = std::sync::mpsc::channel::<Instant>();
+        let woken = scope.spawn(move || from.iter().map(|sent| sent.elapsed()).collect());
+        for _ in 0..count {
+            to.send(Instant::now()).unwrap();
+            // Pacing, not synchronisation: long enough for the receiver to block again.
+            std::thread::sleep(Duration::from_micros(300));
+        }
+        drop(to);
+        let woken: Vec<Duration> = woken.join().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        woken
+    })
+}
+
 /// Percentiles of `samples` (nanoseconds), sorted in place: p50, p99.9, p99.99, max.
 fn tail(samples: &mut [u64]) -> [u64; 4] {
     samples.sort_unstable();
@@ -340,6 +374,35 @@ fn main() {
         &mut rows,
         &format!("release {large} / {small}"),
         format!("{:.1}x", ratio(|f| f.2)),
+    );
+
+    let mut woken = wake_ups(if full { 2_000 } else { 20 });
+    woken.sort_unstable();
+    let at = |fraction: f64| woken[((woken.len() as f64 * fraction) as usize).min(woken.len() - 1)];
+    let us = |duration: Duration| format!("{:.1} µs", duration.as_secs_f64() * 1e6);
+    report(
+        &mut rows,
+        &format!(
+            "baseline: a blocked thread woken, of {} (median / p99 / most)",
+            woken.len()
+        ),
+        format!(
+            "{} / {} / {}",
+            us(at(0.5)),
+            us(at(0.99)),
+            us(woken[woken.len() - 1])
+        ),
+    );
+    report(
+        &mut rows,
+        "baseline: wake-ups over 1 ms",
+        format!(
+            "{}",
+            woken
+                .iter()
+                .filter(|&&took| took > Duration::from_millis(1))
+                .count()
+        ),
     );
 
     println!("hit latency (one thread; pin, timed resolve, unpin)");
