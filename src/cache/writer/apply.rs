@@ -332,7 +332,7 @@ impl<B: AvBackend> Writer<B> {
         let holders = std::mem::take(&mut entry.holders);
         let evicted = holders.len();
         for holder in holders.to_vec() {
-            self.unregister(holder, fi_addr);
+            self.unregister(holder);
             if holder != asking {
                 if let Some(hook) = self.shared.on_evict.get() {
                     if !hook(holder) {
@@ -506,10 +506,10 @@ impl<B: AvBackend> Writer<B> {
         }
     }
 
-    /// Forget `client`, a holder of the entry at `fi_addr` that its caller has taken out of the
-    /// entry's holders: unlink its registration from the index, or drop it from `unindexed` if
-    /// an admission had not published it yet.
-    pub(super) fn unregister(&mut self, client: u64, _fi_addr: fi_addr_t) {
+    /// Forget `client`, a holder of an entry that its caller has taken out of the entry's
+    /// holders: unlink its registration from the index, or drop its place in `unindexed` if an
+    /// admission had not published it yet.
+    pub(super) fn unregister(&mut self, client: u64) {
         if self.unindexed.remove(&client).is_none() {
             self.shared.index.unlink(client);
         }

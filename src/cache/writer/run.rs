@@ -578,7 +578,7 @@ impl<B: AvBackend> Writer<B> {
             };
             let holders = std::mem::take(&mut entry.holders);
             for client in holders.to_vec() {
-                self.unregister(client, fi_addr);
+                self.unregister(client);
             }
             self.stats.entries -= 1;
             self.remove_at_shutdown(fi_addr);
