@@ -179,15 +179,7 @@ fn parked(n: u64) -> Parked {
 fn superseded(n: u64) -> Duration {
     let av = ModelAv::new(AddressFormat::Efa);
     let cache = AddressCache::with_backend(av).with_patience(Duration::from_secs(60));
-    let old = cache.lease(0, &efa(1, 7, 1)).unwrap();
-    let new = efa(1, 7, 2);
-    let requests: Vec<(u64, &[u8])> = (1..=n).map(|client| (client, &new[..])).collect();
-    let parked = cache
-        .pin()
-        .resolve_all(&requests)
-        .iter()
-        .all(Result::is_err);
-    assert!(parked, "all parked");
+    let old = testkit::park_behind_lease(&cache, &efa(1, 7, 1), &efa(1, 7, 2), n);
     let started = Instant::now();
     let newer = cache
         .pin()

@@ -679,16 +679,7 @@ fn an_admission_in_slices_publishes_only_clients_that_still_hold_the_entry() {
     let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Efa))
         .with_patience(Duration::from_secs(8));
     let (old, new) = (testkit::efa(1, 7, 1), testkit::efa(1, 7, 2));
-    let lease = cache.lease(0, &old).unwrap();
-    let requests: Vec<(u64, &[u8])> = (1..=CLIENTS).map(|client| (client, &new[..])).collect();
-    assert!(
-        cache
-            .pin()
-            .resolve_all(&requests)
-            .iter()
-            .all(|parked| matches!(parked, Err(DmaError::WouldBlock))),
-        "all parked behind the leased incarnation"
-    );
+    let lease = testkit::park_behind_lease(&cache, &old, &new, CLIENTS);
     // The admission starts at the drop; the releases land among its slices.
     drop(lease);
     for client in (1..=CLIENTS).filter(|client| client % 2 == 1) {

@@ -3,6 +3,7 @@
 //! - address builders for each format: [`efa`] and [`efa_numbered`], [`sockaddr`] and
 //!   [`sockaddr_parts`], [`opaque`];
 //! - real tcp endpoints on 127.0.0.1: [`tcp`], [`tcp_with_capacity`];
+//! - [`park_behind_lease`]: many clients parked behind a leased incarnation;
 //! - [`Observed`], any AV backend with an [`Observer`] around its calls;
 //! - [`Random`], a small deterministic generator, so stress tests and benches replay;
 //! - `fuzzing` (feature `fuzzing`): the fuzz targets' checks and reference model.
@@ -31,6 +32,26 @@ pub fn efa(gid: u8, qpn: u16, qkey: u32) -> Vec<u8> {
     address[16..18].copy_from_slice(&qpn.to_ne_bytes());
     address[20..24].copy_from_slice(&qkey.to_ne_bytes());
     address
+}
+
+/// Lease `old` as client 0 and park clients `1..=clients` on `new`, a newer incarnation of the
+/// same slot, behind it (one `resolve_all`); panics unless every one answers `WouldBlock`. They
+/// stay parked until the returned lease is dropped, which starts their admission.
+pub fn park_behind_lease<'cache, B: AvBackend>(
+    cache: &'cache dma_libfabric::AddressCache<B>,
+    old: &[u8],
+    new: &[u8],
+    clients: u64,
+) -> dma_libfabric::Lease<'cache> {
+    let lease = cache.lease(0, old).expect("the old incarnation");
+    let requests: Vec<(u64, &[u8])> = (1..=clients).map(|client| (client, new)).collect();
+    let all_parked = cache
+        .pin()
+        .resolve_all(&requests)
+        .iter()
+        .all(|parked| matches!(parked, Err(DmaError::WouldBlock)));
+    assert!(all_parked, "all parked behind the leased incarnation");
+    lease
 }
 
 /// efa address number `n`: a link-local GID and a QPN from `n` (distinct for every `n`), and a
