@@ -2,7 +2,8 @@
 //! thread. Each test is one shape of issue 29's "Why" that hung or was refused before the rule
 //! (main at 6095657): a lease taken on one thread and waited on by another (item 1, three shapes),
 //! a fork-join under a pin (item 2), huge finite timeouts (item 3), and a lease in flight on a
-//! completion thread that refused every later wait (item 4).
+//! completion thread that refused every later wait (item 4). One more: a deadline that comes while
+//! the process's background thread is busy with another cache is still answered with the leases.
 //!
 //! A regression must fail, not hang CI: every call that could wait runs on a thread of its own
 //! and its answer is taken with a timeout far beyond the short patience these caches are given
@@ -289,4 +290,79 @@ fn a_patience_of_zero_still_admits_what_needs_no_wait() {
         Some(efa(8, 7, 1)),
         av.lookup(lease.expect("a miss that parks nothing"))
     );
+}
+
+/// Holds the process's background thread inside one `fi_av_remove` (its first on that thread)
+/// until told to go on.
+struct HoldTheBackgroundThread {
+    entered: mpsc::Sender<()>,
+    go: mpsc::Receiver<()>,
+    held: bool,
+}
+
+impl testkit::Observer for HoldTheBackgroundThread {
+    fn after_remove(&mut self, _: u64, _: &Result<(), DmaError>) {
+        if !self.held && std::thread::current().name() == Some("dma-av-writer") {
+            self.held = true;
+            let _ = self.entered.send(());
+            let _ = self.go.recv();
+        }
+    }
+}
+
+/// A waiter's deadline is answered by the process's one background thread. While that thread is
+/// busy with another cache (here held inside that cache's `fi_av_remove`), the waiting caller
+/// serves the round itself once its deadline has passed, so the error still names the lease it
+/// waited on: before, its own fallback answered a patience later with `leases: 0`.
+#[test]
+fn a_deadline_is_answered_with_its_leases_while_the_background_thread_is_busy_elsewhere() {
+    // In a child process: the background thread is held, and every cache of the process
+    // shares it.
+    if !testkit::in_child_process(
+        "a_deadline_is_answered_with_its_leases_while_the_background_thread_is_busy_elsewhere",
+    ) {
+        return;
+    }
+    let (entered, entered_here) = mpsc::channel();
+    let (go_on, go) = mpsc::channel();
+    let other = AddressCache::with_backend(testkit::Observed {
+        av: ModelAv::new(AddressFormat::Opaque),
+        observer: HoldTheBackgroundThread {
+            entered,
+            go,
+            held: false,
+        },
+    });
+    // A removal the background thread runs: the caller is gone once it has released.
+    let mut held = false;
+    for client in 0..50_u8 {
+        other
+            .pin()
+            .resolve(u64::from(client), &testkit::opaque(client + 1))
+            .unwrap();
+        other.release(u64::from(client));
+        if entered_here
+            .recv_timeout(Duration::from_millis(200))
+            .is_ok()
+        {
+            held = true;
+            break;
+        }
+    }
+    assert!(
+        held,
+        "the background thread never removed an entry of the other cache"
+    );
+
+    let (cache, av) = cache_with(Duration::from_millis(100));
+    let old = cache.lease(1, &efa(1, 7, 1)).unwrap();
+    let refused = cache.lease(2, &efa(1, 7, 2));
+    let named = out_of_patience(&refused, 2, 1);
+    go_on.send(()).unwrap();
+    assert!(named, "{refused:?}");
+    drop(old);
+    let new = cache
+        .lease(2, &efa(1, 7, 2))
+        .expect("admitted once the lease is dropped");
+    assert_eq!(Some(efa(1, 7, 2)), av.lookup(new.fi_addr()));
 }

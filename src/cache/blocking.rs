@@ -287,13 +287,21 @@ impl<B: AvBackend> AddressCache<B> {
             }
             asked = true;
             // Unpinned while waiting: a parked incarnation waits for every pin, this one's too.
-            let outcome = match reply::round_trip(
+            // At the deadline the background thread answers it; if that thread is busy with
+            // another cache's work (it serves every cache in the process), this caller serves
+            // the round itself once the role is free, so the answer still names the leases.
+            let serve = || self.reader_side.requests.serve();
+            let nudge = deadline
+                .checked_add(NUDGE_AFTER)
+                .map(|at| (at, &serve as &dyn Fn()));
+            let outcome = match reply::round_trip_nudging(
                 |answer| {
                     self.reader_side
                         .ask(client, address, Reply::Admitted { answer, deadline })
                 },
                 fallback,
                 &self.reader_side.shared.doorbell,
+                nudge,
             ) {
                 Outcome::Answered(outcome) => outcome,
                 Outcome::TimedOut => return Err(out_of_patience()),
@@ -402,3 +410,8 @@ impl<B: AvBackend> AddressCache<B> {
 /// The least a caller waits past its deadline for the writer's answer, which the writer sends at
 /// the deadline: room for a writer that is preempted then.
 const GRACE: Duration = Duration::from_millis(100);
+
+/// How long after its deadline a blocked `lease` with no answer serves the cache's round itself
+/// (if the role is free): the background thread, which answers deadlines, may be busy with
+/// another cache's long step.
+const NUDGE_AFTER: Duration = Duration::from_millis(5);

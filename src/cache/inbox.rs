@@ -61,6 +61,16 @@ impl Inbox {
         }
     }
 
+    /// Serve as the writer if the role is free, with or without anything queued: a round takes
+    /// the readers' and leases' reports and answers the waiters whose deadline has passed. For a
+    /// waiter whose deadline came while the background thread was busy elsewhere (it serves
+    /// every cache in the process). Without a writer to serve (loom), nothing.
+    pub(super) fn serve(&self) {
+        if let Some(writer) = &self.writer {
+            writer.serve();
+        }
+    }
+
     /// A [`ReleaseQueue`] on this inbox, which does not keep the cache's shared state alive.
     pub(super) fn release_queue(&self) -> ReleaseQueue {
         ReleaseQueue {

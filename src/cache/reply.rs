@@ -168,6 +168,7 @@ impl Channel {
         ask: impl FnOnce(Answer) -> Result<(), DmaError>,
         deadline: Option<Instant>,
         writer: &Doorbell,
+        mut nudge: Option<Nudge<'_>>,
     ) -> Outcome {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
@@ -180,10 +181,22 @@ impl Channel {
             return Outcome::Answered(Err(error));
         }
         loop {
-            let received = match deadline {
-                None => recv_adaptive(&self.receiver, writer)
+            let received = match (deadline, nudge.as_ref()) {
+                (None, _) => recv_adaptive(&self.receiver, writer)
                     .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected),
-                Some(deadline) => recv_until(&self.receiver, deadline),
+                (Some(deadline), Some(&(at, _))) if at < deadline => {
+                    match recv_until(&self.receiver, at) {
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                            // Once: then wait for the answer until the deadline.
+                            if let Some((_, poke)) = nudge.take() {
+                                poke();
+                            }
+                            continue;
+                        }
+                        received => received,
+                    }
+                }
+                (Some(deadline), _) => recv_until(&self.receiver, deadline),
             };
             match received {
                 Ok((answered, result)) if answered == ticket => return Outcome::Answered(result),
@@ -204,6 +217,9 @@ std::thread_local! {
     static CHANNEL: std::cell::RefCell<Option<Channel>> = const { std::cell::RefCell::new(None) };
 }
 
+/// What a waiter with a deadline does once, at the instant given, if no answer has come by then.
+pub(crate) type Nudge<'a> = (Instant, &'a dyn Fn());
+
 /// Send a request with `ask`, which puts the [`Answer`] it is given into the request, and wait
 /// for the answer, until `deadline` if there is one (without one, waiting as the module docs
 /// say, on the state `writer` publishes). An error from `ask` is the outcome.
@@ -211,6 +227,18 @@ pub(crate) fn round_trip(
     ask: impl FnOnce(Answer) -> Result<(), DmaError>,
     deadline: Option<Instant>,
     writer: &Doorbell,
+) -> Outcome {
+    round_trip_nudging(ask, deadline, writer, None)
+}
+
+/// [`round_trip`], and if no answer has come by the nudge's instant (before `deadline`), run the
+/// nudge once and go on waiting until `deadline`. Under loom, where time does not pass, the
+/// nudge never runs.
+pub(crate) fn round_trip_nudging(
+    ask: impl FnOnce(Answer) -> Result<(), DmaError>,
+    deadline: Option<Instant>,
+    writer: &Doorbell,
+    nudge: Option<Nudge<'_>>,
 ) -> Outcome {
     let mut ask = Some(ask);
     #[cfg(not(dma_loom))]
@@ -222,7 +250,7 @@ pub(crate) fn round_trip(
             let ask = ask.take()?;
             Some(
                 slot.get_or_insert_with(Channel::new)
-                    .round_trip(ask, deadline, writer),
+                    .round_trip(ask, deadline, writer, nudge),
             )
         });
         if let Ok(Some(outcome)) = reused {
@@ -231,7 +259,7 @@ pub(crate) fn round_trip(
     }
     // Under loom, or while the thread's storage is torn down: a channel for this round trip.
     match ask.take() {
-        Some(ask) => Channel::new().round_trip(ask, deadline, writer),
+        Some(ask) => Channel::new().round_trip(ask, deadline, writer, nudge),
         None => Outcome::Answered(Err(DmaError::Closed)),
     }
 }
