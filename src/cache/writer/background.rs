@@ -53,15 +53,15 @@ static BACKGROUND: OnceLock<Option<BackgroundThread>> = OnceLock::new();
 /// Register `cache` with the process's background thread, starting the thread with the first
 /// cache; whether there is one to do the cache's background work.
 pub(crate) fn tend(cache: Weak<dyn Tend>) -> bool {
-    let Some(shared) = BACKGROUND.get_or_init(start) else {
+    let Some(background) = BACKGROUND.get_or_init(start) else {
         return false;
     };
     if let Some(strong) = cache.upgrade() {
-        strong.answer_at(shared.thread.clone());
+        strong.answer_at(background.thread.clone());
     }
-    crate::sync::lock(&shared.arrivals).push(cache);
-    shared.arrived.store(true, Ordering::Release);
-    shared.thread.unpark();
+    crate::sync::lock(&background.arrivals).push(cache);
+    background.arrived.store(true, Ordering::Release);
+    background.thread.unpark();
     true
 }
 
@@ -96,17 +96,17 @@ struct Slot {
 /// The thread's loop: take the caches registered since the last pass, visit each that is due or
 /// has work, and park until the earliest timer or a ring.
 fn run() {
-    let shared = loop {
+    let background = loop {
         // The `OnceLock` is set by the thread that spawned this one just after the spawn.
-        if let Some(Some(shared)) = BACKGROUND.get() {
-            break shared;
+        if let Some(Some(background)) = BACKGROUND.get() {
+            break background;
         }
         std::thread::park();
     };
     let mut slots: Vec<Slot> = Vec::new();
     loop {
-        if shared.arrived.swap(false, Ordering::Acquire) {
-            let arrivals = std::mem::take(&mut *crate::sync::lock(&shared.arrivals));
+        if background.arrived.swap(false, Ordering::Acquire) {
+            let arrivals = std::mem::take(&mut *crate::sync::lock(&background.arrivals));
             slots.extend(arrivals.into_iter().map(|cache| Slot {
                 cache,
                 visits: Visits::default(),
