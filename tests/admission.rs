@@ -12,6 +12,18 @@
 use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
 use testkit::efa;
 
+/// Enough clients that their admission's slices (256 a round) are still going out when the next
+/// request comes.
+const CLIENTS: u64 = 200_000;
+
+/// A cache over an efa model AV, patient enough for a loaded machine, and the AV.
+fn efa_cache() -> (AddressCache<ModelAv>, ModelAv) {
+    let av = ModelAv::new(AddressFormat::Efa);
+    let cache =
+        AddressCache::with_backend(av.clone()).with_patience(std::time::Duration::from_secs(30));
+    (cache, av)
+}
+
 /// Parks `clients` clients on `new` behind the leased `old`, drops the lease, and returns once the
 /// writer has admitted them all (its counters say so), while most of their registrations are
 /// still to be published, a slice a round.
@@ -32,10 +44,7 @@ fn admit_many(cache: &AddressCache<ModelAv>, old: &[u8], new: &[u8], clients: u6
 /// reused the old one for the admitted entry) gets in.
 #[test]
 fn an_admission_evicted_before_its_slices_are_out_evicts_every_client_once() {
-    const CLIENTS: u64 = 200_000;
-    let av = ModelAv::new(AddressFormat::Efa);
-    let cache =
-        AddressCache::with_backend(av.clone()).with_patience(std::time::Duration::from_secs(30));
+    let (cache, av) = efa_cache();
     let (old, new, newer) = (efa(1, 7, 1), efa(1, 7, 2), efa(1, 7, 3));
     admit_many(&cache, &old, &new, CLIENTS);
     let evicted = cache.stats().evicted_clients;
@@ -72,10 +81,7 @@ fn an_admission_evicted_before_its_slices_are_out_evicts_every_client_once() {
 /// not the newcomer's entry.
 #[test]
 fn an_admission_whose_old_index_is_reused_mid_publication_keeps_its_clients_on_their_entry() {
-    const CLIENTS: u64 = 200_000;
-    let av = ModelAv::new(AddressFormat::Efa);
-    let cache =
-        AddressCache::with_backend(av.clone()).with_patience(std::time::Duration::from_secs(30));
+    let (cache, av) = efa_cache();
     let (old, new) = (efa(1, 7, 1), efa(1, 7, 2));
     let (other, other_newer) = (efa(5, 5, 1), efa(5, 5, 2));
     // Index 0 is taken first and freed before the admission, which therefore gets index 0
