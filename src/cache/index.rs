@@ -14,10 +14,11 @@
 //! the entry a published client holds (`registered`, and what `unlink` took out): the index
 //! stands in for a writer-side map of every client, which cost 16 B a client and its slack.
 //! papaya's own reclamation (seize) keeps a node alive while a reader's guard may still see it,
-//! so a reader may read a node the writer has just unlinked. That is memory safety only: whether the *fi_addr_t* in it is still
-//! in the AV is the epoch deferral's business (see the `cache` module), and so is the address
-//! slot it reads: the writer rewrites an index's slot only for a new entry at that index, after
-//! the old one's `fi_av_remove`, which waited for every reader that could have found it.
+//! so a reader may read a node the writer has just unlinked. That is memory safety only:
+//! whether the *fi_addr_t* in it is still in the AV is the epoch deferral's business (see the
+//! `cache` module), and so is the address slot it reads: the writer rewrites an index's slot
+//! only for a new entry at that index, after the old one's `fi_av_remove`, which waited for
+//! every reader that could have found it.
 //!
 //! A reader's guard lives as long as its pin, so a hit does not pay papaya's enter and leave (an
 //! atomic swap) per probe. What keeps that bounded: the index counts the writer's changes
@@ -33,8 +34,8 @@
 //! the old one is freed once every reader pinned at the replacement has unpinned (see
 //! [`PapayaIndex`]). Bounded: one table of fewer than three slots a registration (the writer
 //! doubles it at 70% full, `GROW_AT_TENTHS`) or the capacity's, the table it outgrew handed to
-//! reclamation as it grows, at most one replaced table waiting for its readers, and the address slots, one per AV index (40
-//! bytes each, allocated with the cache).
+//! reclamation as it grows, at most one replaced table waiting for its readers, and the address
+//! slots, one per AV index (40 bytes each, allocated with the cache).
 
 #[cfg(not(dma_loom))]
 use std::cell::UnsafeCell;

@@ -443,31 +443,18 @@ impl<B: AvBackend> Writer<B> {
         self.forwarded = HashMap::default();
     }
 
-    /// Publish `client`'s registration on the live entry at `fi_addr`. `client` holds nothing
-    /// else (its miss detached it first).
+    /// Record `client` as a holder of the live entry at `fi_addr` and publish its registration.
+    /// `client` holds nothing else (its miss detached it first).
     pub(super) fn register(&mut self, client: u64, fi_addr: fi_addr_t) {
-        if self.enroll(client, fi_addr) {
-            // Published: the index says where it is from now on.
-            self.unindexed.remove(&client);
-            self.publish(client, fi_addr);
-        }
-    }
-
-    /// Record `client` as a holder of the live entry at `fi_addr`, without publishing its
-    /// registration yet; whether the entry is there. The caller says where the client is now:
-    /// in the index (`register`) or in `unindexed` (`admit`).
-    pub(super) fn enroll(&mut self, client: u64, fi_addr: fi_addr_t) -> bool {
-        let Some(entry) = usize::try_from(fi_addr)
-            .ok()
-            .and_then(|index| self.entries.get_mut(index))
-            .and_then(Option::as_mut)
-        else {
-            return false;
+        let Some(entry) = self.entry_mut(fi_addr) else {
+            return;
         };
         if entry.holders.insert(client) {
             self.stats.clients += 1;
         }
-        true
+        // Published: the index says where it is from now on.
+        self.unindexed.remove(&client);
+        self.shared.index.publish(client, fi_addr);
     }
 
     /// Publish the registration of `client` on the entry at `fi_addr`, which it holds.
@@ -598,9 +585,10 @@ impl<B: AvBackend> Writer<B> {
                 // The set's order is the hasher's: loom needs the same publishes in every run.
                 #[cfg(dma_loom)]
                 self.unpublished.sort_unstable();
-                self.stats.clients += clients.len() as u64;
+                let admitted = clients.len() as u64;
                 if let Some(entry) = self.entry_mut(fi_addr) {
                     entry.holders = Holders::from_set(clients);
+                    self.stats.clients += admitted;
                 }
                 // Until its clients are published, their places (parked at `at`) mean this entry.
                 self.forwarded.insert(at, fi_addr);
