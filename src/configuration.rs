@@ -221,6 +221,21 @@ pub struct Configuration {
     /// core per waiting thread for the few microseconds a wake-up costs (see
     /// `docs/completions.md`).
     pub busy_poll: bool,
+    /// How many operations one peer may have in flight at once, across every kind the endpoint
+    /// posts to a peer: copying sends, `send_from`, `write`, `read`, `write_with_data`,
+    /// `write_gather`, `read_scatter` (and so the rail set's stripes, on each rail). Past it, that
+    /// peer's next operation waits its patience for one of them to complete, then answers
+    /// [`DmaError::WouldBlock`] with nothing posted; other peers are not affected. The count
+    /// belongs to the peer's incarnation (its cache entry), not its AV index: a newcomer on a
+    /// reused index starts with a full budget.
+    ///
+    /// Default [`DEFAULT_MAX_OPERATIONS_PER_PEER`](Self::DEFAULT_MAX_OPERATIONS_PER_PEER), 32:
+    /// an eighth of the default transmit queue (`tx_size` 256), so that up to seven peers can stop
+    /// reading, each holding its whole budget, and the provider still has a quarter of its
+    /// transmit queue and operation slots for everyone else; and enough to keep one peer's link
+    /// busy (32 writes of 64 KiB in flight fill tcp loopback). Raise it for few peers and deep
+    /// pipelines, lower it for many peers. At least 1.
+    pub max_operations_per_peer: usize,
 }
 
 impl Configuration {
@@ -361,6 +376,13 @@ impl Configuration {
                 self.receive_buffers, self.cq_size, self.rx_size, self.receive_buffers
             )));
         }
+        if 0 == self.max_operations_per_peer {
+            return Err(DmaError::InvalidArgument(
+                "max_operations_per_peer is 0, below the bound of 1: a peer with no budget could \
+                 never be sent to"
+                    .into(),
+            ));
+        }
         if self.cache_patience > Self::MAX_CACHE_PATIENCE {
             return Err(DmaError::InvalidArgument(format!(
                 "cache_patience is {:?}, above the bound of {:?} \
@@ -371,6 +393,10 @@ impl Configuration {
         }
         self.rxm.validate()
     }
+
+    /// The default [`max_operations_per_peer`](Self::max_operations_per_peer): 32 (why, on the
+    /// field).
+    pub const DEFAULT_MAX_OPERATIONS_PER_PEER: usize = 32;
 
     /// The default [`cache_patience`](Self::cache_patience): 5 s, the cache's own
     /// [`AddressCache::DEFAULT_PATIENCE`](crate::cache::AddressCache::DEFAULT_PATIENCE).
@@ -468,6 +494,7 @@ impl Default for Configuration {
             cache_patience: Self::DEFAULT_CACHE_PATIENCE,
             busy_poll: false,
             hmem: false,
+            max_operations_per_peer: Self::DEFAULT_MAX_OPERATIONS_PER_PEER,
         }
     }
 }

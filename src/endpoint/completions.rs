@@ -166,6 +166,10 @@ impl Operations {
         };
         self.slots[index].posted_at.clear();
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        // The provider is done with it: its peer may post one more (see `budget`).
+        self.sends
+            .budget
+            .give_back(operation.fi_addr, operation.incarnation);
         // Name the operation that failed rather than the queue read that reported it.
         let call = operation.operation.call();
         let result = result.map_err(|failure| match failure {

@@ -184,6 +184,7 @@ pub(super) unsafe fn describe(info: *const sys::fi_info) -> Description {
             max_send_size: 0,
             max_sends_in_flight: 0,
             max_sends_in_flight_per_peer: 0,
+            max_operations_per_peer: 0,
         }
     }
 }

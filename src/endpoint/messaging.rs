@@ -6,11 +6,11 @@
 //! that every wait is bounded, on [`LibfabricEndpoint`] ("Nothing waits for ever"). A send's slot
 //! is `sends`'s, its sender's bookkeeping `senders`'s, the sleep between attempts `wait`'s.
 
-use std::ffi::CStr;
 use std::ptr;
 use std::time::Duration;
 
 use super::deadline::Deadline;
+use super::error_entry::read_error_entry;
 use super::receive::SlotArrival;
 use super::senders::{self, Received};
 use super::{LibfabricEndpoint, RECEIVE_POST_PATIENCE, sends};
@@ -19,10 +19,6 @@ use crate::av::FabricAv;
 use crate::cache::Peer;
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
-
-/// The bytes of provider-specific error data [`LibfabricEndpoint`] asks `fi_cq_readerr` to copy
-/// into a buffer of its own for each error completion.
-const ERR_DATA_LEN: usize = 256;
 
 impl LibfabricEndpoint {
     /// How long dropping an endpoint drives progress for its sends in flight before it counts
@@ -80,9 +76,9 @@ impl LibfabricEndpoint {
     /// [`Description::max_sends_in_flight`](super::Description::max_sends_in_flight) (the transmit
     /// queue's depth, `Configuration::tx_size`) are in flight: past it a send answers
     /// [`DmaError::WouldBlock`] and posts nothing, so a peer that stops reading holds at most that
-    /// many, whatever the sender does. One peer holds at most half of them
-    /// ([`Description::max_sends_in_flight_per_peer`](super::Description::max_sends_in_flight_per_peer)),
-    /// so a stopped peer does not block the others. On tcp every transmit asks for
+    /// many, whatever the sender does. One peer holds at most its budget of operations
+    /// of every kind ([`Configuration::max_operations_per_peer`](crate::configuration::Configuration::max_operations_per_peer),
+    /// 32 by default), so a stopped peer does not block the others. On tcp every transmit asks for
     /// `FI_TRANSMIT_COMPLETE`, which tcp completes when the peer's provider acknowledges it: a send
     /// sitting in a socket is still in flight.
     ///
@@ -266,6 +262,32 @@ impl LibfabricEndpoint {
     /// [`Description::max_sends_in_flight`](super::Description::max_sends_in_flight).
     pub fn sends_in_flight(&self) -> usize {
         self.operations.sends.outstanding()
+    }
+
+    /// How many operations of every kind `peer` has in flight (posted, completion not yet read
+    /// by the provider's queue): at most
+    /// [`Configuration::max_operations_per_peer`](crate::configuration::Configuration::max_operations_per_peer)
+    /// (see there). Counted for the peer's incarnation: a peer resolved anew on an index that its
+    /// predecessor left operations in flight on has none of them. 0 for a peer of another
+    /// endpoint's cache.
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
+    ///
+    /// let server = LibfabricEndpoint::open(&Configuration::default(), None)?;
+    /// let client = LibfabricEndpoint::open(&Configuration::default(), None)?;
+    /// let pinned = server.cache().pin();
+    /// let peer = pinned.resolve(1, &client.local_address()?)?;
+    /// assert_eq!(0, server.peer_operations_in_flight(peer));
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn peer_operations_in_flight(&self, peer: Peer<'_>) -> usize {
+        if self.check_peer(peer).is_err() {
+            return 0;
+        }
+        let fi_addr = peer.fi_addr();
+        let incarnation = self.operations.peers.unreachable.incarnation(fi_addr);
+        self.operations.sends.budget.in_flight(fi_addr, incarnation)
     }
 
     /// How many sends of this endpoint completed with an error, since it opened: each was also
@@ -617,82 +639,6 @@ enum Arrival {
 
 /// The most `receive_into`s (operation slots) one read loop passes over before it stops.
 const MAX_RECEIVES_INTO: usize = super::MAX_OPERATIONS;
-
-/// An error completion, read into a buffer of the reader's own.
-pub(super) struct ErrorEntry {
-    /// The operation's context, as it was posted.
-    pub(super) op_context: *mut std::ffi::c_void,
-    /// `fi_cq_err_entry.err`: a positive `FI_E*` code.
-    pub(super) err: i32,
-    /// `fi_cq_err_entry.prov_errno`: the provider's own code (an errno on tcp).
-    pub(super) prov_errno: i32,
-    /// `fi_cq_err_entry.len`: the bytes transferred (received, for a truncated receive).
-    pub(super) len: usize,
-    /// `fi_strerror`'s text, and the provider's where it gave one.
-    message: String,
-}
-
-impl ErrorEntry {
-    /// The error, as `call`'s failure.
-    pub(super) fn error(&self, call: &'static str) -> DmaError {
-        DmaError::Fabric {
-            call,
-            code: (-self.err).into(),
-            message: self.message.clone(),
-        }
-    }
-}
-
-/// Read one error entry of `cq` with `fi_cq_readerr`, into an `err_data` buffer of this call's
-/// own (libfabric's shared one is overwritten, or freed, by the next read on any thread), and
-/// describe it with `fi_cq_strerror`. `None` when there was none (another thread took it).
-pub(super) fn read_error_entry(cq: *mut sys::fid_cq) -> Result<Option<ErrorEntry>, DmaError> {
-    let mut err_data = [0_u8; ERR_DATA_LEN];
-    let mut entry = sys::fi_cq_err_entry {
-        err_data: err_data.as_mut_ptr().cast(),
-        err_data_size: err_data.len(),
-        ..Default::default()
-    };
-    // SAFETY: the queue is open, `entry` is a valid error entry to fill, and its `err_data`
-    // points at `err_data_size` writable bytes that live across the call.
-    let read = unsafe { sys::fi_cq_readerr(cq, &raw mut entry, 0) };
-    if 0 == read || -(sys::FI_EAGAIN as isize) == read {
-        return Ok(None);
-    }
-    if read < 0 {
-        return Err(DmaError::fabric("fi_cq_readerr", read as i64));
-    }
-    let mut text = [0 as std::ffi::c_char; 256];
-    // SAFETY: the queue is open; `err_data` is this call's own buffer, which the provider
-    // filled (nobody else can touch it), and `text` has room for `text.len()` bytes. The
-    // returned pointer is to `text` or to a static string, read before either goes away.
-    let message = unsafe {
-        let provider_text = sys::fi_cq_strerror(
-            cq,
-            entry.prov_errno,
-            err_data.as_ptr().cast(),
-            text.as_mut_ptr(),
-            text.len(),
-        );
-        let text = crate::error::strerror(entry.err.into());
-        if provider_text.is_null() || 0 == entry.prov_errno {
-            text
-        } else {
-            let provider_text = CStr::from_ptr(provider_text).to_string_lossy();
-            format!(
-                "{text} (provider error {}: {provider_text})",
-                entry.prov_errno
-            )
-        }
-    };
-    Ok(Some(ErrorEntry {
-        op_context: entry.op_context,
-        err: entry.err,
-        prov_errno: entry.prov_errno,
-        len: entry.len,
-        message,
-    }))
-}
 
 #[cfg(test)]
 mod tests {

@@ -10,9 +10,11 @@
 //! (reading the AV back).
 
 mod access;
+mod budget;
 mod buffer;
 pub(crate) mod completions;
 pub(crate) mod deadline;
+mod error_entry;
 mod handles;
 mod in_flight;
 mod lookup;
@@ -34,11 +36,11 @@ use std::time::Duration;
 #[cfg(dma_loom)]
 pub use self::access::AccessWord;
 pub use self::buffer::{RegionSlice, StableBuffer};
+use self::error_entry::read_error_entry;
 use self::handles::Handles;
 pub use self::in_flight::OverdueOperation;
 pub use self::memory::registration::{Exposure, MemoryInterface};
 pub use self::memory::{MemoryRegion, PooledBuffer, RemoteRegion, Segment};
-use self::messaging::read_error_entry;
 use self::receive::ReceiveSlots;
 pub use self::rma::{Completion, MAX_OPERATIONS, Operation};
 /// The four RMA calls, written once for the endpoint and the rail set (see `rma::calls`).
@@ -89,13 +91,17 @@ pub struct Description {
     pub max_send_size: usize,
     /// How many sends may be in flight at once (the transmit queue's depth, `tx_attr.size`,
     /// within the completion queue's and [`MAX_SENDS`]): past it, a send answers
-    /// [`DmaError::WouldBlock`] and posts nothing. One peer may have at most half of them in
+    /// [`DmaError::WouldBlock`] and posts nothing. One peer may have at most its budget of them in
     /// flight ([`max_sends_in_flight_per_peer`](Self::max_sends_in_flight_per_peer)).
     pub max_sends_in_flight: usize,
-    /// How many sends one peer may have in flight: half of
-    /// [`max_sends_in_flight`](Self::max_sends_in_flight) (at least 1), so a peer that stops
-    /// reading leaves the other half to the rest.
+    /// How many sends one peer may have in flight: its whole budget,
+    /// [`max_operations_per_peer`](Self::max_operations_per_peer), within
+    /// [`max_sends_in_flight`](Self::max_sends_in_flight).
     pub max_sends_in_flight_per_peer: usize,
+    /// How many operations of every kind one peer incarnation may have in flight
+    /// ([`Configuration::max_operations_per_peer`](crate::configuration::Configuration::max_operations_per_peer)),
+    /// so a peer that stops reading leaves the rest of the slots to the others.
+    pub max_operations_per_peer: usize,
 }
 
 /// How long `open` keeps posting a receive buffer the provider answers `-FI_EAGAIN` for, driving

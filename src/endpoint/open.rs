@@ -154,11 +154,13 @@ impl LibfabricEndpoint {
             tx_size.min(queues.size),
             configuration.receive_size,
             configuration.av_capacity,
+            configuration.max_operations_per_peer,
             Arc::clone(&handed_out),
         )?;
         description.max_send_size = sends.size();
         description.max_sends_in_flight = sends.capacity();
         description.max_sends_in_flight_per_peer = sends.peer_limit();
+        description.max_operations_per_peer = sends.budget.limit();
         // SAFETY: `info` is the list head fi_getinfo returned, alive as long as `handles`.
         let operations = Box::new(unsafe {
             rma::Operations::new(

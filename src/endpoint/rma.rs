@@ -434,22 +434,7 @@ impl LibfabricEndpoint {
         }
         let incarnation = self.operations.peers.unreachable.incarnation(fi_addr);
         let deadline = Deadline::after(timeout);
-        let index = match reserved {
-            Some(index) => index,
-            None => {
-                // A full slab frees a slot only when a completion is read and taken: sleep for it.
-                let free = || lock(&self.operations.free).pop();
-                let Some(index) = free().or_else(|| {
-                    self.wait_until(deadline, || {
-                        self.progress();
-                        free()
-                    })
-                }) else {
-                    return Err(DmaError::WouldBlock);
-                };
-                index
-            }
-        };
+        let index = self.admit(fi_addr, incarnation, later_part, reserved, deadline)?;
         let slot = &self.operations.slots[index];
         let part = join.as_ref().map(|part| Arc::clone(&part.join));
         // SAFETY: the slot came off the free list, so this thread owns it until it is posted.
@@ -482,6 +467,57 @@ impl LibfabricEndpoint {
             self.progress();
             std::thread::yield_now();
         }
+    }
+
+    /// Take one of the peer's budget (see `budget`) and a slot for an operation to `fi_addr`'s
+    /// `incarnation`, waiting until `deadline` for each: a peer with its budget in flight waits
+    /// for one of its own completions, and never takes what other peers need. A later part of an
+    /// admitted transfer is always admitted: a transfer is not cut in the middle. `reserved` is the
+    /// slot [`reserve_slots`](Self::reserve_slots) took for it, if any; on an error it is given
+    /// back, and nothing is held.
+    ///
+    /// # Errors
+    /// [`DmaError::WouldBlock`] when the budget or a slot was not free by `deadline`.
+    fn admit(
+        &self,
+        fi_addr: sys::fi_addr_t,
+        incarnation: u32,
+        later_part: bool,
+        reserved: Option<usize>,
+        deadline: Deadline,
+    ) -> Result<usize, DmaError> {
+        let budget = &self.operations.sends.budget;
+        let admitted = || budget.take(fi_addr, incarnation, later_part).then_some(());
+        if admitted()
+            .or_else(|| {
+                self.wait_until(deadline, || {
+                    self.progress();
+                    admitted()
+                })
+            })
+            .is_none()
+        {
+            if let Some(index) = reserved {
+                self.release_slots([index]);
+            }
+            return Err(DmaError::WouldBlock);
+        }
+        if let Some(index) = reserved {
+            return Ok(index);
+        }
+        // A full slab frees a slot only when a completion is read and taken: sleep for it.
+        let free = || lock(&self.operations.free).pop();
+        free()
+            .or_else(|| {
+                self.wait_until(deadline, || {
+                    self.progress();
+                    free()
+                })
+            })
+            .ok_or_else(|| {
+                budget.give_back(fi_addr, incarnation);
+                DmaError::WouldBlock
+            })
     }
 
     /// Where an operation on `target` is posted, and the lease its slot keeps (`'static`: see
@@ -526,7 +562,12 @@ impl LibfabricEndpoint {
     ) -> Result<Posted, DmaError> {
         let slot = &self.operations.slots[index];
         // SAFETY: the slot is this thread's (the caller's promise).
-        drop(unsafe { (*slot.operation.get()).take() });
+        if let Some(operation) = unsafe { (*slot.operation.get()).take() } {
+            self.operations
+                .sends
+                .budget
+                .give_back(operation.fi_addr, operation.incarnation);
+        }
         slot.posted_at.clear();
         self.operations.in_flight.fetch_sub(1, Ordering::AcqRel);
         let error = if code == -(sys::FI_EAGAIN as isize) {

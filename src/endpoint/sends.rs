@@ -8,7 +8,7 @@
 //! [`send_within`](super::LibfabricEndpoint::send_within) ("Bounded, and never lost without an
 //! error"): as many slots as the transmit queue and its completion queue hold, at most
 //! [`MAX_SENDS`], each of [`MAX_SEND_COPY`] bytes at most, in one zeroed allocation made at
-//! `open`. The per-peer half is one `AtomicU32` an AV index.
+//! `open`. What one peer may hold is its budget (`budget`), shared with the RMA operations.
 //!
 //! # Ownership of a slot
 //!
@@ -28,7 +28,8 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::messaging::ErrorEntry;
+use super::budget::PeerBudget;
+use super::error_entry::ErrorEntry;
 use crate::av::fabric::HandedOut;
 use crate::av::unreachable::says_peer_is_gone;
 use crate::error::DmaError;
@@ -63,12 +64,9 @@ pub(super) struct Sends {
     free: Mutex<Vec<usize>>,
     /// Posted, completion not yet read.
     outstanding: AtomicUsize,
-    /// Sends in flight per AV index (indices past the AV's capacity, which a raw send may name,
-    /// are not counted per peer).
-    per_peer: Box<[AtomicU32]>,
-    /// The most one peer may have in flight: half the slots, so one stopped peer leaves the
-    /// other half to the rest.
-    peer_limit: u32,
+    /// What each peer incarnation has in flight, of sends and of the RMA operations that share
+    /// the transmit queue (`rma::Operations` holds these sends and takes from the same budget).
+    pub(super) budget: PeerBudget,
     /// Completed with an error.
     failed: AtomicU64,
     /// The AV's record, whose `unreachable` marks dead peers.
@@ -84,7 +82,7 @@ unsafe impl Send for Sends {}
 
 impl Sends {
     /// `count` slots (clamped to 1..=[`MAX_SENDS`]) of `size` bytes each, for an AV of
-    /// `av_capacity` entries.
+    /// `av_capacity` entries whose peers may each have `per_peer` operations in flight.
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] naming the sizes when the buffers cannot be allocated.
@@ -92,6 +90,7 @@ impl Sends {
         count: usize,
         size: usize,
         av_capacity: usize,
+        per_peer: usize,
         peers: Arc<HandedOut>,
     ) -> Result<Self, DmaError> {
         let count = count.clamp(1, MAX_SENDS);
@@ -117,8 +116,7 @@ impl Sends {
             size,
             free: Mutex::new((0..count).rev().collect()),
             outstanding: AtomicUsize::new(0),
-            per_peer: (0..av_capacity).map(|_| AtomicU32::new(0)).collect(),
-            peer_limit: u32::try_from((count / 2).max(1)).unwrap_or(u32::MAX),
+            budget: PeerBudget::new(av_capacity, per_peer),
             failed: AtomicU64::new(0),
             peers,
         })
@@ -155,18 +153,13 @@ impl Sends {
         self.peers.unreachable.mark(fi_addr, incarnation, code);
     }
 
-    /// The most sends one peer may have in flight.
+    /// The most sends one peer may have in flight: its budget, within the slots.
     pub(super) fn peer_limit(&self) -> usize {
-        self.peer_limit as usize
-    }
-
-    /// `fi_addr`'s count of sends in flight, if it is counted.
-    fn counter(&self, fi_addr: sys::fi_addr_t) -> Option<&AtomicU32> {
-        self.per_peer.get(usize::try_from(fi_addr).ok()?)
+        self.budget.limit().min(self.slots.len())
     }
 
     /// A free slot holding a copy of `message` for `fi_addr`, ready to post: its buffer and
-    /// context. `None` when every slot is in flight, or the peer has its share in flight.
+    /// context. `None` when every slot is in flight, or the peer has its budget in flight.
     /// `message` is at most [`size`](Self::size).
     pub(super) fn prepare(
         &self,
@@ -174,26 +167,18 @@ impl Sends {
         message: &[u8],
     ) -> Option<(usize, *mut c_void, *mut c_void)> {
         debug_assert!(message.len() <= self.size);
-        let counter = self.counter(fi_addr);
-        if let Some(counter) = counter {
-            if counter.fetch_add(1, Ordering::AcqRel) >= self.peer_limit {
-                counter.fetch_sub(1, Ordering::AcqRel);
-                return None;
-            }
+        let incarnation = self.peers.unreachable.incarnation(fi_addr);
+        if !self.budget.take(fi_addr, incarnation, false) {
+            return None;
         }
         let taken = crate::sync::lock(&self.free).pop();
         let Some(index) = taken else {
-            if let Some(counter) = counter {
-                counter.fetch_sub(1, Ordering::AcqRel);
-            }
+            self.budget.give_back(fi_addr, incarnation);
             return None;
         };
         let slot = &self.slots[index];
         slot.fi_addr.store(fi_addr, Ordering::Relaxed);
-        slot.incarnation.store(
-            self.peers.unreachable.incarnation(fi_addr),
-            Ordering::Relaxed,
-        );
+        slot.incarnation.store(incarnation, Ordering::Relaxed);
         // SAFETY: the box is never replaced; the slot's range `index * size ..` lies inside it
         // (`count * size` bytes), and this thread owns the slot, so nothing else touches those
         // bytes; `message` is at most `size` bytes and does not overlap the slab.
@@ -215,9 +200,11 @@ impl Sends {
 
     /// Slot `index`, owned by the caller, is free again, and its peer has one send fewer.
     fn release(&self, index: usize) {
-        if let Some(counter) = self.counter(self.slots[index].fi_addr.load(Ordering::Relaxed)) {
-            counter.fetch_sub(1, Ordering::AcqRel);
-        }
+        let slot = &self.slots[index];
+        self.budget.give_back(
+            slot.fi_addr.load(Ordering::Relaxed),
+            slot.incarnation.load(Ordering::Relaxed),
+        );
         crate::sync::lock(&self.free).push(index);
     }
 
