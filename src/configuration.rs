@@ -14,7 +14,9 @@ use crate::error::DmaError;
 use dma_libfabric_sys as sys;
 
 mod rxm;
+mod write_completion;
 pub use self::rxm::RxmSizing;
+pub use self::write_completion::WriteCompletion;
 
 /// A libfabric provider, by the name `fi_getinfo` knows it.
 ///
@@ -236,6 +238,11 @@ pub struct Configuration {
     /// busy (32 writes of 64 KiB in flight fill tcp loopback). Raise it for few peers and deep
     /// pipelines, lower it for many peers. At least 1.
     pub max_operations_per_peer: usize,
+    /// When a write (`write`, `write_gather`, `write_with_data`, and the rail set's writes)
+    /// completes: once the target holds the bytes ([`WriteCompletion::Delivered`], the default),
+    /// or once they are sent ([`WriteCompletion::Local`]: faster on tcp, but a completed write's
+    /// bytes may not be there yet; see [`WriteCompletion`] for what each risks).
+    pub write_completion: WriteCompletion,
 }
 
 impl Configuration {
@@ -495,6 +502,7 @@ impl Default for Configuration {
             busy_poll: false,
             hmem: false,
             max_operations_per_peer: Self::DEFAULT_MAX_OPERATIONS_PER_PEER,
+            write_completion: WriteCompletion::Delivered,
         }
     }
 }

@@ -88,7 +88,9 @@ mod sync;
 pub use dma_libfabric_sys as sys;
 
 // Configuration, and opening an endpoint.
-pub use configuration::{Configuration, Provider, RxmSizing, compiled_providers, runtime_version};
+pub use configuration::{
+    Configuration, Provider, RxmSizing, WriteCompletion, compiled_providers, runtime_version,
+};
 pub use endpoint::{Description, LibfabricEndpoint, RECEIVE_POST_PATIENCE};
 
 // Addresses, and the cache of them an endpoint keeps.

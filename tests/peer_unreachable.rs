@@ -7,12 +7,21 @@
 use std::io::Write;
 use std::time::Duration;
 
-use dma_libfabric::DmaError;
+use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
 use testkit::{PATIENCE, rma_tcp, with_progress};
 
 #[test]
 fn writes_to_a_peer_that_closed_complete_with_peer_unreachable() {
-    let server = rma_tcp();
+    // 128 writes in flight to one peer: past the default budget of 32, which would refuse them.
+    let server = LibfabricEndpoint::open(
+        &Configuration {
+            rma: true,
+            max_operations_per_peer: 128,
+            ..Configuration::default()
+        },
+        Some("127.0.0.1"),
+    )
+    .unwrap();
     // 127 writes of 256 KiB (32 MB) posted while the client reads nothing: more than loopback's
     // socket buffers hold, so some are still queued in the provider when the client closes.
     let len = 256 << 10;

@@ -449,9 +449,15 @@ impl LibfabricEndpoint {
     /// and so for `poll_completions` and `wait_for`): their completions are handed on, and the
     /// endpoint's own buffers' are set aside for the next `try_receive`, at most one per buffer.
     fn reap_receives_into(&self) {
-        if 0 == self.operations.receives_into() {
-            return;
+        if 0 < self.operations.receives_into() {
+            self.reap_receive_queue();
         }
+    }
+
+    /// Read the receive queue until it is empty, at most once per operation slot and receive
+    /// buffer: `receive_into` completions and notifications are handed on, and the endpoint's own
+    /// buffers' arrivals are set aside for the next `try_receive`, at most one per buffer.
+    pub(super) fn reap_receive_queue(&self) {
         for _ in 0..=(MAX_RECEIVES_INTO + self.receives.len()) {
             match self.read_arrival() {
                 Arrival::Nothing => return,

@@ -162,7 +162,7 @@ impl LibfabricEndpoint {
         description.max_sends_in_flight_per_peer = sends.peer_limit();
         description.max_operations_per_peer = sends.budget.limit();
         // SAFETY: `info` is the list head fi_getinfo returned, alive as long as `handles`.
-        let operations = Box::new(unsafe {
+        let mut operations = Box::new(unsafe {
             rma::Operations::new(
                 info,
                 configuration.rma,
@@ -172,6 +172,7 @@ impl LibfabricEndpoint {
                 Arc::clone(&handed_out),
             )
         });
+        operations.write_flags = configuration.write_completion.flags();
         let backend = FabricAv::new(
             handles.av,
             description.addr_format,

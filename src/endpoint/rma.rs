@@ -131,6 +131,16 @@ impl LibfabricEndpoint {
         /// [`poll_completions`](Self::poll_completions) or [`wait_for`](Self::wait_for); until it
         /// has been read the endpoint holds the lease and the source's memory.
         ///
+        /// By default a write completes once the target holds its bytes
+        /// ([`WriteCompletion::Delivered`](crate::configuration::WriteCompletion::Delivered)), so
+        /// "done" may be told to the peer through any other channel.
+        /// [`Configuration::write_completion`](crate::configuration::Configuration::write_completion)
+        /// set to `Local` completes it once sent, faster on tcp, at the risk that a completed
+        /// write's bytes are not there yet (and never arrive if the target stops or dies first).
+        /// The peer's budget
+        /// ([`Configuration::max_operations_per_peer`](crate::configuration::Configuration::max_operations_per_peer))
+        /// counts the write until its completion is read.
+        ///
         /// # Errors
         /// As [`write_within`](Self::write_within).
         fn write;
@@ -142,8 +152,9 @@ impl LibfabricEndpoint {
         /// another endpoint's cache, a segment of another endpoint's memory, or a target shorter
         /// than the source; [`DmaError::PeerUnreachable`] (nothing posted, at once) when an earlier
         /// operation's or send's completion reported the peer's connection gone, until its index is
-        /// inserted anew; [`DmaError::WouldBlock`] when the provider or the slab still pushed back
-        /// after `timeout` (nothing posted); [`DmaError::Fabric`] when `fi_write` failed.
+        /// inserted anew; [`DmaError::WouldBlock`] when the provider, the slab or the peer's budget
+        /// still pushed back after `timeout` (nothing posted); [`DmaError::Fabric`] when `fi_write`
+        /// failed.
         fn write_within;
         /// `fi_read` of the peer's `source` into `destination`, against `lease`; otherwise as
         /// [`write`](Self::write). Read the destination after the completion.
@@ -273,6 +284,7 @@ impl LibfabricEndpoint {
             owner,
         };
         let ep = self.handles.ep;
+        let write_flags = self.operations.write_flags;
         self.submit(submission, timeout, &mut |fi_addr, context| {
             // SAFETY: the endpoint is open; `buffer` is `local.len` bytes inside a registered
             // region (checked by `Segment`) whose registration the slot holds until the
@@ -282,10 +294,9 @@ impl LibfabricEndpoint {
             // check.
             unsafe {
                 match operation {
-                    // `fi_writemsg` with explicit flags, not `fi_write`: the transmit defaults
-                    // carry `FI_TRANSMIT_COMPLETE` on tcp for the sends' bound (see `open`), which
-                    // would make every write wait for the target's acknowledgement (a sleeping
-                    // 4 KiB write: 64 µs at p50 instead of 10 µs, docs/benchmarks.md).
+                    // `fi_writemsg` with explicit flags, not `fi_write`: the configuration's
+                    // `write_completion` chooses between the target's acknowledgement
+                    // (`FI_DELIVERY_COMPLETE`) and the local completion.
                     Operation::Write => {
                         let piece = sys::iovec {
                             iov_base: buffer.cast(),
@@ -307,7 +318,7 @@ impl LibfabricEndpoint {
                             context,
                             data: 0,
                         };
-                        sys::fi_writemsg(ep, &raw const message, u64::from(sys::FI_COMPLETION))
+                        sys::fi_writemsg(ep, &raw const message, write_flags)
                     }
                     Operation::Read => sys::fi_read(
                         ep,

@@ -319,7 +319,10 @@ impl LibfabricEndpoint {
         }
         let count = chunk.len().min(MAX_PIECES);
         let ep = self.handles.ep;
-        let mut flags = u64::from(sys::FI_COMPLETION);
+        let mut flags = match operation {
+            Operation::Write => self.operations.write_flags,
+            _ => u64::from(sys::FI_COMPLETION),
+        };
         if data.is_some() {
             flags |= u64::from(sys::FI_REMOTE_CQ_DATA);
         }

@@ -60,10 +60,16 @@ impl Notifications {
 }
 
 impl LibfabricEndpoint {
-    /// Move every [`Notification`] set aside so far (by [`try_receive`](Self::try_receive) and
-    /// [`receive`](Self::receive), which read the receive queue) into `out`, oldest first.
-    /// Returns how many it added.
+    /// Read the receive queue, then move every [`Notification`] that has arrived into `out`,
+    /// oldest first. Returns how many it added.
+    ///
+    /// It delivers every notification whatever else the application's loop calls: it reads the
+    /// receive queue itself (messages it meets there are set aside, in order, for the next
+    /// [`try_receive`](Self::try_receive) or [`receive`](Self::receive), which also set aside
+    /// the notifications they meet). A target loop of `poll_notifications` alone works, and so
+    /// does one that also calls [`progress`](Self::progress) or `receive`.
     pub fn poll_notifications(&self, out: &mut Vec<Notification>) -> usize {
+        self.reap_receive_queue();
         let mut waiting = crate::sync::lock(&self.operations.notifications.waiting);
         let count = waiting.len();
         out.extend(waiting.drain(..));

@@ -23,6 +23,7 @@ use std::time::Instant;
 use super::notifications::Notifications;
 use crate::av::fabric::HandedOut;
 use crate::cache::Lease;
+use crate::configuration::WriteCompletion;
 #[cfg(doc)]
 use crate::endpoint::LibfabricEndpoint;
 use crate::endpoint::in_flight::PostedAt;
@@ -82,8 +83,9 @@ pub struct Completion {
     /// `None` for every other operation.
     pub sender: Option<sys::fi_addr_t>,
     /// `Ok` when the transfer is complete: for a read, its bytes are here; for a write, the
-    /// provider has sent them (on tcp they land when the target progresses: a write asks for
-    /// `FI_COMPLETION` alone, no acknowledgement, see `docs/benchmarks.md`); [`DmaError::PeerUnreachable`] naming the peer's `fi_addr_t` when the provider
+    /// target holds them (under the default
+    /// [`WriteCompletion::Delivered`](crate::configuration::WriteCompletion::Delivered); under
+    /// `Local`, the provider has sent them, and on tcp they land when the target progresses); [`DmaError::PeerUnreachable`] naming the peer's `fi_addr_t` when the provider
     /// says its connection was refused, reset or lost (tcp's provider errors `ECONNREFUSED`,
     /// `ECONNRESET`, `ECONNABORTED`, `ENOTCONN`, `EPIPE`, `EHOSTDOWN`, `EHOSTUNREACH`,
     /// `ENETUNREACH`, `ESHUTDOWN`, `ETIMEDOUT`: the one list of `av::unreachable`); the
@@ -146,6 +148,8 @@ pub(in crate::endpoint) struct Operations {
     pub(in crate::endpoint) pool: Arc<Pool>,
     /// `domain_attr.mr_mode`.
     pub(in crate::endpoint) mr_mode: i32,
+    /// The flags every write is posted with (`Configuration::write_completion`).
+    pub(in crate::endpoint) write_flags: u64,
     pub(in crate::endpoint) enabled: bool,
     /// Remote writes' data read from the receive queue (see `vectored`), at most `cq_size`.
     pub(in crate::endpoint) notifications: Notifications,
@@ -207,6 +211,7 @@ impl Operations {
             keys: Keys::new(),
             pool: Arc::new(Pool::default()),
             mr_mode,
+            write_flags: WriteCompletion::default().flags(),
             enabled,
             notifications: Notifications::new(cq_size),
             sends,
