@@ -13,8 +13,9 @@
 //!   by a thread of its own sleeping in `progress_sleeping` for both (and, for async, once more
 //!   by its own `AsyncEndpoint` on the initiator's single runtime thread).
 //!
-//! `cargo bench --features tokio --bench completions` (add `-- --quick` for a short run, and
-//! `-- --throughput` for the throughput rows alone).
+//! `cargo bench --features tokio --bench completions` (add `-- --quick` for a short run,
+//! `-- --throughput` for the throughput rows alone, and `-- --local-writes` for writes that
+//! complete once sent, `WriteCompletion::Local`, instead of once delivered).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::sync::Arc;
@@ -22,12 +23,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dma_libfabric::asynchronous::AsyncEndpoint;
-use dma_libfabric::{Configuration, LibfabricEndpoint};
+use dma_libfabric::{Configuration, LibfabricEndpoint, WriteCompletion};
+
+/// Set by `--local-writes`: every endpoint completes its writes once sent
+/// (`WriteCompletion::Local`) instead of once delivered (the default), to measure what the
+/// acknowledgement costs.
+static LOCAL_WRITES: AtomicBool = AtomicBool::new(false);
 
 fn open(busy_poll: bool) -> LibfabricEndpoint {
+    let write_completion = if LOCAL_WRITES.load(Ordering::Relaxed) {
+        WriteCompletion::Local
+    } else {
+        WriteCompletion::Delivered
+    };
     let configuration = Configuration {
         rma: true,
         busy_poll,
+        write_completion,
         ..Configuration::default()
     };
     LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap()
@@ -327,8 +339,18 @@ fn main() {
     } else {
         (20_000, 32_768)
     };
+    let local = std::env::args().any(|argument| "--local-writes" == argument);
+    LOCAL_WRITES.store(local, Ordering::Relaxed);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average at the start: {}", load.trim());
+    println!(
+        "writes complete: {}",
+        if local {
+            "once sent (WriteCompletion::Local, --local-writes)"
+        } else {
+            "once delivered (WriteCompletion::Delivered, the default)"
+        }
+    );
     println!();
     if std::env::args().any(|argument| "--profile-async" == argument) {
         // Only the async initiator, for a profiler: `perf record -g … -- --profile-async`.
