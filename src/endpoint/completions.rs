@@ -336,6 +336,25 @@ impl LibfabricEndpoint {
         }
     }
 
+    /// How many posts of this endpoint the provider answered "retry after progress"
+    /// (`-FI_EAGAIN`, as tcp;ofi_rxm answers the first sends to a new peer while it connects):
+    /// each makes the wait it belongs to sleep short (see `wait`, "Connection setup"). For tests
+    /// of that wait. Not part of the API (feature `model`).
+    #[cfg(feature = "model")]
+    #[doc(hidden)]
+    pub fn posts_asked_to_retry(&self) -> u64 {
+        self.operations.waiter.retries_asked()
+    }
+
+    /// How many sleeps of this endpoint's blocking waits lasted their whole longest sleep (1 s)
+    /// with nothing waking them: a wait that slept through what it waited for counts one. For
+    /// tests of that wait. Not part of the API (feature `model`).
+    #[cfg(feature = "model")]
+    #[doc(hidden)]
+    pub fn sleeps_run_out(&self) -> u64 {
+        self.operations.waiter.sleeps_run_out()
+    }
+
     /// What a wait on this endpoint's queues sleeps on: empty where the endpoint polls.
     pub(crate) fn wait_sources(&self) -> &[super::wait::Source] {
         self.operations.sources()

@@ -248,6 +248,8 @@ impl LibfabricEndpoint {
         // Not posted: the slot is still this thread's.
         sends.unprepare(index);
         if code == -(sys::FI_EAGAIN as isize) {
+            // Nothing may signal when it would go through (a connection being set up): see `wait`.
+            self.operations.waiter.retry_soon();
             return Err(DmaError::WouldBlock);
         }
         let positive = u32::try_from(code.unsigned_abs()).unwrap_or(0);

@@ -55,6 +55,23 @@
 //! bounded by [`MOST_SLEEP`] all the same, so a wake-up the provider fails to signal costs at
 //! most that, never a hang.
 //!
+//! # Connection setup
+//!
+//! One kind of progress is signalled by nothing above. tcp;ofi_rxm answers the first posts to a
+//! new peer `-FI_EAGAIN` while it sets the connection up, and its connection events come on its
+//! own event queue, whose descriptor is in the completion queues' wait set (libfabric's
+//! `rxm_ep_wait_fd_add`), so the peer's answer does wake the poller. But the attempt that then
+//! reads that event (rxm reads its event queue inside the refused `fi_send`, or in the progress
+//! after it) leaves nothing behind: the post would go through now, `fi_trywait` finds every
+//! queue empty, and a poller would sleep its whole [`MOST_SLEEP`] before it posted again (the
+//! figures, before and after: `docs/benchmarks.md`, "Connection setup"). So a post answered
+//! `-FI_EAGAIN` calls [`Waiter::retry_soon`], and the wait it belongs to sleeps
+//! [`Handoff::RETRY_FIRST`], doubling to at most [`Handoff::RETRY_MOST`], before it attempts
+//! again; a wait with no such answer (an idle receive, a wait for a completion) sleeps as long as
+//! before, so an idle endpoint still wakes about once a second. The rail set's waits and
+//! `progress_sleeping` post nothing and are unchanged; an RMA post answered `-FI_EAGAIN` is
+//! retried at once with progress (`rma`), without sleeping.
+//!
 //! # Bounds
 //!
 //! A `Waiter` holds one `eventfd`; `poll` is given at most 2 × [`MOST_SOURCES`] + 1
@@ -343,6 +360,28 @@ impl Waiter {
         });
     }
 
+    /// A post was just answered "retry after progress" (`-FI_EAGAIN`, as tcp;ofi_rxm answers the
+    /// first posts to a peer while it sets the connection up): the wait whose attempt posted it
+    /// sleeps at most [`Handoff::RETRY_MOST`] before it attempts again, rather than until a
+    /// descriptor or a ring wakes it, since what lets the post through may signal neither (see
+    /// `wait/handoff.rs`, "No sleep through connection setup"). One atomic add.
+    pub(crate) fn retry_soon(&self) {
+        self.handoff.retry_soon();
+    }
+
+    /// How many posts were answered "retry after progress" ([`retry_soon`](Self::retry_soon)).
+    #[cfg_attr(not(feature = "model"), allow(dead_code))] // the tests' counter
+    pub(crate) fn retries_asked(&self) -> u64 {
+        self.handoff.retries_asked()
+    }
+
+    /// How many sleeps of these waits lasted the whole of [`MOST_SLEEP`] with nothing waking
+    /// them.
+    #[cfg_attr(not(feature = "model"), allow(dead_code))] // the tests' counter
+    pub(crate) fn sleeps_run_out(&self) -> u64 {
+        self.handoff.sleeps_run_out()
+    }
+
     /// Call `attempt` until it answers `Some` or `deadline` passes, sleeping on `sources`'
     /// descriptors between calls (see the module docs); with no sources (a provider without a
     /// wait object, [`Configuration::busy_poll`](crate::configuration::Configuration::busy_poll)), yielding
@@ -360,9 +399,8 @@ impl Waiter {
             return spin(deadline, attempt);
         }
         self.handoff.wait(deadline, attempt, |sleep| {
-            if sources.iter().all(Source::may_sleep) {
-                self.poll(sources, sleep);
-            }
+            // A queue with something to read is a wake-up already: no sleep.
+            !sources.iter().all(Source::may_sleep) || self.poll(sources, sleep)
         })
     }
 
@@ -384,14 +422,17 @@ impl Waiter {
                 let _ = self.reading.get_or_init(|| *source);
                 self.handoff.wait(deadline, attempt, |bound| {
                     read(source.cqs[0], bound.min(BLOCKING_SLICE));
+                    // Never the longest sleep: a slice is far shorter.
+                    true
                 })
             }
             _ => self.wait(sources, deadline, attempt),
         }
     }
 
-    /// Block in `poll` on every source's descriptors and the bell for at most `sleep`.
-    fn poll(&self, sources: &[Source], sleep: Duration) {
+    /// Block in `poll` on every source's descriptors and the bell for at most `sleep`: whether a
+    /// descriptor woke it (rather than the bound).
+    fn poll(&self, sources: &[Source], sleep: Duration) -> bool {
         let mut fds = [libc::pollfd {
             fd: -1,
             events: 0,
@@ -412,12 +453,14 @@ impl Waiter {
         }
         let millis = i32::try_from(sleep.as_millis().max(1)).unwrap_or(i32::MAX);
         // SAFETY: `fds` holds `count` initialised pollfds, and lives across the call.
-        let _ = unsafe { libc::poll(fds.as_mut_ptr(), count as libc::nfds_t, millis) };
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), count as libc::nfds_t, millis) };
         if let Some(bell) = &self.bell {
             let mut rung = 0_u64;
             // SAFETY: reading 8 bytes into a live u64 from our own non-blocking eventfd.
             let _ = unsafe { libc::read(bell.as_raw_fd(), (&raw mut rung).cast(), 8) };
         }
+        // A signal (-1, EINTR) is a wake-up too: only a timeout is not.
+        0 != ready
     }
 }
 

@@ -29,6 +29,20 @@
 //! wait on the condition variable for the generation to move, which the poller does whenever it
 //! wakes, so every waiter attempts again after every wake-up of the descriptors.
 //!
+//! **No sleep through connection setup.** Some progress is signalled by nothing a waiter sleeps
+//! on: a post the provider answers "retry after progress" (`-FI_EAGAIN`; on tcp;ofi_rxm the first
+//! post to a new peer, while rxm sets the connection up) may be taken by the very next attempt,
+//! because that answer's own progress read the connection's last event, and nothing is left to
+//! wake a descriptor or ring. A post that is answered so calls [`Handoff::retry_soon`]; a waiter
+//! whose attempt saw it (the counter moved across the attempt) sleeps at most
+//! [`Handoff::RETRY_FIRST`], doubling on each such sleep to at most [`Handoff::RETRY_MOST`]
+//! (and back to the first after a sleep something woke), instead of the longest sleep: as the poller, in its `sleep` (which still wakes for the
+//! descriptors); as a follower, in a nap of its own, since the poller may sleep long. An idle
+//! wait sees no such answer and sleeps as before. The loom model `loom_tests/tests/waiter.rs`
+//! (`a_post_answered_retry_is_attempted_again_without_a_ring`) treats a sleep of at most
+//! `RETRY_MOST` as a timer that fires and a longer one as one that never ends unless rung, so a
+//! wait that needs the retry and sleeps long instead deadlocks.
+//!
 //! # Bounds
 //!
 //! A counter, one lock, one condition variable: nothing grows with the number of waiters.
@@ -37,7 +51,7 @@ use std::sync::PoisonError;
 use std::time::Duration;
 
 use crate::endpoint::deadline::Deadline;
-use crate::sync::atomic::{AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{Condvar, Mutex, MutexGuard};
 
 use super::MOST_SLEEP;
@@ -57,6 +71,11 @@ pub struct Handoff {
     waiting: AtomicUsize,
     state: Mutex<State>,
     changed: Condvar,
+    /// Moves on at every post the provider answered "retry after progress" ([`Self::retry_soon`]).
+    asked_to_retry: AtomicU64,
+    /// Sleeps that lasted the whole of [`MOST_SLEEP`] with nothing waking them: statistics, not
+    /// part of the protocol (std's atomic under loom too).
+    ran_out: std::sync::atomic::AtomicU64,
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -64,9 +83,35 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl Handoff {
+    /// The first sleep of a wait whose attempt a post's "retry after progress" answered.
+    pub const RETRY_FIRST: Duration = Duration::from_millis(1);
+
+    /// The longest sleep of a wait whose attempt a post's "retry after progress" answered: the
+    /// most a retry waits past the progress that would let the post through (a connection set
+    /// up), and, while the provider keeps answering so, at most 1 s / 16 ms ≈ 63 attempts a
+    /// second.
+    pub const RETRY_MOST: Duration = Duration::from_millis(16);
+
     /// A hand-off with no waiter.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A post was just answered "retry after progress" (`-FI_EAGAIN`): a waiter whose attempt
+    /// this answered sleeps short (see the module docs). One atomic add.
+    pub fn retry_soon(&self) {
+        self.asked_to_retry.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many posts were answered "retry after progress" ([`retry_soon`](Self::retry_soon)).
+    pub fn retries_asked(&self) -> u64 {
+        self.asked_to_retry.load(Ordering::SeqCst)
+    }
+
+    /// How many sleeps of this hand-off's waiters, poller's or follower's, lasted the whole of
+    /// [`MOST_SLEEP`] without a wake-up.
+    pub fn sleeps_run_out(&self) -> u64 {
+        self.ran_out.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Something a waiter may wait for was just published (under a lock its `attempt` takes too):
@@ -89,46 +134,93 @@ impl Handoff {
     /// Call `attempt` until it answers `Some` or `deadline` passes. Between calls one waiter at a
     /// time, the poller, calls `sleep` with how long it may sleep (at most [`MOST_SLEEP`]); it
     /// must return when woken by `ring`'s `wake_poller` (even one that came before it began) or
-    /// by the source of what `attempt` looks for. The others wait for the poller to wake.
+    /// by the source of what `attempt` looks for, and answer whether something woke it before
+    /// that bound. The others wait for the poller to wake. A waiter whose attempt was answered
+    /// "retry after progress" ([`retry_soon`](Self::retry_soon)) sleeps at most
+    /// [`RETRY_MOST`](Self::RETRY_MOST) instead, poller or not.
     pub fn wait<T>(
         &self,
         deadline: Deadline,
         mut attempt: impl FnMut() -> Option<T>,
-        mut sleep: impl FnMut(Duration),
+        mut sleep: impl FnMut(Duration) -> bool,
     ) -> Option<T> {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let _counted = Counted(&self.waiting);
+        let mut retry = Self::RETRY_FIRST;
         loop {
             let seen = lock(&self.state).generation;
+            let asked = self.asked_to_retry.load(Ordering::SeqCst);
             if let Some(found) = attempt() {
                 return Some(found);
             }
             if deadline.passed() {
                 return None;
             }
+            // A post of this attempt (or another thread's, meanwhile) was answered "retry after
+            // progress": what lets it through may signal nothing this wait sleeps on.
+            let retrying = self.asked_to_retry.load(Ordering::SeqCst) != asked;
+            let longest = if retrying { retry } else { MOST_SLEEP };
+            let bound = deadline.remaining().unwrap_or(longest).min(longest);
             let state = lock(&self.state);
             if state.generation != seen {
                 continue;
             }
-            let bound = deadline.remaining().unwrap_or(MOST_SLEEP).min(MOST_SLEEP);
+            if retrying {
+                retry = retry.saturating_mul(2).min(Self::RETRY_MOST);
+            } else {
+                retry = Self::RETRY_FIRST;
+            }
             if state.poller {
+                if retrying {
+                    // The poller may sleep long: nap on this thread's own short clock.
+                    drop(state);
+                    nap(bound);
+                    continue;
+                }
                 // One wait: a wake-up, spurious or not, or the bound sends it back to `attempt`.
-                let _unused = self
+                let (_state, waited) = self
                     .changed
                     .wait_timeout(state, bound)
                     .unwrap_or_else(PoisonError::into_inner);
+                self.count_run_out(bound, !waited.timed_out());
                 continue;
             }
             let mut state = state;
             state.poller = true;
             drop(state);
-            sleep(bound);
+            let woken = sleep(bound);
+            self.count_run_out(bound, woken);
+            if woken {
+                // Progress came (the peer's answer to a connection request, say): what the post
+                // waits for may be done by the next attempt's own progress, so retry soon again.
+                retry = Self::RETRY_FIRST;
+            }
             let mut state = lock(&self.state);
             state.poller = false;
             state.generation = state.generation.wrapping_add(1);
             drop(state);
             self.changed.notify_all();
         }
+    }
+
+    /// Count a sleep bounded by `bound` that nothing woke, if it was the longest sleep.
+    fn count_run_out(&self, bound: Duration, woken: bool) {
+        if !woken && bound >= MOST_SLEEP {
+            self.ran_out
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// A follower's sleep while its post waits for progress: `bound` on this thread's own clock
+/// (under loom, a yield: a timer that fires).
+fn nap(bound: Duration) {
+    #[cfg(not(dma_loom))]
+    std::thread::sleep(bound);
+    #[cfg(dma_loom)]
+    {
+        let _ = bound;
+        loom::thread::yield_now();
     }
 }
 
