@@ -464,20 +464,27 @@ impl LibfabricEndpoint {
         }
         slot.posted_at.set(self.operations.born, id);
         self.operations.in_flight.fetch_add(1, Ordering::AcqRel);
-        loop {
+        // `-FI_EAGAIN` (a full transmit queue, a connection being set up) is retried after
+        // progress, sleeping between attempts: short ones, since the post that was refused is
+        // what the wait is for (see `wait`, `retry_soon`), not a spin.
+        let again = -(sys::FI_EAGAIN as isize);
+        let mut attempt = || {
             let code = issue(fi_addr, slot.context.get().cast());
-            if 0 == code {
-                return Ok(Posted::Posted);
+            if code == again {
+                self.operations.waiter.retry_soon();
+                self.progress();
+                return None;
             }
-            let retry = code == -(sys::FI_EAGAIN as isize) && !deadline.passed();
-            if !retry {
-                // SAFETY: `issue` failed, so the provider did not take the slot: still this
-                // thread's.
-                return unsafe { self.unposted(index, code, operation, id, join) };
-            }
-            self.progress();
-            std::thread::yield_now();
+            Some(code)
+        };
+        let code = attempt()
+            .or_else(|| self.wait_until(deadline, attempt))
+            .unwrap_or(again);
+        if 0 == code {
+            return Ok(Posted::Posted);
         }
+        // SAFETY: `issue` failed, so the provider did not take the slot: still this thread's.
+        unsafe { self.unposted(index, code, operation, id, join) }
     }
 
     /// Take one of the peer's budget (see `budget`) and a slot for an operation to `fi_addr`'s
