@@ -1,19 +1,27 @@
 //! The async API (feature `tokio`): an endpoint's sends, receives, RMA writes and reads as
-//! futures that resolve when their completion has been read, driven by a task that sleeps on the
-//! completion queues' file descriptors through tokio's [`AsyncFd`].
+//! futures that resolve when their completion has been read, driven by a thread of its own that
+//! sleeps on the completion queues' file descriptors.
 //!
 //! # The driver
 //!
-//! [`AsyncEndpoint::new`] spawns one task on the current runtime (current-thread or
-//! multi-thread). It reads the transmit queue, which drives the provider's progress and hands each
-//! completion to the party that posted it (see `endpoint::completions`, "Routing"): a future's
-//! operation is owned by that future's shared state, whose waker it wakes. Then, in the order that
-//! loses no wake-up with an edge-triggered `AsyncFd`: readiness cleared, the queue read,
-//! `fi_trywait` on the transmit queue, a check that its descriptor is not still readable (an
-//! event the provider left unconsumed sends no second edge: rxm 2.x reads connection events at
-//! most every 10 ms), and only then an await of either queue's descriptor. It
-//! wakes the receivers whenever the receive queue's descriptor fires. No thread spins: between
-//! events the driver and every future are parked in the runtime.
+//! [`AsyncEndpoint::new`] starts one thread of its own, not a task: it lives as long as the
+//! endpoint's last `AsyncEndpoint` clone, whatever runtime made it, and whether that runtime still
+//! runs (a driver task on a runtime that shut down, or a current-thread runtime that idles, left
+//! futures pending for ever). It sleeps in the endpoint's own sleeping wait (`poll(2)` on the
+//! completion queues' descriptors and the endpoint's `eventfd` bell), then reads both queues:
+//! the transmit queue, which drives the provider's progress and hands each completion to the party
+//! that posted it (see `endpoint::completions`, "Routing"), waking its future; and the receive
+//! queue, whose messages it sets aside for the receivers, which it then wakes. No thread spins:
+//! between events the driver sleeps, for at most a second, and every future is parked in its
+//! runtime. A post that meets backpressure (a full slab, the peer's budget, `-FI_EAGAIN`) parks
+//! its future until the driver's next pass, and while any does the driver naps at most
+//! [`BACKPRESSURE_NAP`] between passes: a waiting post is retried every few milliseconds, or at
+//! once when a completion frees what it waits for.
+//!
+//! Dropping the last clone hands the endpoint to the driver and returns at once: the driver stops
+//! within its sleep, and if its `Arc` was the last, the endpoint's drain
+//! ([`LibfabricEndpoint::DRAIN_PATIENCE`]) runs on the driver's thread, never on a runtime's.
+//! The same endpoint may be wrapped again at once (nothing is registered with tokio's reactor).
 //!
 //! Only providers whose queues have a wait descriptor (tcp, tcp;ofi_rxm) can be driven this way;
 //! [`AsyncEndpoint::new`] refuses the others (efa, whose waits sleep in `fi_cq_sread` on a thread
@@ -59,26 +67,31 @@
 //! mid-transfer: every future resolves under its deadline, none panics, and the stopped peer's
 //! writes complete once its fate is known.
 
-use std::future::{Future, poll_fn};
-use std::os::fd::{AsRawFd, RawFd};
+use std::future::Future;
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 
 use crate::cache::Lease;
 use crate::endpoint::completions::{CompletionOwner, Owner};
-use crate::endpoint::wait::Source;
 use crate::endpoint::{Completion, LibfabricEndpoint, Operation, RemoteRegion, Segment};
 use crate::error::DmaError;
 
 /// How long a post retries backpressure (`-FI_EAGAIN`, a full slab) before its future answers
 /// [`DmaError::WouldBlock`] with nothing posted; as the sync [`LibfabricEndpoint::write`].
 pub const POST_PATIENCE: Duration = Duration::from_secs(1);
+
+/// The longest the driver sleeps between passes while a post waits for backpressure to clear
+/// (module docs, "The driver"); without one waiting, it sleeps up to [`IDLE_NAP`] unless an event
+/// wakes it.
+pub const BACKPRESSURE_NAP: Duration = Duration::from_millis(2);
+
+/// The longest the driver sleeps between passes when nothing wakes it.
+pub const IDLE_NAP: Duration = Duration::from_secs(1);
 
 /// A [`LibfabricEndpoint`] whose operations are futures. Cheap to clone: clones share the
 /// endpoint and its driver, which stops when the last clone drops (operations still in flight
@@ -119,127 +132,133 @@ impl std::fmt::Debug for AsyncEndpoint {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter
             .debug_struct("AsyncEndpoint")
-            .field("endpoint", &self.shared.endpoint)
+            .field("endpoint", self.shared.endpoint())
             .finish_non_exhaustive()
     }
 }
 
 struct Shared {
-    endpoint: Arc<LibfabricEndpoint>,
-    source: Source,
-    /// Woken whenever the receive queue's descriptor fires.
-    received: Arc<Notify>,
-    driver: JoinHandle<()>,
+    /// Taken only by `drop`, which hands it to the driver.
+    endpoint: ManuallyDrop<Arc<LibfabricEndpoint>>,
+    driver: Arc<Driver>,
+}
+
+impl Shared {
+    fn endpoint(&self) -> &Arc<LibfabricEndpoint> {
+        &self.endpoint
+    }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        self.driver.abort();
+        // SAFETY: `drop` runs once, and nothing reads the field after it.
+        let endpoint = unsafe { ManuallyDrop::take(&mut self.endpoint) };
+        // Wake the driver before handing over: after the hand-off this clone owns nothing to ring
+        // with. A driver that passes in between sleeps at most `IDLE_NAP` before it sees the
+        // stop.
+        endpoint.wake_sleepers();
+        *crate::sync::lock(&self.driver.handed_over) = Some(endpoint);
+        self.driver.stop.store(true, Ordering::Release);
     }
 }
 
-/// A completion queue's descriptor, owned by the queue (this only names it to tokio).
-struct QueueFd(RawFd);
-
-impl AsRawFd for QueueFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0
-    }
-}
-
-/// What the driver task owns. Fields drop in order: the descriptors leave tokio's reactor before
-/// the endpoint (and so the queues that own them) can close.
+/// What the driver thread and the futures share.
+#[derive(Default)]
 struct Driver {
-    fds: [AsyncFd<QueueFd>; 2],
-    received: Arc<Notify>,
-    source: Source,
-    endpoint: Arc<LibfabricEndpoint>,
+    stop: AtomicBool,
+    /// The last clone's endpoint, dropped by the driver as it stops (so the drain, if any, runs
+    /// on its thread).
+    handed_over: Mutex<Option<Arc<LibfabricEndpoint>>>,
+    /// Woken after every pass that read the receive queue.
+    received: Notify,
+    /// Woken after every pass: what a post waiting for backpressure waits for.
+    progressed: Notify,
+    /// Posts waiting for backpressure to clear: while any is, the driver naps short.
+    backpressured: AtomicUsize,
 }
 
 impl Driver {
-    async fn run(self) {
-        loop {
-            // Read: completions go to their owners (futures are woken), progress is driven.
-            self.endpoint.progress();
+    /// The driver thread's loop (module docs, "The driver").
+    fn run(&self, endpoint: &LibfabricEndpoint) {
+        while !self.stop.load(Ordering::Acquire) {
+            let nap = if 0 < self.backpressured.load(Ordering::Acquire) {
+                BACKPRESSURE_NAP
+            } else {
+                IDLE_NAP
+            };
+            endpoint.progress_sleeping(nap);
+            endpoint.reap_receive_queue();
             self.received.notify_waiters();
-            // A descriptor still readable after the read sends no new edge: read again (rxm
-            // leaves connection events for up to its CM interval, 10 ms, in 2.x).
-            if !self.source.may_sleep_on_queue(0) || self.source.readable(0) {
-                tokio::task::yield_now().await;
-                continue;
-            }
-            poll_fn(|context| {
-                let mut woken = false;
-                for fd in &self.fds {
-                    if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(context) {
-                        ready.clear_ready();
-                        woken = true;
-                    }
-                }
-                if woken {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
-            })
-            .await;
+            self.progressed.notify_waiters();
         }
+    }
+
+    /// A post met backpressure: counted as waiting (so the driver naps short) until the returned
+    /// guard drops, when the post is done or its future dropped. The first waiter cuts the
+    /// driver's current sleep, which may be a long one.
+    fn start_waiting(&self, endpoint: &LibfabricEndpoint) -> Waiting<'_> {
+        if 0 == self.backpressured.fetch_add(1, Ordering::AcqRel) {
+            endpoint.wake_sleepers();
+        }
+        Waiting(self)
+    }
+
+    /// The driver's next pass (every pass ends by waking these).
+    async fn next_pass(&self) {
+        self.progressed.notified().await;
+    }
+}
+
+/// A post waiting for backpressure to clear ([`Driver::start_waiting`]).
+struct Waiting<'driver>(&'driver Driver);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.backpressured.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl AsyncEndpoint {
-    /// Drive `endpoint` from a task spawned on the current tokio runtime.
+    /// Drive `endpoint` from a thread of its own (module docs, "The driver"). It needs no
+    /// runtime: the futures may be awaited on any runtime, and outlive the one that called this.
     ///
     /// # Errors
     /// [`DmaError::Unsupported`] for an endpoint whose queues have no wait object (efa, or opened
-    /// with `Configuration::busy_poll`); [`DmaError::Fabric`] (call `AsyncFd::new`) when tokio's
-    /// reactor refuses a descriptor.
-    ///
-    /// # Panics
-    /// Outside a tokio runtime, as `tokio::spawn` does.
+    /// with `Configuration::busy_poll`); [`DmaError::Fabric`] (call `std::thread::spawn`) when
+    /// the driver's thread cannot be started.
     pub fn new(endpoint: Arc<LibfabricEndpoint>) -> Result<Self, DmaError> {
-        let descriptors = endpoint
+        let sleeps = endpoint
             .wait_sources()
             .first()
-            .filter(|source| !source.reads_blocking());
-        let Some(&source) = descriptors else {
+            .is_some_and(|source| !source.reads_blocking());
+        if !sleeps {
             return Err(DmaError::Unsupported(format!(
                 "the async API sleeps on the completion queues' wait descriptors, and {}'s \
                  queues have none (a provider without FI_WAIT_FD, efa's blocking read, or \
                  Configuration::busy_poll)",
                 endpoint.describe().provider
             )));
-        };
-        let register = |fd: RawFd| {
-            // SAFETY: `fd` is a queue's wait descriptor, open for as long as the queue, which
-            // the endpoint keeps open while the driver holds its `Arc`; the driver drops its
-            // `AsyncFd`s before that `Arc` (`Driver`'s field order), and `QueueFd` always
-            // answers the same descriptor.
-            unsafe { AsyncFd::register_with_interest(QueueFd(fd), Interest::READABLE) }.map_err(
-                |error| {
-                    let (_, error) = error.into_parts();
-                    DmaError::Fabric {
-                        call: "AsyncFd::register_with_interest",
-                        code: -i64::from(error.raw_os_error().unwrap_or(0)),
-                        message: error.to_string(),
-                    }
-                },
-            )
-        };
-        let [tx, rx] = source.fds();
-        let received = Arc::new(Notify::new());
-        let driver = Driver {
-            fds: [register(tx)?, register(rx)?],
-            received: Arc::clone(&received),
-            source,
-            endpoint: Arc::clone(&endpoint),
-        };
-        let driver = tokio::spawn(driver.run());
+        }
+        let driver = Arc::new(Driver::default());
+        let (thread_driver, thread_endpoint) = (Arc::clone(&driver), Arc::clone(&endpoint));
+        std::thread::Builder::new()
+            .name("dma-libfabric-async".into())
+            .spawn(move || {
+                thread_driver.run(&thread_endpoint);
+                // Stopped: the last clone's endpoint goes now, then this thread's own; whichever
+                // is the last runs the endpoint's drain here.
+                let handed_over = crate::sync::lock(&thread_driver.handed_over).take();
+                drop(handed_over);
+                drop(thread_endpoint);
+            })
+            .map_err(|error| DmaError::Fabric {
+                call: "std::thread::spawn",
+                code: -i64::from(error.raw_os_error().unwrap_or(0)),
+                message: format!("the async driver's thread: {error}"),
+            })?;
         Ok(Self {
             shared: Arc::new(Shared {
-                endpoint,
-                source,
-                received,
+                endpoint: ManuallyDrop::new(endpoint),
                 driver,
             }),
         })
@@ -247,7 +266,7 @@ impl AsyncEndpoint {
 
     /// The endpoint: for registering memory, its cache, and every sync call.
     pub fn endpoint(&self) -> &Arc<LibfabricEndpoint> {
-        &self.shared.endpoint
+        self.shared.endpoint()
     }
 
     /// A lease on `client` at `address` (see [`AddressCache::lease`](crate::cache::AddressCache::lease))
@@ -262,12 +281,12 @@ impl AsyncEndpoint {
     /// # Errors
     /// As [`AddressCache::lease`](crate::cache::AddressCache::lease).
     pub async fn lease(&self, client: u64, address: &[u8]) -> Result<Lease<'_>, DmaError> {
-        let peers = self.shared.endpoint.cache();
+        let peers = self.shared.endpoint().cache();
         match peers.lease_within(client, address, Duration::ZERO) {
             Err(DmaError::WouldBlock) => {}
             done => return done,
         }
-        let endpoint = Arc::clone(&self.shared.endpoint);
+        let endpoint = Arc::clone(self.shared.endpoint());
         let owned = address.to_vec();
         let resolved = tokio::task::spawn_blocking(move || {
             endpoint.cache().pin().resolve(client, &owned).map(|_| ())
@@ -282,7 +301,8 @@ impl AsyncEndpoint {
 
     /// `fi_write` of `source` into the peer's `target` against `lease`, resolving to its
     /// [`Completion`] once that has been read (its `id` is 0: the future is the handle).
-    /// Backpressure is retried for up to [`POST_PATIENCE`], yielding to the runtime in between.
+    /// Backpressure is retried for up to [`POST_PATIENCE`], the future parked between the
+    /// driver's passes (module docs, "The driver").
     ///
     /// # Cancel safety
     /// Cancel safe, at every await point (module docs): dropped before the post, nothing was
@@ -340,8 +360,9 @@ impl AsyncEndpoint {
         remote: RemoteRegion,
     ) -> Result<Completion, DmaError> {
         let state = Arc::new(Pending::default());
-        let endpoint = &self.shared.endpoint;
+        let endpoint = self.shared.endpoint();
         let deadline = Instant::now().checked_add(POST_PATIENCE);
+        let mut waiting = None;
         loop {
             let owner: Owner = Arc::clone(&state) as Owner;
             // No await between the post and the slot's taking the lease: one synchronous call.
@@ -358,13 +379,14 @@ impl AsyncEndpoint {
                 Err(DmaError::WouldBlock)
                     if deadline.is_some_and(|deadline| Instant::now() < deadline) =>
                 {
-                    endpoint.progress();
-                    tokio::task::yield_now().await;
+                    let driver = &self.shared.driver;
+                    waiting.get_or_insert_with(|| driver.start_waiting(endpoint));
+                    driver.next_pass().await;
                 }
                 Err(error) => return Err(error),
             }
         }
-        drop(lease);
+        drop((lease, waiting));
         Completed {
             pending: state,
             endpoint,
@@ -376,7 +398,7 @@ impl AsyncEndpoint {
     /// Send `message` (at most
     /// [`Description::max_send_size`](crate::endpoint::Description::max_send_size) bytes) to the
     /// peer `lease` holds, retrying backpressure (every send slot in flight) for up to
-    /// [`POST_PATIENCE`], yielding to the runtime in between. It resolves once the message is
+    /// [`POST_PATIENCE`], parked between the driver's passes. It resolves once the message is
     /// copied into one of the endpoint's send slots and posted; the slot is counted until its
     /// completion is read (see [`LibfabricEndpoint::sends_in_flight`]).
     ///
@@ -387,15 +409,17 @@ impl AsyncEndpoint {
     /// # Errors
     /// As [`LibfabricEndpoint::send_within`].
     pub async fn send(&self, lease: &Lease<'_>, message: &[u8]) -> Result<(), DmaError> {
-        let endpoint = &self.shared.endpoint;
+        let endpoint = self.shared.endpoint();
         let deadline = Instant::now().checked_add(POST_PATIENCE);
+        let mut waiting = None;
         loop {
             match endpoint.try_send(lease.peer(), message) {
                 Err(DmaError::WouldBlock)
                     if deadline.is_some_and(|deadline| Instant::now() < deadline) =>
                 {
-                    endpoint.progress();
-                    tokio::task::yield_now().await;
+                    let driver = &self.shared.driver;
+                    waiting.get_or_insert_with(|| driver.start_waiting(endpoint));
+                    driver.next_pass().await;
                 }
                 done => return done,
             }
@@ -414,17 +438,13 @@ impl AsyncEndpoint {
     pub async fn receive(&self) -> Result<Vec<u8>, DmaError> {
         let shared = &self.shared;
         loop {
-            let notified = shared.received.notified();
+            let notified = shared.driver.received.notified();
             let mut notified = std::pin::pin!(notified);
-            // Registered before the queue is read, so a message that arrives after the read
-            // wakes it.
+            // Registered before the queue is read, so a message the driver sets aside after the
+            // read wakes it.
             notified.as_mut().enable();
-            if let Some(message) = shared.endpoint.try_receive()? {
+            if let Some(message) = shared.endpoint().try_receive()? {
                 return Ok(message);
-            }
-            if !shared.source.may_sleep_on_queue(1) {
-                tokio::task::yield_now().await;
-                continue;
             }
             notified.await;
         }
@@ -482,7 +502,7 @@ impl Future for Completed<'_> {
             return Poll::Ready(Ok(completion));
         }
         // On tcp a small write often completes as it is posted: one read of the queue here saves
-        // the round trip through the reactor and the driver task.
+        // the round trip through the driver's thread.
         if !std::mem::replace(&mut self.read, true) {
             self.endpoint.progress();
             if let Some(completion) = self.take(context) {

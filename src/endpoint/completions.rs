@@ -355,6 +355,12 @@ impl LibfabricEndpoint {
         self.operations.waiter.sleeps_run_out()
     }
 
+    /// Wake the thread sleeping in a wait of this endpoint (the async driver's stop and
+    /// backpressure use it): one `eventfd` write, or nothing when none sleeps.
+    pub(crate) fn wake_sleepers(&self) {
+        self.operations.waiter.ring();
+    }
+
     /// What a wait on this endpoint's queues sleeps on: empty where the endpoint polls.
     pub(crate) fn wait_sources(&self) -> &[super::wait::Source] {
         self.operations.sources()

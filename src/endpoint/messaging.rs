@@ -459,7 +459,7 @@ impl LibfabricEndpoint {
     /// Read the receive queue until it is empty, at most once per operation slot and receive
     /// buffer: `receive_into` completions and notifications are handed on, and the endpoint's own
     /// buffers' arrivals are set aside for the next `try_receive`, at most one per buffer.
-    pub(super) fn reap_receive_queue(&self) {
+    pub(crate) fn reap_receive_queue(&self) {
         for _ in 0..=(MAX_RECEIVES_INTO + self.receives.len()) {
             match self.read_arrival() {
                 Arrival::Nothing => return,

@@ -261,40 +261,6 @@ impl Source {
         self.may_sleep_on(&self.cqs)
     }
 
-    /// The transmit queue's descriptor, then the receive queue's.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async driver's
-    pub(crate) fn fds(&self) -> [RawFd; 2] {
-        self.fds
-    }
-
-    /// `fi_trywait` on the transmit queue alone (0) or the receive queue alone (1): whether the
-    /// caller may block on that queue's descriptor now.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async driver's
-    pub(crate) fn may_sleep_on_queue(&self, queue: usize) -> bool {
-        match self.cqs.get(queue) {
-            Some(cq) => self.may_sleep_on(std::slice::from_ref(cq)),
-            None => false,
-        }
-    }
-
-    /// Whether queue `queue`'s descriptor (0: transmit, 1: receive) is readable now, without
-    /// blocking: what an edge-triggered waiter checks before it sleeps, since an event the
-    /// provider left unconsumed (rxm reads its connection events at most every
-    /// `FI_OFI_RXM_CM_PROGRESS_INTERVAL`, 10 ms by default, in 2.x) sends no second edge.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async driver's
-    pub(crate) fn readable(&self, queue: usize) -> bool {
-        let Some(&fd) = self.fds.get(queue) else {
-            return false;
-        };
-        let mut pollfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one initialised pollfd that lives across the call; a zero timeout.
-        0 < unsafe { libc::poll(&raw mut pollfd, 1, 0) }
-    }
-
     fn may_sleep_on(&self, cqs: &[*mut sys::fid_cq]) -> bool {
         let mut fids = [std::ptr::null_mut(); 2];
         for (fid, cq) in fids.iter_mut().zip(cqs) {

@@ -1,0 +1,278 @@
+//! The async face's driver is a thread of its own (issue 41, item 4, A to D), on real tcp;ofi_rxm
+//! endpoints on 127.0.0.1:
+//! - A: futures resolve whatever runtime made the endpoint, and after that runtime is gone;
+//! - B: a post waiting for backpressure sleeps (it spun with `yield_now`: 68–99% of a core);
+//! - C: dropping the last clone with operations in flight returns at once, and the endpoint's
+//!   drain runs on the driver's thread, not a runtime's;
+//! - D: the same endpoint can be wrapped again at once (it failed with `EEXIST`).
+#![cfg(feature = "tokio")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dma_libfabric::asynchronous::{AsyncEndpoint, POST_PATIENCE};
+use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, Operation};
+use testkit::PATIENCE;
+
+fn endpoint(rma: bool) -> Arc<LibfabricEndpoint> {
+    let configuration = Configuration {
+        rma,
+        ..Configuration::default()
+    };
+    Arc::new(LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap())
+}
+
+async fn bounded<F: std::future::Future>(what: &str, future: F) -> F::Output {
+    tokio::time::timeout(PATIENCE, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} never resolved"))
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A: both endpoints are wrapped inside a current-thread runtime that is then dropped; a write, a
+/// read, a send and a receive, each in a task of its own on another runtime, all resolve.
+#[test]
+fn futures_resolve_after_the_runtime_that_made_the_endpoint_is_gone() {
+    let (server, client) = {
+        let first = current_thread();
+        let wrapped = first.block_on(async {
+            (
+                AsyncEndpoint::new(endpoint(true)).unwrap(),
+                AsyncEndpoint::new(endpoint(true)).unwrap(),
+            )
+        });
+        drop(first);
+        wrapped
+    };
+    let second = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let len = 64 << 10;
+        let source = server.endpoint().register(len).unwrap();
+        source.write_bytes(0, &[0x5a; 64 << 10]).unwrap();
+        let target = client.endpoint().register(len).unwrap();
+        let back = server.endpoint().register(len).unwrap();
+        let address = client.endpoint().local_address().unwrap();
+        let server_address = server.endpoint().local_address().unwrap();
+
+        let receiving = {
+            let client = client.clone();
+            tokio::spawn(async move { bounded("a receive", client.receive()).await })
+        };
+        let lease = bounded("a lease", server.lease(1, &address)).await.unwrap();
+        let wrote = bounded(
+            "a write",
+            server.write(
+                lease.clone(),
+                source.segment(0, len).unwrap(),
+                target.remote(),
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!((Operation::Write, Ok(())), (wrote.operation, wrote.result));
+        let read = bounded(
+            "a read",
+            server.read(
+                lease.clone(),
+                back.segment(0, len).unwrap(),
+                target.remote(),
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!((Operation::Read, Ok(())), (read.operation, read.result));
+        let mut seen = vec![0; len];
+        back.read_bytes(0, &mut seen).unwrap();
+        assert!(seen.iter().all(|&byte| 0x5a == byte), "the read's bytes");
+        bounded("a send", server.send(&lease, b"after the runtime"))
+            .await
+            .unwrap();
+        let message = receiving.await.unwrap().unwrap();
+        assert_eq!(b"after the runtime".to_vec(), message);
+        // And the other way, from a task of its own, with the client's lease on the server.
+        let sending = {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let lease = bounded("a lease", client.lease(9, &server_address))
+                    .await
+                    .unwrap();
+                bounded("a send", client.send(&lease, b"back")).await
+            })
+        };
+        assert_eq!(
+            b"back".to_vec(),
+            bounded("a receive", server.receive()).await.unwrap()
+        );
+        sending.await.unwrap().unwrap();
+    });
+}
+
+/// The CPU time this process has used.
+fn process_cpu() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` is a live rusage for the call to fill.
+    assert_eq!(0, unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr())
+    });
+    // SAFETY: getrusage filled it (checked above).
+    let usage = unsafe { usage.assume_init() };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// B: a send to a peer that never progresses (so its connection is never accepted, and every
+/// post answers `-FI_EAGAIN`) waits its whole patience for backpressure, and the process uses a
+/// small share of a core meanwhile, the driver included. A verdict on CPU time, not on time:
+/// a busy machine gives the process less of a core, never more.
+#[test]
+fn a_post_waiting_for_backpressure_sleeps() {
+    // Alone in a process of its own: the CPU time counted is this test's, not its neighbours'.
+    if !testkit::in_child_process("a_post_waiting_for_backpressure_sleeps") {
+        return;
+    }
+    let runtime = current_thread();
+    let server = runtime.block_on(async { AsyncEndpoint::new(endpoint(false)).unwrap() });
+    let silent = endpoint(false); // never progressed: it never accepts the connection
+    let address = silent.local_address().unwrap();
+    let (spent, wall, answer) = runtime.block_on(async {
+        let lease = bounded("a lease", server.lease(1, &address)).await.unwrap();
+        let (cpu, wall) = (process_cpu(), Instant::now());
+        let answer = bounded("a send", server.send(&lease, b"x")).await;
+        (process_cpu() - cpu, wall.elapsed(), answer)
+    });
+    assert_eq!(Err(DmaError::WouldBlock), answer);
+    assert!(wall >= POST_PATIENCE, "it waited its patience: {wall:?}");
+    let share = spent.as_secs_f64() / wall.as_secs_f64();
+    eprintln!(
+        "a send waiting {wall:?} for backpressure used {spent:?} of CPU ({share:.3} of a core)"
+    );
+    assert!(
+        share <= 0.10,
+        "a post waiting for backpressure used {share:.2} of a core ({spent:?} over {wall:?})"
+    );
+}
+
+/// The thread name of each `warn` event whose fields mention `abandoned`.
+#[derive(Clone, Default)]
+struct AbandonedOn(Arc<(Mutex<Vec<String>>, std::sync::Condvar)>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AbandonedOn {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{}={value:?} ", field.name()));
+            }
+        }
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        if fields.0.contains("were abandoned") {
+            let thread = std::thread::current()
+                .name()
+                .unwrap_or("unnamed")
+                .to_string();
+            self.0.0.lock().unwrap().push(thread);
+            self.0.1.notify_all();
+        }
+    }
+}
+
+/// C: the last clone is dropped, on a runtime thread, with a write in flight to a peer that
+/// stopped progressing; the endpoint's drain (which waits up to `DRAIN_PATIENCE` for it, then
+/// abandons it) runs on the driver's thread.
+#[test]
+fn the_last_clone_dropped_with_writes_in_flight_drains_on_the_drivers_thread() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let abandoned = AbandonedOn::default();
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(abandoned.clone()))
+        .expect("this test binary's only global subscriber");
+    let peer = endpoint(true);
+    let target = peer.register(4096).unwrap();
+    let address = peer.local_address().unwrap();
+    let server_endpoint = endpoint(true);
+    let weak = Arc::downgrade(&server_endpoint);
+    let runtime = current_thread();
+    let server = AsyncEndpoint::new(server_endpoint).unwrap();
+    let source = server.endpoint().register(4096).unwrap();
+    let lease = runtime
+        .block_on(bounded("a lease", server.lease(1, &address)))
+        .unwrap();
+    // Connect: the peer progresses for the first write only.
+    let connected = testkit::with_progress(&peer, || {
+        runtime
+            .block_on(bounded(
+                "the first write",
+                server.write(
+                    lease.clone(),
+                    source.segment(0, 4096).unwrap(),
+                    target.remote(),
+                ),
+            ))
+            .unwrap()
+    });
+    assert_eq!(Ok(()), connected.result);
+    runtime.block_on(async {
+        // The peer stops progressing: this write stays in flight (it completes once delivered).
+        let in_flight = server.write(lease, source.segment(0, 4096).unwrap(), target.remote());
+        let dropped = tokio::time::timeout(Duration::from_millis(1), in_flight).await;
+        assert!(dropped.is_err(), "the write to a stopped peer completed");
+        assert_eq!(1, server.endpoint().operations_in_flight());
+    });
+    drop(source);
+    {
+        let _inside = runtime.enter();
+        drop(server); // the last clone, inside the runtime
+    }
+    // The drain waits its patience for the write (the peer is alive, but does not progress),
+    // then abandons it and says so, on whichever thread dropped the endpoint.
+    let (said, _) = abandoned
+        .0
+        .1
+        .wait_timeout_while(abandoned.0.0.lock().unwrap(), PATIENCE, |said| {
+            said.is_empty()
+        })
+        .unwrap();
+    assert!(weak.upgrade().is_none(), "the endpoint is being dropped");
+    assert_eq!(
+        vec!["dma-libfabric-async".to_string()],
+        *said,
+        "the drain ran on the driver's thread"
+    );
+    drop(said);
+    drop(target);
+}
+
+/// D: wrapping the same endpoint again right after a drop works, every time, on a
+/// current-thread runtime, and each wrapper sends.
+#[test]
+fn the_same_endpoint_is_wrapped_again_at_once() {
+    let runtime = current_thread();
+    let shared = endpoint(false);
+    let peer = endpoint(false);
+    let address = peer.local_address().unwrap();
+    for round in 0..10_u8 {
+        let wrapped = AsyncEndpoint::new(Arc::clone(&shared))
+            .unwrap_or_else(|error| panic!("round {round}: {error}"));
+        let lease = runtime
+            .block_on(bounded("a lease", wrapped.lease(1, &address)))
+            .unwrap();
+        testkit::with_progress(&peer, || {
+            runtime
+                .block_on(bounded("a send", wrapped.send(&lease, &[round])))
+                .unwrap();
+        });
+        drop(lease);
+        drop(wrapped);
+    }
+}
