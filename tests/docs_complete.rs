@@ -167,7 +167,7 @@ fn faults(
         let sentences = default_sentences(doc);
         if sentences.is_empty() {
             faults.push(format!(
-                "{name}::{field}: its doc does not state its default (no \"Default\" or \"the default\")"
+                "{name}::{field}: its doc states no default (no \"Default\" or \"the default\")"
             ));
             continue;
         }
@@ -247,7 +247,7 @@ fn the_check_rejects_a_missing_or_wrong_default() {
     ];
     let found = faults("Sample", &sample, &table);
     assert_eq!(4, found.len(), "{found:#?}");
-    assert!(found[0].starts_with("Sample::unstated: its doc does not state"));
+    assert!(found[0].starts_with("Sample::unstated: its doc states no default"));
     assert!(found[1].starts_with("Sample::wrong: its default is"));
     assert!(found[2].starts_with("Sample::unknown: not in this test's table"));
     assert!(found[3].starts_with("Sample::gone: in this test's table"));

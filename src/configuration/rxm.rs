@@ -45,9 +45,9 @@ use crate::error::DmaError;
 /// works, with rxm's defaults (and their cost).
 ///
 /// What the sizing buys (`examples/open_cost`, tcp;ofi_rxm on 127.0.0.1, 16 endpoints held open,
-/// medians; the README has the table): on libfabric 1.17 an endpoint costs 5.3 MiB of resident
-/// memory instead of 68.5 MiB, on 2.6.0 21 MiB instead of 132 MiB, and opens several times
-/// faster.
+/// medians; `docs/providers.md`, "Endpoint sizing", has the table): on libfabric 1.17 an
+/// endpoint costs 5.3 MiB of resident memory instead of 68.5 MiB, on 2.6.0 21 MiB instead of
+/// 132 MiB, and opens several times faster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RxmSizing {
     /// `FI_OFI_RXM_BUFFER_SIZE`: the size of each bounce buffer, and so rxm's eager limit
