@@ -27,7 +27,8 @@
 //! that lands in each client's memory. The demo then also exits non-zero if a record reached the
 //! wrong client or a write never completed. `--no-leases` posts the same writes with no lease
 //! (`write_unleased`), so an entry's `fi_av_remove` may run under a write in flight: the contrast
-//! the README measures, with and without `FI_AV_REMOVE_CLEANUP=1`.
+//! `docs/rma.md` ("The churn demo on RMA writes") measures, with and without
+//! `FI_AV_REMOVE_CLEANUP=1`.
 //!
 //! With `--rma --rails N` the server and every client incarnation are rail sets of `N` tcp
 //! rails, each rail on a loopback IP of its own: the posting threads resolve and lease a client

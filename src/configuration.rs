@@ -160,19 +160,22 @@ pub(crate) fn threads_in_this_process() -> Option<usize> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Configuration {
     /// Providers to try, in order. The first that yields a reliable-datagram endpoint wins.
+    /// Default `[Provider::Tcp]` (tcp;ofi_rxm).
     pub providers: Vec<Provider>,
     /// The local node to open on (an IP address for tcp), unless `open` is given one. `None`
-    /// lets the provider choose, as efa wants.
+    /// lets the provider choose, as efa wants. Default `Some("127.0.0.1")`: loopback, where tcp
+    /// works on any host.
     pub bind: Option<String>,
     /// How many address-vector entries the endpoint may hold (`fi_av_attr.count`). The cache
     /// never grows the table past it, because libfabric up to 2.6 grows it without a lock.
-    /// From 1 to [`MAX_AV_CAPACITY`](Self::MAX_AV_CAPACITY).
+    /// From 1 to [`MAX_AV_CAPACITY`](Self::MAX_AV_CAPACITY). Default 4,096.
     pub av_capacity: usize,
     /// How many receive buffers stay posted: at least 1, and at most `cq_size`, `rx_size` and
-    /// the provider's receive queue (`rx_attr.size`).
+    /// the provider's receive queue (`rx_attr.size`). Default 64.
     pub receive_buffers: usize,
     /// The size of each receive buffer, and so the largest message received: from 1 to
     /// [`MAX_RECEIVE_SIZE`](Self::MAX_RECEIVE_SIZE) and the provider's `ep_attr.max_msg_size`.
+    /// Default 4,096 bytes.
     pub receive_size: usize,
     /// The transmit queue depth asked of the provider (the `tx_attr.size` hint), and so how many
     /// sends the endpoint keeps in flight (counted until their completion is read; past it a
@@ -181,15 +184,15 @@ pub struct Configuration {
     /// default (rxm: 2,048 or `FI_OFI_RXM_TX_SIZE`; native tcp: 65,536), and so does `Some(0)`.
     /// More than the provider accepts (rxm: 16,384) is refused by
     /// [`open`](crate::endpoint::LibfabricEndpoint::open) with [`DmaError::InvalidArgument`] naming the
-    /// provider's bound.
+    /// provider's bound. Default `Some(256)`.
     pub tx_size: Option<usize>,
     /// The receive queue depth asked of the provider (the `rx_attr.size` hint); at least
     /// `receive_buffers`. `None` takes the provider's default. More than the provider accepts
-    /// (rxm: 65,536) is refused as for [`tx_size`](Self::tx_size).
+    /// (rxm: 65,536) is refused as for [`tx_size`](Self::tx_size). Default `Some(256)`.
     pub rx_size: Option<usize>,
     /// The size of each completion queue (`fi_cq_attr.size`); at least `receive_buffers`, since
     /// every posted receive may complete before the queue is read, and at most
-    /// [`MAX_CQ_SIZE`](Self::MAX_CQ_SIZE).
+    /// [`MAX_CQ_SIZE`](Self::MAX_CQ_SIZE). Default 512.
     pub cq_size: usize,
     /// Whether the endpoint does RMA: registers memory and posts `fi_write` and `fi_read`
     /// ([`LibfabricEndpoint::register`](crate::endpoint::LibfabricEndpoint::register),
@@ -205,7 +208,8 @@ pub struct Configuration {
     /// rxm's buffer sizes. They take effect only if they are in the environment when libfabric
     /// initialises: the process's first open puts them there itself when the process has one
     /// thread, and otherwise [`apply_rxm_environment`](Self::apply_rxm_environment) or the
-    /// launcher does (see [`RxmSizing`], "When the sizing applies").
+    /// launcher does (see [`RxmSizing`], "When the sizing applies"). Default
+    /// [`RxmSizing::default()`]: `buffer_size` 4,096 and `msg_rx_size` 512, the rest rxm's own.
     pub rxm: RxmSizing,
     /// The longest any call of the endpoint's address cache waits
     /// ([`AddressCache::with_patience`](crate::cache::AddressCache::with_patience)): a blocking lease

@@ -45,9 +45,9 @@ use crate::error::DmaError;
 /// works, with rxm's defaults (and their cost).
 ///
 /// What the sizing buys (`examples/open_cost`, tcp;ofi_rxm on 127.0.0.1, 16 endpoints held open,
-/// medians; the README has the table): on libfabric 1.17 an endpoint costs 5.3 MiB of resident
-/// memory instead of 68.5 MiB, on 2.6.0 21 MiB instead of 132 MiB, and opens several times
-/// faster.
+/// medians; `docs/providers.md`, "Endpoint sizing", has the table): on libfabric 1.17 an
+/// endpoint costs 5.3 MiB of resident memory instead of 68.5 MiB, on 2.6.0 21 MiB instead of
+/// 132 MiB, and opens several times faster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RxmSizing {
     /// `FI_OFI_RXM_BUFFER_SIZE`: the size of each bounce buffer, and so rxm's eager limit
@@ -56,14 +56,14 @@ pub struct RxmSizing {
     pub buffer_size: Option<usize>,
     /// `FI_OFI_RXM_TX_SIZE`: the transmit queue depth rxm gives when the hints ask for none
     /// (rxm's default 2,048; at most its maximum, 16,384). [`Configuration::tx_size`] asks per
-    /// endpoint instead, up to that maximum; the default leaves it alone.
+    /// endpoint instead, up to that maximum. Default `None`: rxm's own.
     pub tx_size: Option<usize>,
     /// `FI_OFI_RXM_RX_SIZE`: the receive queue depth rxm gives when the hints ask for none
     /// (rxm's default 2,048; at most its maximum, 65,536). [`Configuration::rx_size`] asks per
-    /// endpoint instead, up to that maximum; the default leaves it alone.
+    /// endpoint instead, up to that maximum. Default `None`: rxm's own.
     pub rx_size: Option<usize>,
     /// `FI_OFI_RXM_MSG_TX_SIZE`: the transmit depth of each connection rxm opens to a peer
-    /// (rxm's default 128).
+    /// (rxm's default 128). Default `None`: rxm's own.
     pub msg_tx_size: Option<usize>,
     /// `FI_OFI_RXM_MSG_RX_SIZE`: the depth of the shared receive context that rxm over tcp
     /// uses by default for all its connections (rxm's default 4,096), or of each connection's
@@ -74,7 +74,7 @@ pub struct RxmSizing {
     /// `FI_OFI_RXM_USE_SRX`: whether connections share one receive context (rxm's default over
     /// tcp). Without it an endpoint opens in about a millisecond and holds 0.5 MiB, but every
     /// connection posts its own `msg_rx_size` bounce buffers (128 x 4 KiB = 512 KiB a peer), so
-    /// a server with many peers keeps it; `None` leaves rxm's default.
+    /// a server with many peers keeps it. Default `None`: rxm's own.
     pub use_srx: Option<bool>,
 }
 

@@ -315,10 +315,10 @@ impl LibfabricEndpoint {
 ///
 /// Reuse is sound for *memory*: a transfer admitted under the old registration can reach only
 /// bytes inside that buffer (the provider checked it against the old region, whose length is at
-/// most the capacity; libfabric's unchecked `addr + len`, in the README, is the one exception and
-/// needs a valid key), which the pool owns for as long as the provider may run, and which this
-/// crate only ever touches through byte copies (see "Contents"; the zeroing for the new region is
-/// one more), never through a reference. No allocation outside the pool can be written or
+/// most the capacity; libfabric's unchecked `addr + len`, in `docs/rma.md`, is the one exception
+/// and needs a valid key), which the pool owns for as long as the provider may run, and which
+/// this crate only ever touches through byte copies (see "Contents"; the zeroing for the new
+/// region is one more), never through a reference. No allocation outside the pool can be written or
 /// leaked, which is what freeing the buffer at the drop allowed.
 ///
 /// Reuse cannot be argued sound for the *contents* while the endpoint is open: no condition this
@@ -646,7 +646,7 @@ impl RemoteRegion {
     /// # Errors
     /// [`DmaError::InvalidArgument`] for an empty range, one that does not fit, or one whose
     /// address plus length overflows (libfabric's `ofi_mr_map_verify` adds them unchecked; see
-    /// the README's RMA section).
+    /// `docs/rma.md`, "libfabric's `ofi_mr_map_verify` does not check for overflow").
     ///
     /// ```
     /// use dma_libfabric::RemoteRegion;
