@@ -70,15 +70,19 @@ pub enum DmaError {
     /// - a send or an RMA post ([`LibfabricEndpoint::write`](crate::endpoint::LibfabricEndpoint::write) and
     ///   friends) was **not** posted: the provider still pushed back (a full queue, or a peer that
     ///   has not accepted the connection yet, which on tcp;ofi_rxm 1.17 is also how a peer whose
-    ///   process has gone looks) when its timeout ran out;
+    ///   process has gone looks, and how a peer whose rxm eager limit differs looks: rxm refuses a
+    ///   connection between processes whose `FI_OFI_RXM_BUFFER_SIZE`
+    ///   ([`RxmSizing::buffer_size`](crate::configuration::RxmSizing::buffer_size)) differ, and
+    ///   says so only in its own log) when its timeout ran out;
     /// - a wait ([`LibfabricEndpoint::wait_for`](crate::endpoint::LibfabricEndpoint::wait_for)) timed out
     ///   and the operation is still in flight.
     #[error(
         "the operation would block: not done within its timeout (a resolve stays queued for the \
          writer; a send or RMA post was not posted: the provider pushed back for the whole \
          timeout, with a full queue or a connection not accepted yet, which on tcp;ofi_rxm is \
-         also how a peer whose port refuses connections looks; a waited-for operation is still in \
-         flight)"
+         also how a peer whose port refuses connections looks, and a peer whose rxm eager limit \
+         differs: rxm refuses connections between processes whose FI_OFI_RXM_BUFFER_SIZE \
+         (RxmSizing::buffer_size) differ; a waited-for operation is still in flight)"
     )]
     WouldBlock,
     /// The call would have to wait for something this call cannot wait on; nothing was queued
