@@ -33,7 +33,8 @@ use dma_libfabric_sys as sys;
 /// | [`remote`](MemoryRegion::remote)'s key | none (`FI_KEY_NOTAVAIL`, `u64::MAX`) | the registration's |
 /// | a peer's transfer under its key | refused by the provider | admitted |
 /// | [`as_slice`](MemoryRegion::as_slice), [`as_mut_slice`](MemoryRegion::as_mut_slice) | when no operation holds it, else [`DmaError::Busy`] | refused: copies only, or the `unsafe` [`as_slice_unchecked`](MemoryRegion::as_slice_unchecked) |
-/// | [`write_bytes`](MemoryRegion::write_bytes) | refused (write through `as_mut_slice`) | copies |
+/// | [`read_bytes`](MemoryRegion::read_bytes) | copies when no operation holds it, else [`DmaError::Busy`]; never torn | copies with atomic byte loads at any time; torn if a transfer lands meanwhile |
+/// | [`write_bytes`](MemoryRegion::write_bytes) | refused (write through `as_mut_slice`) | copies (atomic byte stores) |
 /// | the buffer back | [`into_buffer`](MemoryRegion::into_buffer) once no operation holds it | parked on drop until the endpoint closes; `unsafe` [`reclaim`](MemoryRegion::reclaim) |
 ///
 /// Device memory ([`MemoryInterface`] other than host) lends no slices and takes no copies.

@@ -10,7 +10,7 @@
 use std::alloc::{self, Layout};
 use std::any::Any;
 use std::collections::{BTreeMap, VecDeque};
-use std::ptr::{self, NonNull};
+use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -123,9 +123,17 @@ impl Pool {
         let Some(buffer) = reused else {
             return Buffer::allocate(capacity);
         };
-        // SAFETY: `len` is at most the buffer's capacity (its class's); the pool owns the bytes,
-        // and a stale transfer writing them meanwhile only tears them (`MemoryRegion`, "Contents").
-        unsafe { ptr::write_bytes(buffer.start.as_ptr(), 0, len) };
+        // SAFETY: `len` is at most the buffer's capacity (its class's), which the pool owns and
+        // no Rust reference points into; a stale transfer writing them meanwhile is the
+        // provider's, outside Rust, and the zeroing is atomic (`shared_bytes`), so it only tears
+        // them (`MemoryRegion`, "Contents").
+        unsafe {
+            let span = super::shared_bytes::Span {
+                start: buffer.start.as_ptr(),
+                len,
+            };
+            super::shared_bytes::zero(span, 0, len);
+        };
         Ok(buffer)
     }
 
