@@ -97,7 +97,8 @@ use dma_libfabric_sys as sys;
 /// # Bounds
 ///
 /// A region holds one buffer; a parked `Remote` buffer is counted in
-/// [`parked_memory`](LibfabricEndpoint::parked_memory) until the endpoint drops (never reused:
+/// [`parked_memory`](LibfabricEndpoint::parked_memory), at its [`capacity`](Self::capacity),
+/// until the endpoint drops (never reused:
 /// it is the application's), so parked memory is bounded by the `Remote` buffers registered over
 /// the endpoint's life. A region is 1 to [`MAX_REGION_LEN`](super::memory::MAX_REGION_LEN) bytes.
 ///
@@ -155,6 +156,15 @@ pub unsafe trait StableBuffer: Send + 'static {
     fn interface(&self) -> MemoryInterface {
         MemoryInterface::Host
     }
+
+    /// How many bytes the buffer holds, registered or not: what
+    /// [`parked_memory`](LibfabricEndpoint::parked_memory) counts while a dropped
+    /// [`Exposure::Remote`] region parks it. [`len`](Self::len) unless said otherwise; a `Vec`'s
+    /// capacity (a `Vec` of length 16 KiB and capacity 256 MiB holds 256 MiB). A value below
+    /// `len` counts as `len`.
+    fn capacity(&self) -> usize {
+        self.len()
+    }
 }
 
 // SAFETY: a `Vec`'s bytes are on the heap, owned by it alone; they move only when the `Vec`
@@ -166,6 +176,10 @@ unsafe impl StableBuffer for Vec<u8> {
 
     fn len(&self) -> usize {
         Vec::len(self)
+    }
+
+    fn capacity(&self) -> usize {
+        Vec::capacity(self)
     }
 }
 
@@ -269,6 +283,7 @@ impl LibfabricEndpoint {
         let mut buffer = Box::new(buffer);
         let start = buffer.as_mut_ptr();
         let len = StableBuffer::len(&*buffer);
+        let held = StableBuffer::capacity(&*buffer);
         // SAFETY: the domain and the endpoint are open and stay open until every registration
         // is dropped (as for `register`: a region borrows this endpoint, and operations' holds
         // are dropped before the handles close); the pool is the slab's, dropped after the
@@ -280,7 +295,7 @@ impl LibfabricEndpoint {
                 self.handles.ep,
                 self.mr_mode(),
                 buffer,
-                (start, len),
+                (start, len, held),
                 (exposure, interface),
                 &self.operations.pool,
                 &mut || self.operations.keys.draw(),

@@ -160,7 +160,10 @@ impl LibfabricEndpoint {
         Ok(MemoryRegion::new(registration))
     }
 
-    /// How many bytes of dropped regions' memory the endpoint holds now: memory a peer's
+    /// How many bytes of dropped regions' memory the endpoint holds now, counted as allocated
+    /// (a pooled buffer's size class; an application's buffer's
+    /// [`StableBuffer::capacity`](super::buffer::StableBuffer::capacity), so a `Vec`'s capacity,
+    /// not its length): memory a peer's
     /// transfer admitted before the drop may still reach, so it is freed only when the endpoint
     /// drops, and reused meanwhile by later registrations of the same size class (see
     /// [`MemoryRegion`], "Parking"). Bounded by the peak of registered memory, plus the

@@ -92,7 +92,7 @@ pub(crate) struct Pool {
     /// Buffers the application handed in (`register_buffer`, `Exposure::Remote`), parked when
     /// their region dropped: never reused, dropped (their own `Drop` run) with the pool.
     owned: Mutex<Vec<Box<dyn Any + Send>>>,
-    /// The bytes parked now: the capacities of every buffer in `classes`.
+    /// The bytes parked now: the capacities of every buffer in `classes` and in `owned`.
     parked: AtomicUsize,
 }
 
@@ -137,11 +137,12 @@ impl Pool {
         Ok(buffer)
     }
 
-    /// Keep the application's `buffer` of `len` bytes until the endpoint closes.
-    pub(super) fn park_owned(&self, buffer: Box<dyn Any + Send>, len: usize) {
+    /// Keep the application's `buffer`, which holds `held` bytes (its capacity, not only the
+    /// registered length), until the endpoint closes.
+    pub(super) fn park_owned(&self, buffer: Box<dyn Any + Send>, held: usize) {
         let mut owned = crate::sync::lock(&self.owned);
         owned.push(buffer);
-        self.parked.fetch_add(len, Ordering::AcqRel);
+        self.parked.fetch_add(held, Ordering::AcqRel);
     }
 
     /// Keep `buffer` until the endpoint closes, or until a later registration reuses it.

@@ -156,8 +156,13 @@ enum Memory {
     /// The endpoint's own, from its pool: parked there again on drop.
     Pooled(Buffer),
     /// The application's buffer (a `Box<B>` of the `StableBuffer` it handed in), registered in
-    /// place: its bytes never moved, and the box only keeps it, and its `Drop`, alive.
-    Owned(Box<dyn Any + Send>),
+    /// place: its bytes never moved, and the box only keeps it, and its `Drop`, alive. `held`
+    /// is what it holds (its `StableBuffer::capacity`, at least the registered length): what
+    /// parking it counts.
+    Owned {
+        buffer: Box<dyn Any + Send>,
+        held: usize,
+    },
     /// Another registration's memory (`shares`), or none any more (inside `Drop`).
     None,
 }
@@ -259,7 +264,7 @@ impl Registration {
     }
 
     /// Register the application's `buffer` (a `Box` of its `StableBuffer`) in place: `len` bytes
-    /// at `start`, with `exposure`'s access flags, through `fi_mr_regattr` when `interface` is
+    /// at `start` of the `held` bytes it holds (counted when it is parked), with `exposure`'s access flags, through `fi_mr_regattr` when `interface` is
     /// not plain host memory. Otherwise as [`new`](Self::new).
     ///
     /// # Safety
@@ -272,7 +277,7 @@ impl Registration {
         ep: *mut sys::fid_ep,
         mr_mode: i32,
         buffer: Box<dyn Any + Send>,
-        (start, len): (*mut u8, usize),
+        (start, len, held): (*mut u8, usize, usize),
         (exposure, interface): (Exposure, MemoryInterface),
         pool: &Arc<Pool>,
         keys: &mut dyn FnMut() -> u64,
@@ -296,7 +301,10 @@ impl Registration {
             remote_base: 0,
             buffer: start,
             len,
-            memory: Memory::Owned(buffer),
+            memory: Memory::Owned {
+                buffer,
+                held: held.max(len),
+            },
             exposure,
             interface,
             access: AccessWord::new(),
@@ -481,7 +489,7 @@ impl Registration {
         let keeper = self.keeper();
         Exposure::Local == keeper.exposure
             && keeper.interface.is_host()
-            && matches!(keeper.memory, Memory::Owned(_))
+            && matches!(keeper.memory, Memory::Owned { .. })
     }
 
     /// Hold the memory for one operation, until the returned hold drops (when the operation's
@@ -527,15 +535,16 @@ impl Registration {
 
     /// Close the registration and hand out the application's buffer, if it is a `B`: for the
     /// last holder only. Anything else comes back unchanged, registration open.
+    #[allow(clippy::result_large_err)] // the registration itself comes back, once a region
     pub(crate) fn into_owned<B: 'static>(mut self) -> Result<B, Self> {
         match std::mem::replace(&mut self.memory, Memory::None) {
-            Memory::Owned(buffer) => match buffer.downcast::<B>() {
+            Memory::Owned { buffer, held } => match buffer.downcast::<B>() {
                 Ok(buffer) => {
                     self.close_registration();
                     Ok(*buffer)
                 }
                 Err(buffer) => {
-                    self.memory = Memory::Owned(buffer);
+                    self.memory = Memory::Owned { buffer, held };
                     Err(self)
                 }
             },
@@ -587,12 +596,12 @@ impl Drop for Registration {
         match std::mem::replace(&mut self.memory, Memory::None) {
             Memory::Pooled(memory) => self.pool.park(memory),
             // A peer may still move bytes through it: parked until the endpoint closes.
-            Memory::Owned(buffer) if Exposure::Remote == self.exposure => {
-                self.pool.park_owned(buffer, self.len);
+            Memory::Owned { buffer, held } if Exposure::Remote == self.exposure => {
+                self.pool.park_owned(buffer, held);
             }
             // No peer could reach it (no remote access), and no operation holds it (this is the
             // last holder): the application's `Drop` runs now.
-            Memory::Owned(buffer) => drop(buffer),
+            Memory::Owned { buffer, .. } => drop(buffer),
             Memory::None => {}
         }
     }
