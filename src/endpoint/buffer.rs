@@ -317,7 +317,8 @@ impl LibfabricEndpoint {
         }
         Err(DmaError::Unsupported(format!(
             "{interface:?} memory needs FI_HMEM, and fi_getinfo answered {} with caps {caps:#x}, \
-             without FI_HMEM ({:#x})",
+             without FI_HMEM ({:#x}): open the endpoint with Configuration::hmem on a provider \
+             that offers it, or register host memory",
             self.describe().provider,
             sys::FI_HMEM
         )))
@@ -369,16 +370,17 @@ impl<B> MemoryRegion<'_, B> {
     fn check_lends_slices(&self) -> Result<(), DmaError> {
         if !self.interface().is_host() {
             return Err(DmaError::InvalidArgument(format!(
-                "the region is device memory ({:?}): it has no slices",
+                "a slice was asked of device memory ({:?}), which host code cannot read: it has \
+                 no slices; move its bytes with an RMA operation or the device's own copy",
                 self.interface()
             )));
         }
         match self.exposure() {
             Exposure::Local if self.inner.lends_slices() => Ok(()),
             _ => Err(DmaError::InvalidArgument(
-                "a Remote region may be written by a peer at any moment: copy with read_bytes or \
-                 write_bytes (or, where the application's protocol has stopped every peer, \
-                 as_slice_unchecked)"
+                "a slice was asked of a Remote region, which a peer may write at any moment: \
+                 copy with read_bytes or write_bytes (or, where the application's protocol has \
+                 stopped every peer, as_slice_unchecked), or register it Exposure::Local"
                     .into(),
             )),
         }
@@ -423,7 +425,8 @@ impl<B> MemoryRegion<'_, B> {
             Ok(())
         } else {
             Err(DmaError::InvalidArgument(format!(
-                "the region is device memory ({:?}): it has no slices",
+                "a slice was asked of device memory ({:?}), which host code cannot read: it has \
+                 no slices; move its bytes with an RMA operation or the device's own copy",
                 self.interface()
             )))
         }
@@ -481,7 +484,11 @@ impl<'ep, B: StableBuffer> MemoryRegion<'ep, B> {
             Ok(buffer) => Ok(buffer),
             Err(registration) => Err((
                 Self::from_parts(Arc::new(registration), owner),
-                DmaError::InvalidArgument("the region does not hold this buffer type".into()),
+                DmaError::InvalidArgument(format!(
+                    "the buffer was asked back as a {}, which is not the type the region holds \
+                     (a rail set's region, or one retyped): ask for the type that was registered",
+                    std::any::type_name::<B>()
+                )),
             )),
         }
     }

@@ -122,7 +122,9 @@ impl<B> MemoryRegion<'_, B> {
             Ok(())
         } else {
             Err(DmaError::InvalidArgument(format!(
-                "the region is device memory ({:?}): host code cannot copy it",
+                "read_bytes/write_bytes were asked of device memory ({:?}), which host code cannot \
+                 copy: move it with an RMA operation, or with the device's own copy (cudaMemcpy \
+                 and its kin)",
                 self.inner.interface
             )))
         }

@@ -492,7 +492,11 @@ impl<'ep, B> MemoryRegion<'ep, B> {
     /// [`DmaError::InvalidArgument`] for an empty segment or one that does not fit the region.
     pub fn segment(&self, offset: usize, len: usize) -> Result<Segment<'_>, DmaError> {
         if 0 == len {
-            return Err(DmaError::InvalidArgument("an empty segment".into()));
+            return Err(DmaError::InvalidArgument(format!(
+                "segment({offset}, 0) asks for an empty segment: a segment is 1 to {} bytes of \
+                 the region; ask for at least one byte",
+                self.inner.len
+            )));
         }
         self.inner.check_range(offset, len)?;
         Ok(Segment {

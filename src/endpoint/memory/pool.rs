@@ -55,7 +55,8 @@ impl Buffer {
         let align = std::mem::align_of::<u64>();
         let refused = || {
             DmaError::InvalidArgument(format!(
-                "could not allocate {capacity} bytes for a memory region: the system refused"
+                "could not allocate {capacity} bytes for a memory region (its size class): the \
+                 system refused; register a shorter region, or free memory first"
             ))
         };
         let layout = Layout::from_size_align(capacity, align).map_err(|_| refused())?;
@@ -106,7 +107,10 @@ impl Pool {
     /// with its first `len` bytes zeroed, else a fresh one.
     pub(super) fn take(&self, len: usize) -> Result<Buffer, DmaError> {
         let capacity = capacity_for(len).ok_or_else(|| {
-            DmaError::InvalidArgument(format!("a region of {len} bytes overflows its size class"))
+            DmaError::InvalidArgument(format!(
+                "a region of {len} bytes overflows its size class (rounded up past usize::MAX): \
+                 register at most MAX_REGION_LEN bytes"
+            ))
         })?;
         let reused = {
             let mut classes = crate::sync::lock(&self.classes);

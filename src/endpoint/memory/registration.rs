@@ -231,14 +231,15 @@ impl Registration {
         keys: &mut dyn FnMut() -> u64,
     ) -> Result<Self, DmaError> {
         if 0 == len {
-            return Err(DmaError::InvalidArgument(
-                "a memory region must be at least one byte long".into(),
-            ));
+            return Err(DmaError::InvalidArgument(format!(
+                "register(0) asks for an empty region: a region is 1 to {MAX_REGION_LEN} bytes \
+                 (MAX_REGION_LEN); ask for at least one byte"
+            )));
         }
         if len > MAX_REGION_LEN {
             return Err(DmaError::InvalidArgument(format!(
                 "a memory region of {len} bytes is longer than the {MAX_REGION_LEN}-byte bound \
-                 (MAX_REGION_LEN)"
+                 (MAX_REGION_LEN): register it as several regions of at most that length"
             )));
         }
         refuse_raw_keys(mr_mode)?;
@@ -285,13 +286,15 @@ impl Registration {
         if 0 == len || len > MAX_REGION_LEN {
             return Err(DmaError::InvalidArgument(format!(
                 "a buffer of {len} bytes cannot be registered: a region is 1 to {MAX_REGION_LEN} \
-                 bytes (MAX_REGION_LEN)"
+                 bytes (MAX_REGION_LEN); register a non-empty buffer, or a longer one as several \
+                 buffers"
             )));
         }
         if start.is_null() {
-            return Err(DmaError::InvalidArgument(
-                "the buffer's pointer is null".into(),
-            ));
+            return Err(DmaError::InvalidArgument(format!(
+                "StableBuffer::as_mut_ptr returned null for a buffer of {len} bytes: the \
+                 implementation breaks the trait's contract (a pointer to its bytes); fix it"
+            )));
         }
         refuse_raw_keys(mr_mode)?;
         let registration = Self {
@@ -447,7 +450,10 @@ impl Registration {
         } else if u64::MAX == registration.key {
             // FI_KEY_NOTAVAIL is `(uint64_t) -1`, a cast bindgen does not evaluate.
             return Err(DmaError::InvalidArgument(
-                "the provider gave no 64-bit key for the region (FI_KEY_NOTAVAIL)".into(),
+                "a Remote region was registered, and the provider gave it no 64-bit key \
+                 (fi_mr_key answered FI_KEY_NOTAVAIL), so no peer could reach it: register it \
+                 Exposure::Local, or use a provider that gives keys"
+                    .into(),
             ));
         }
         registration.remote_base = if 0 != mr_mode & sys::FI_MR_VIRT_ADDR as i32 {
@@ -569,7 +575,8 @@ impl Registration {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(DmaError::InvalidArgument(format!(
-                "{len} bytes at offset {offset} do not fit a {}-byte region",
+                "{len} bytes at offset {offset} do not fit a {}-byte region: the range must end \
+                 at or before the region's length",
                 self.len
             ))),
         }
@@ -581,7 +588,7 @@ fn refuse_raw_keys(mr_mode: i32) -> Result<(), DmaError> {
     if 0 != mr_mode & sys::FI_MR_RAW as i32 {
         return Err(DmaError::InvalidArgument(
             "the provider asks for FI_MR_RAW (keys wider than 64 bits), which this crate does not \
-             support"
+             support: open the endpoint with a provider that does not (tcp, verbs, efa)"
                 .into(),
         ));
     }
