@@ -94,6 +94,26 @@ use dma_libfabric_sys as sys;
 ///   let region = endpoint.register_buffer(&mut local[..], Exposure::Local); // not 'static
 ///   ```
 ///
+/// # File mappings
+///
+/// A `memmap2::MmapMut` of a file (the `memmap2` feature) registers the file's page-cache pages
+/// in place. Touching a page of a shared file mapping that lies wholly past the file's end raises
+/// `SIGBUS`, which kills the process: so
+/// [`register_buffer`](LibfabricEndpoint::register_buffer) refuses a mapping any of whose bytes
+/// lie past its file's end at registration (read from `/proc/self/maps` and the file's length;
+/// anonymous and hugepage mappings have no file and are not checked). It cannot watch the file
+/// afterwards. The application must guarantee that **nothing truncates the file** (no process:
+/// `ftruncate`, `set_len`, `O_TRUNC`, a replacing write by another program) while the region is
+/// registered and, for an [`Exposure::Remote`] region, until the endpoint drops (its buffer is
+/// parked, and a peer's transfer admitted earlier may still reach it: see [`MemoryRegion`],
+/// "Parking"). Otherwise a peer's RMA write or read landing past the new end, this endpoint's own
+/// operation, or a [`read_bytes`](MemoryRegion::read_bytes) of those bytes, touches a page with
+/// no file behind it: `SIGBUS` in whichever thread of this process copies (the thread driving
+/// the provider's progress, for a peer's transfer), or a failed transfer where the kernel copies.
+/// Ways to keep the promise: a file only this process can open for writing, or a `memfd` sealed
+/// against shrinking (`F_SEAL_SHRINK`). Your own [`StableBuffer`] over a file mapping is not
+/// checked: check its length yourself before registering.
+///
 /// # Bounds
 ///
 /// A region holds one buffer; a parked `Remote` buffer is counted in
@@ -197,7 +217,10 @@ unsafe impl StableBuffer for Box<[u8]> {
 #[cfg(feature = "memmap2")]
 // SAFETY: a mapping's bytes stay at their address until it is unmapped, in its `Drop`; the
 // region never calls its methods that remap (there are none on `MmapMut` but `Drop`). A shared
-// file mapping may also be written by other processes: the bytes stay valid all the same.
+// file mapping may also be written by other processes: the bytes stay valid all the same. A
+// file truncated under the mapping leaves its pages past the new end unbacked (`SIGBUS` when
+// touched): `register_buffer` refuses a mapping past its file's end, and the application keeps
+// the file whole afterwards (`StableBuffer`'s docs, "File mappings").
 unsafe impl StableBuffer for memmap2::MmapMut {
     fn as_mut_ptr(&mut self) -> *mut u8 {
         <[u8]>::as_mut_ptr(self)
@@ -250,7 +273,8 @@ impl LibfabricEndpoint {
     /// # Errors
     /// [`DmaError::InvalidArgument`] when the endpoint was opened without
     /// [`Configuration::rma`](crate::configuration::Configuration::rma), for an empty buffer or one
-    /// longer than [`MAX_REGION_LEN`](super::memory::MAX_REGION_LEN), or for a provider that asks
+    /// longer than [`MAX_REGION_LEN`](super::memory::MAX_REGION_LEN), for a `memmap2::MmapMut`
+    /// that maps a file past its end (see [`StableBuffer`], "File mappings"), or for a provider that asks
     /// for `FI_MR_RAW`; [`DmaError::Unsupported`] for device memory on a provider that does not
     /// offer `FI_HMEM` (naming the capabilities `fi_getinfo` answered); [`DmaError::Fabric`] when
     /// `fi_mr_reg`, `fi_mr_regattr`, `fi_mr_bind` or `fi_mr_enable` fails. The buffer is dropped on
@@ -284,6 +308,10 @@ impl LibfabricEndpoint {
         let start = buffer.as_mut_ptr();
         let len = StableBuffer::len(&*buffer);
         let held = StableBuffer::capacity(&*buffer);
+        #[cfg(feature = "memmap2")]
+        if std::any::TypeId::of::<B>() == std::any::TypeId::of::<memmap2::MmapMut>() {
+            super::memory::mapping::check_file_backing(start as usize, len)?;
+        }
         // SAFETY: the domain and the endpoint are open and stay open until every registration
         // is dropped (as for `register`: a region borrows this endpoint, and operations' holds
         // are dropped before the handles close); the pool is the slab's, dropped after the

@@ -19,7 +19,8 @@
 //! flight, [`Exposure`] and [`MemoryInterface`]), `pool` the parked memory, `copies` the
 //! region's [`read_bytes`](MemoryRegion::read_bytes) and
 //! [`write_bytes`](MemoryRegion::write_bytes), and `shared_bytes` the atomic copies they (and the
-//! pool's zeroing) make of memory a peer may be writing. The
+//! pool's zeroing) make of memory a peer may be writing, and `mapping` the check of a file
+//! mapping's length at registration. The
 //! application's own buffers, registered in place, are [`buffer`](super::buffer)'s, which uses
 //! this module and is used by none of it.
 
@@ -31,6 +32,7 @@ use super::LibfabricEndpoint;
 use crate::error::DmaError;
 
 mod copies;
+pub(super) mod mapping;
 pub(super) mod pool;
 pub(super) mod registration;
 mod shared_bytes;
