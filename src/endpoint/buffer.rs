@@ -359,7 +359,8 @@ impl<B> MemoryRegion<'_, B> {
     ///
     /// # Errors
     /// [`DmaError::Busy`] while an operation of this endpoint holds the region (posted, its
-    /// completion not yet read); [`DmaError::InvalidArgument`] for a `Remote` region (a peer may
+    /// completion not yet read) or a post waits for `read_bytes` copies to end (see
+    /// [`read_bytes`](Self::read_bytes)); [`DmaError::InvalidArgument`] for a `Remote` region (a peer may
     /// write it at any moment: copy with [`read_bytes`](Self::read_bytes), or see
     /// [`as_slice_unchecked`](Self::as_slice_unchecked)) and for device memory.
     pub fn as_slice(&self) -> Result<RegionSlice<'_>, DmaError> {

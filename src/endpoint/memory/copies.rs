@@ -58,8 +58,11 @@ impl<B> MemoryRegion<'_, B> {
     ///   application's own writes. While an operation of this endpoint holds the region (posted,
     ///   its completion not yet read: a `read` or `read_scatter` landing into it, or a write
     ///   reading from it), the copy is refused with [`DmaError::Busy`] rather than copying bytes
-    ///   in flight; for as long as the copy runs it holds off new operations on the region as a
-    ///   lent slice does ([`as_slice`](Self::as_slice): posting answers `Busy`). Never torn.
+    ///   in flight, and so is it while a post on the region waits for copies to end. A post that
+    ///   arrives during a copy waits for the copies running then (each a `memcpy`), and new
+    ///   copies and slices are refused meanwhile, so a thread that keeps copying never keeps an
+    ///   operation out (unlike a slice lent by [`as_slice`](Self::as_slice), which makes posting
+    ///   answer `Busy` at once). Never torn.
     /// - **[`Exposure::Remote`]** (and every region of
     ///   [`register`](LibfabricEndpoint::register)): a peer may write any byte at any moment,
     ///   and this endpoint's own reads into the region land without asking it, so the copy is
@@ -76,8 +79,8 @@ impl<B> MemoryRegion<'_, B> {
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] when the range does not fit, and for device memory;
-    /// [`DmaError::Busy`] for a `Local` region that an operation of this endpoint holds (try
-    /// again once its completion has been read). Nothing is copied on an error.
+    /// [`DmaError::Busy`] for a `Local` region that an operation of this endpoint holds, or that
+    /// a post is waiting for (try again once the operation's completion has been read). Nothing is copied on an error.
     pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<(), DmaError> {
         self.check_copy()?;
         self.inner.check_range(offset, out.len())?;
@@ -112,7 +115,7 @@ impl<B> MemoryRegion<'_, B> {
 
     /// Lend the region for the length of one copy (see [`read_bytes`](Self::read_bytes)).
     fn lend(&self) -> Result<Lent<'_>, DmaError> {
-        self.inner.lend_slice()?;
+        self.inner.lend_copy()?;
         Ok(Lent(&self.inner))
     }
 
@@ -136,6 +139,6 @@ struct Lent<'region>(&'region Registration);
 
 impl Drop for Lent<'_> {
     fn drop(&mut self) {
-        self.0.return_slice();
+        self.0.return_copy();
     }
 }

@@ -16,7 +16,8 @@
 //! the endpoint's [`register`](LibfabricEndpoint::register) and
 //! [`register_shared`](LibfabricEndpoint::register_shared). Below it, `registration` holds a
 //! registration's life (`fi_mr_reg` under `mr_mode`, the keys, the holds of operations in
-//! flight, [`Exposure`] and [`MemoryInterface`]), `pool` the parked memory, `copies` the
+//! flight, [`Exposure`] and [`MemoryInterface`]), `loans` who may touch a `Local` region's
+//! bytes now (operations' holds, slices, copies), `pool` the parked memory, `copies` the
 //! region's [`read_bytes`](MemoryRegion::read_bytes) and
 //! [`write_bytes`](MemoryRegion::write_bytes), and `shared_bytes` the atomic copies they (and the
 //! pool's zeroing) make of memory a peer may be writing, and `mapping` the check of a file
@@ -32,6 +33,8 @@ use super::LibfabricEndpoint;
 use crate::error::DmaError;
 
 mod copies;
+mod loans;
+#[cfg(feature = "memmap2")]
 pub(super) mod mapping;
 pub(super) mod pool;
 pub(super) mod registration;

@@ -22,7 +22,7 @@ use std::ptr;
 use std::sync::Arc;
 #[cfg(test)]
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(doc)] // for the docs' links
 use super::MemoryRegion;
@@ -194,7 +194,14 @@ pub(crate) struct Registration {
     /// holding the memory, in one word so that neither can start while the other is there (see
     /// `access`). Kept by the registration that owns the memory, and reached through `shares`
     /// from one that registers it again.
-    access: AccessWord,
+    pub(super) access: AccessWord,
+    /// Of the loans in `access`, how many are slices ([`MemoryRegion::as_slice`], which may live
+    /// as long as the application keeps them) rather than copies (`read_bytes`, which end once
+    /// their bytes are copied): a poster waits out copies, never slices. Kept by the keeper.
+    pub(super) slices: AtomicUsize,
+    /// Posters waiting for copies to end: while one waits, new loans are refused, so readers
+    /// that keep copying cannot keep it out. Kept by the keeper.
+    pub(super) posters_waiting: AtomicUsize,
     /// The registration whose memory this one registers again in another domain (a rail set's
     /// region), held for as long as this one lives.
     shares: Option<Arc<Registration>>,
@@ -256,6 +263,8 @@ impl Registration {
             exposure: Exposure::Remote,
             interface: MemoryInterface::Host,
             access: AccessWord::new(),
+            slices: AtomicUsize::new(0),
+            posters_waiting: AtomicUsize::new(0),
             shares: None,
             pool: Arc::clone(pool),
             domain,
@@ -311,6 +320,8 @@ impl Registration {
             exposure,
             interface,
             access: AccessWord::new(),
+            slices: AtomicUsize::new(0),
+            posters_waiting: AtomicUsize::new(0),
             shares: None,
             pool: Arc::clone(pool),
             domain,
@@ -349,6 +360,8 @@ impl Registration {
             exposure: primary.exposure,
             interface: primary.interface,
             access: AccessWord::new(),
+            slices: AtomicUsize::new(0),
+            posters_waiting: AtomicUsize::new(0),
             shares: Some(Arc::clone(primary)),
             pool: Arc::clone(pool),
             domain,
@@ -485,7 +498,7 @@ impl Registration {
     }
 
     /// The registration that owns the memory, and so keeps its `access` word.
-    fn keeper(&self) -> &Registration {
+    pub(super) fn keeper(&self) -> &Registration {
         self.shares.as_deref().unwrap_or(self)
     }
 
@@ -496,43 +509,6 @@ impl Registration {
         Exposure::Local == keeper.exposure
             && keeper.interface.is_host()
             && matches!(keeper.memory, Memory::Owned { .. })
-    }
-
-    /// Hold the memory for one operation, until the returned hold drops (when the operation's
-    /// completion has been read).
-    ///
-    /// # Errors
-    /// [`DmaError::Busy`] while a slice of the memory is lent out ([`MemoryRegion::as_slice`]):
-    /// nothing is held then.
-    pub(crate) fn hold(self: &Arc<Self>) -> Result<OperationHold, DmaError> {
-        let counted = self.lends_slices();
-        if counted && !self.keeper().access.try_hold() {
-            return Err(DmaError::Busy);
-        }
-        Ok(OperationHold {
-            region: Arc::clone(self),
-            counted,
-        })
-    }
-
-    /// Lend one shared slice: [`DmaError::Busy`] while an operation holds the memory.
-    pub(crate) fn lend_slice(&self) -> Result<(), DmaError> {
-        if self.keeper().access.try_lend() {
-            Ok(())
-        } else {
-            Err(DmaError::Busy)
-        }
-    }
-
-    /// Give back a slice lent by [`lend_slice`](Self::lend_slice).
-    pub(crate) fn return_slice(&self) {
-        self.keeper().access.return_lend();
-    }
-
-    /// Whether an operation holds the memory now (Acquire: when not, every completed
-    /// operation's bytes are visible).
-    pub(crate) fn operations_hold(&self) -> bool {
-        self.keeper().access.held()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -618,9 +594,9 @@ impl Drop for Registration {
 /// registration (and so the memory) lives at least that long, and, for memory that lends slices,
 /// no slice can be lent meanwhile.
 pub(crate) struct OperationHold {
-    region: Arc<Registration>,
+    pub(super) region: Arc<Registration>,
     /// Whether the hold is counted in the memory's `access` word.
-    counted: bool,
+    pub(super) counted: bool,
 }
 
 impl OperationHold {
