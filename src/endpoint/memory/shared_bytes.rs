@@ -197,4 +197,61 @@ mod tests {
         }
         assert_eq!(0xff, backing[63], "past every span: untouched");
     }
+
+    /// A load racing stores (another thread's copies) sees each aligned word whole: every word
+    /// of every copy is one of the two patterns, never a mix inside it. Fails if the words are
+    /// split into smaller accesses.
+    #[test]
+    fn racing_copies_never_tear_a_word() {
+        const WORDS: usize = 64;
+        let mut backing = vec![0_usize; WORDS];
+        let span = Span {
+            start: backing.as_mut_ptr().cast(),
+            len: WORDS * WORD,
+        };
+        /// The span's pointer, sent to the writer thread.
+        struct Shared(Span);
+        // SAFETY: the span is only touched through this module's atomic accesses while shared.
+        unsafe impl Send for Shared {}
+        // SAFETY: as for `Send`.
+        unsafe impl Sync for Shared {}
+        impl Shared {
+            fn span(&self) -> Span {
+                self.0
+            }
+        }
+        let shared = Shared(span);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let patterns = [vec![0xaa_u8; WORDS * WORD], vec![0x55_u8; WORDS * WORD]];
+                let mut round = 0;
+                while !stop.load(Ordering::Acquire) {
+                    // SAFETY: the whole span, inside `backing`, which outlives the scope; the
+                    // only other access is the loads below, atomic and of the same span.
+                    unsafe { store(shared.span(), 0, &patterns[round % 2]) };
+                    round += 1;
+                }
+            });
+            /// Stops the writer when the reader is done, or fails (a panic), so the scope ends.
+            struct StopOnDrop<'flag>(&'flag std::sync::atomic::AtomicBool);
+            impl Drop for StopOnDrop<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::Release);
+                }
+            }
+            let _stop = StopOnDrop(&stop);
+            let mut out = vec![0_u8; WORDS * WORD];
+            for _ in 0..20_000 {
+                // SAFETY: as for the stores.
+                unsafe { load(shared.span(), 0, &mut out) };
+                for word in out.chunks(WORD) {
+                    assert!(
+                        word.iter().all(|&byte| byte == word[0]),
+                        "a torn word: {word:?}"
+                    );
+                }
+            }
+        });
+    }
 }
