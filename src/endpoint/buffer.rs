@@ -33,7 +33,8 @@ use dma_libfabric_sys as sys;
 /// | [`remote`](MemoryRegion::remote)'s key | none (`FI_KEY_NOTAVAIL`, `u64::MAX`) | the registration's |
 /// | a peer's transfer under its key | refused by the provider | admitted |
 /// | [`as_slice`](MemoryRegion::as_slice), [`as_mut_slice`](MemoryRegion::as_mut_slice) | when no operation holds it, else [`DmaError::Busy`] | refused: copies only, or the `unsafe` [`as_slice_unchecked`](MemoryRegion::as_slice_unchecked) |
-/// | [`write_bytes`](MemoryRegion::write_bytes) | refused (write through `as_mut_slice`) | copies |
+/// | [`read_bytes`](MemoryRegion::read_bytes) | copies when no operation holds it, else [`DmaError::Busy`]; never torn | copies with atomic byte loads at any time; torn if a transfer lands meanwhile |
+/// | [`write_bytes`](MemoryRegion::write_bytes) | refused (write through `as_mut_slice`) | copies (atomic byte stores) |
 /// | the buffer back | [`into_buffer`](MemoryRegion::into_buffer) once no operation holds it | parked on drop until the endpoint closes; `unsafe` [`reclaim`](MemoryRegion::reclaim) |
 ///
 /// Device memory ([`MemoryInterface`] other than host) lends no slices and takes no copies.
@@ -93,10 +94,31 @@ use dma_libfabric_sys as sys;
 ///   let region = endpoint.register_buffer(&mut local[..], Exposure::Local); // not 'static
 ///   ```
 ///
+/// # File mappings
+///
+/// A `memmap2::MmapMut` of a file (the `memmap2` feature) registers the file's page-cache pages
+/// in place. Touching a page of a shared file mapping that lies wholly past the file's end raises
+/// `SIGBUS`, which kills the process: so
+/// [`register_buffer`](LibfabricEndpoint::register_buffer) refuses a mapping any of whose bytes
+/// lie past its file's end at registration (read from `/proc/self/maps` and the file's length;
+/// anonymous and hugepage mappings have no file and are not checked). It cannot watch the file
+/// afterwards. The application must guarantee that **nothing truncates the file** (no process:
+/// `ftruncate`, `set_len`, `O_TRUNC`, a replacing write by another program) while the region is
+/// registered and, for an [`Exposure::Remote`] region, until the endpoint drops (its buffer is
+/// parked, and a peer's transfer admitted earlier may still reach it: see [`MemoryRegion`],
+/// "Parking"). Otherwise a peer's RMA write or read landing past the new end, this endpoint's own
+/// operation, or a [`read_bytes`](MemoryRegion::read_bytes) of those bytes, touches a page with
+/// no file behind it: `SIGBUS` in whichever thread of this process copies (the thread driving
+/// the provider's progress, for a peer's transfer), or a failed transfer where the kernel copies.
+/// Ways to keep the promise: a file only this process can open for writing, or a `memfd` sealed
+/// against shrinking (`F_SEAL_SHRINK`). Your own [`StableBuffer`] over a file mapping is not
+/// checked: check its length yourself before registering.
+///
 /// # Bounds
 ///
 /// A region holds one buffer; a parked `Remote` buffer is counted in
-/// [`parked_memory`](LibfabricEndpoint::parked_memory) until the endpoint drops (never reused:
+/// [`parked_memory`](LibfabricEndpoint::parked_memory), at its [`capacity`](Self::capacity),
+/// until the endpoint drops (never reused:
 /// it is the application's), so parked memory is bounded by the `Remote` buffers registered over
 /// the endpoint's life. A region is 1 to [`MAX_REGION_LEN`](super::memory::MAX_REGION_LEN) bytes.
 ///
@@ -154,6 +176,15 @@ pub unsafe trait StableBuffer: Send + 'static {
     fn interface(&self) -> MemoryInterface {
         MemoryInterface::Host
     }
+
+    /// How many bytes the buffer holds, registered or not: what
+    /// [`parked_memory`](LibfabricEndpoint::parked_memory) counts while a dropped
+    /// [`Exposure::Remote`] region parks it. [`len`](Self::len) unless said otherwise; a `Vec`'s
+    /// capacity (a `Vec` of length 16 KiB and capacity 256 MiB holds 256 MiB). A value below
+    /// `len` counts as `len`.
+    fn capacity(&self) -> usize {
+        self.len()
+    }
 }
 
 // SAFETY: a `Vec`'s bytes are on the heap, owned by it alone; they move only when the `Vec`
@@ -165,6 +196,10 @@ unsafe impl StableBuffer for Vec<u8> {
 
     fn len(&self) -> usize {
         Vec::len(self)
+    }
+
+    fn capacity(&self) -> usize {
+        Vec::capacity(self)
     }
 }
 
@@ -182,7 +217,10 @@ unsafe impl StableBuffer for Box<[u8]> {
 #[cfg(feature = "memmap2")]
 // SAFETY: a mapping's bytes stay at their address until it is unmapped, in its `Drop`; the
 // region never calls its methods that remap (there are none on `MmapMut` but `Drop`). A shared
-// file mapping may also be written by other processes: the bytes stay valid all the same.
+// file mapping may also be written by other processes: the bytes stay valid all the same. A
+// file truncated under the mapping leaves its pages past the new end unbacked (`SIGBUS` when
+// touched): `register_buffer` refuses a mapping past its file's end, and the application keeps
+// the file whole afterwards (`StableBuffer`'s docs, "File mappings").
 unsafe impl StableBuffer for memmap2::MmapMut {
     fn as_mut_ptr(&mut self) -> *mut u8 {
         <[u8]>::as_mut_ptr(self)
@@ -235,7 +273,8 @@ impl LibfabricEndpoint {
     /// # Errors
     /// [`DmaError::InvalidArgument`] when the endpoint was opened without
     /// [`Configuration::rma`](crate::configuration::Configuration::rma), for an empty buffer or one
-    /// longer than [`MAX_REGION_LEN`](super::memory::MAX_REGION_LEN), or for a provider that asks
+    /// longer than [`MAX_REGION_LEN`](super::memory::MAX_REGION_LEN), for a `memmap2::MmapMut`
+    /// that maps a file past its end (see [`StableBuffer`], "File mappings"), or for a provider that asks
     /// for `FI_MR_RAW`; [`DmaError::Unsupported`] for device memory on a provider that does not
     /// offer `FI_HMEM` (naming the capabilities `fi_getinfo` answered); [`DmaError::Fabric`] when
     /// `fi_mr_reg`, `fi_mr_regattr`, `fi_mr_bind` or `fi_mr_enable` fails. The buffer is dropped on
@@ -268,6 +307,11 @@ impl LibfabricEndpoint {
         let mut buffer = Box::new(buffer);
         let start = buffer.as_mut_ptr();
         let len = StableBuffer::len(&*buffer);
+        let held = StableBuffer::capacity(&*buffer);
+        #[cfg(feature = "memmap2")]
+        if std::any::TypeId::of::<B>() == std::any::TypeId::of::<memmap2::MmapMut>() {
+            super::memory::mapping::check_file_backing(start as usize, len)?;
+        }
         // SAFETY: the domain and the endpoint are open and stay open until every registration
         // is dropped (as for `register`: a region borrows this endpoint, and operations' holds
         // are dropped before the handles close); the pool is the slab's, dropped after the
@@ -279,7 +323,7 @@ impl LibfabricEndpoint {
                 self.handles.ep,
                 self.mr_mode(),
                 buffer,
-                (start, len),
+                (start, len, held),
                 (exposure, interface),
                 &self.operations.pool,
                 &mut || self.operations.keys.draw(),
@@ -301,7 +345,8 @@ impl LibfabricEndpoint {
         }
         Err(DmaError::Unsupported(format!(
             "{interface:?} memory needs FI_HMEM, and fi_getinfo answered {} with caps {caps:#x}, \
-             without FI_HMEM ({:#x})",
+             without FI_HMEM ({:#x}): open the endpoint with Configuration::hmem on a provider \
+             that offers it, or register host memory",
             self.describe().provider,
             sys::FI_HMEM
         )))
@@ -314,7 +359,8 @@ impl<B> MemoryRegion<'_, B> {
     ///
     /// # Errors
     /// [`DmaError::Busy`] while an operation of this endpoint holds the region (posted, its
-    /// completion not yet read); [`DmaError::InvalidArgument`] for a `Remote` region (a peer may
+    /// completion not yet read) or a post waits for `read_bytes` copies to end (see
+    /// [`read_bytes`](Self::read_bytes)); [`DmaError::InvalidArgument`] for a `Remote` region (a peer may
     /// write it at any moment: copy with [`read_bytes`](Self::read_bytes), or see
     /// [`as_slice_unchecked`](Self::as_slice_unchecked)) and for device memory.
     pub fn as_slice(&self) -> Result<RegionSlice<'_>, DmaError> {
@@ -353,16 +399,17 @@ impl<B> MemoryRegion<'_, B> {
     fn check_lends_slices(&self) -> Result<(), DmaError> {
         if !self.interface().is_host() {
             return Err(DmaError::InvalidArgument(format!(
-                "the region is device memory ({:?}): it has no slices",
+                "a slice was asked of device memory ({:?}), which host code cannot read: it has \
+                 no slices; move its bytes with an RMA operation or the device's own copy",
                 self.interface()
             )));
         }
         match self.exposure() {
             Exposure::Local if self.inner.lends_slices() => Ok(()),
             _ => Err(DmaError::InvalidArgument(
-                "a Remote region may be written by a peer at any moment: copy with read_bytes or \
-                 write_bytes (or, where the application's protocol has stopped every peer, \
-                 as_slice_unchecked)"
+                "a slice was asked of a Remote region, which a peer may write at any moment: \
+                 copy with read_bytes or write_bytes (or, where the application's protocol has \
+                 stopped every peer, as_slice_unchecked), or register it Exposure::Local"
                     .into(),
             )),
         }
@@ -407,7 +454,8 @@ impl<B> MemoryRegion<'_, B> {
             Ok(())
         } else {
             Err(DmaError::InvalidArgument(format!(
-                "the region is device memory ({:?}): it has no slices",
+                "a slice was asked of device memory ({:?}), which host code cannot read: it has \
+                 no slices; move its bytes with an RMA operation or the device's own copy",
                 self.interface()
             )))
         }
@@ -465,7 +513,11 @@ impl<'ep, B: StableBuffer> MemoryRegion<'ep, B> {
             Ok(buffer) => Ok(buffer),
             Err(registration) => Err((
                 Self::from_parts(Arc::new(registration), owner),
-                DmaError::InvalidArgument("the region does not hold this buffer type".into()),
+                DmaError::InvalidArgument(format!(
+                    "the buffer was asked back as a {}, which is not the type the region holds \
+                     (a rail set's region, or one retyped): ask for the type that was registered",
+                    std::any::type_name::<B>()
+                )),
             )),
         }
     }

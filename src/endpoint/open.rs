@@ -14,7 +14,7 @@ use std::mem::ManuallyDrop;
 use std::ptr;
 use std::sync::Arc;
 
-use self::getinfo::{QueueSizes, getinfo_sized, size_misfit};
+use self::getinfo::{QueueSizes, getinfo_sized, hmem_misfit, size_misfit};
 #[cfg(doc)] // for the docs' links
 use super::RECEIVE_POST_PATIENCE;
 use super::handles::Handles;
@@ -210,8 +210,10 @@ impl LibfabricEndpoint {
 /// any error), and the chosen provider's description comes back.
 ///
 /// # Errors
-/// [`DmaError::InvalidArgument`] for a size past the provider's bounds; what
-/// `configuration::no_data` says when nothing is offered; [`DmaError::Unsupported`] for a
+/// [`DmaError::InvalidArgument`] for a size past the provider's bounds;
+/// [`DmaError::Fabric`] (`fi_getinfo`, `-FI_ENODATA`) naming `FI_HMEM` and the provider when
+/// only `Configuration::hmem` keeps it from offering an endpoint; what `configuration::no_data` says when nothing is
+/// offered otherwise; [`DmaError::Unsupported`] for a
 /// provider the endpoint refuses ([`refusal`]); what `configuration::check_chosen` says of the
 /// provider `fi_getinfo` chose.
 fn choose(
@@ -223,6 +225,7 @@ fn choose(
     let Some(info) = getinfo_sized(configuration, provider, node, QueueSizes::of(configuration))?
     else {
         return Err(size_misfit(configuration, provider, node)
+            .or_else(|| hmem_misfit(configuration, provider, node))
             .unwrap_or_else(|| crate::configuration::no_data(provider)));
     };
     handles.info = info;

@@ -16,20 +16,29 @@
 //! the endpoint's [`register`](LibfabricEndpoint::register) and
 //! [`register_shared`](LibfabricEndpoint::register_shared). Below it, `registration` holds a
 //! registration's life (`fi_mr_reg` under `mr_mode`, the keys, the holds of operations in
-//! flight, [`Exposure`] and [`MemoryInterface`]), and `pool` the parked memory. The
+//! flight, [`Exposure`] and [`MemoryInterface`]), `loans` who may touch a `Local` region's
+//! bytes now (operations' holds, slices, copies), `pool` the parked memory, `copies` the
+//! region's [`read_bytes`](MemoryRegion::read_bytes) and
+//! [`write_bytes`](MemoryRegion::write_bytes), and `shared_bytes` the atomic copies they (and the
+//! pool's zeroing) make of memory a peer may be writing, and `mapping` the check of a file
+//! mapping's length at registration. The
 //! application's own buffers, registered in place, are [`buffer`](super::buffer)'s, which uses
 //! this module and is used by none of it.
 
 use std::marker::PhantomData;
-use std::ptr;
 use std::sync::Arc;
 
 use self::registration::{Exposure, MemoryInterface, Registration};
 use super::LibfabricEndpoint;
 use crate::error::DmaError;
 
+mod copies;
+mod loans;
+#[cfg(feature = "memmap2")]
+pub(super) mod mapping;
 pub(super) mod pool;
 pub(super) mod registration;
+mod shared_bytes;
 
 pub use self::pool::REGION_REUSE_QUARANTINE;
 pub use self::registration::{MAX_REGION_LEN, REGION_KEY_ATTEMPTS};
@@ -156,7 +165,10 @@ impl LibfabricEndpoint {
         Ok(MemoryRegion::new(registration))
     }
 
-    /// How many bytes of dropped regions' memory the endpoint holds now: memory a peer's
+    /// How many bytes of dropped regions' memory the endpoint holds now, counted as allocated
+    /// (a pooled buffer's size class; an application's buffer's
+    /// [`StableBuffer::capacity`](super::buffer::StableBuffer::capacity), so a `Vec`'s capacity,
+    /// not its length): memory a peer's
     /// transfer admitted before the drop may still reach, so it is freed only when the endpoint
     /// drops, and reused meanwhile by later registrations of the same size class (see
     /// [`MemoryRegion`], "Parking"). Bounded by the peak of registered memory, plus the
@@ -339,11 +351,13 @@ impl LibfabricEndpoint {
 /// times this process does not choose. So the bytes of a region peers may reach (every region of
 /// `register`, and the application's buffers registered [`Exposure::Remote`]) are only ever
 /// copied in and out ([`MemoryRegion::write_bytes`], [`MemoryRegion::read_bytes`]), never lent
-/// out as a slice in safe code: a copy taken while a transfer lands may mix old and new bytes, and
-/// the application tells a complete record from a torn one (a checksum, a sequence written last),
-/// as it must on any RDMA NIC. A buffer registered [`Exposure::Local`] is reached by no peer, and
-/// lends slices while no operation of this endpoint holds it (see
-/// [`StableBuffer`](super::buffer::StableBuffer)).
+/// out as a slice in safe code, and those copies are atomic byte by byte, so a transfer landing
+/// during one is not a data race (undefined behaviour) in this process, only a mix of old and new
+/// bytes: a copy taken while a transfer lands may be torn, and [`MemoryRegion::read_bytes`] says
+/// which reads never are. A buffer registered [`Exposure::Local`] is reached by no peer: it
+/// lends slices, and copies out with `read_bytes`, only while no operation of this endpoint
+/// holds it, and refuses them ([`DmaError::Busy`]) while one does, so no safe read of it ever
+/// sees bytes in flight (see [`StableBuffer`](super::buffer::StableBuffer)).
 pub struct MemoryRegion<'ep, B = PooledBuffer> {
     pub(crate) inner: Arc<Registration>,
     /// The endpoint, for a region made by
@@ -483,7 +497,11 @@ impl<'ep, B> MemoryRegion<'ep, B> {
     /// [`DmaError::InvalidArgument`] for an empty segment or one that does not fit the region.
     pub fn segment(&self, offset: usize, len: usize) -> Result<Segment<'_>, DmaError> {
         if 0 == len {
-            return Err(DmaError::InvalidArgument("an empty segment".into()));
+            return Err(DmaError::InvalidArgument(format!(
+                "segment({offset}, 0) asks for an empty segment: a segment is 1 to {} bytes of \
+                 the region; ask for at least one byte",
+                self.inner.len
+            )));
         }
         self.inner.check_range(offset, len)?;
         Ok(Segment {
@@ -491,55 +509,6 @@ impl<'ep, B> MemoryRegion<'ep, B> {
             offset,
             len,
         })
-    }
-
-    /// Copy `data` into the region at `offset`.
-    ///
-    /// # Errors
-    /// [`DmaError::InvalidArgument`] when it does not fit, for device memory (host code cannot
-    /// copy into it), and for a region registered [`Exposure::Local`] (written through
-    /// [`as_mut_slice`](Self::as_mut_slice), which the borrow checker and the region keep apart
-    /// from slices lent out); nothing is copied.
-    pub fn write_bytes(&self, offset: usize, data: &[u8]) -> Result<(), DmaError> {
-        self.check_copy()?;
-        if self.inner.lends_slices() {
-            return Err(DmaError::InvalidArgument(
-                "a Local region is written through as_mut_slice, not write_bytes".into(),
-            ));
-        }
-        self.inner.check_range(offset, data.len())?;
-        // SAFETY: the range is inside the buffer (checked), which lives as long as `self`; the
-        // bytes are plain `u8` in host memory (checked), a region that lends no slices has none
-        // lent, and a transfer landing meanwhile may only tear them ("Contents" above), which a copy
-        // of bytes tolerates.
-        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.inner.at(offset), data.len()) };
-        Ok(())
-    }
-
-    /// Copy the region's bytes at `offset` into `out`.
-    ///
-    /// # Errors
-    /// [`DmaError::InvalidArgument`] when the range does not fit, and for device memory; nothing
-    /// is copied.
-    pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<(), DmaError> {
-        self.check_copy()?;
-        self.inner.check_range(offset, out.len())?;
-        // SAFETY: as in `write_bytes`, in the other direction (reading while slices are lent is
-        // reading shared bytes).
-        unsafe { ptr::copy_nonoverlapping(self.inner.at(offset), out.as_mut_ptr(), out.len()) };
-        Ok(())
-    }
-
-    /// Host code copies only host memory.
-    fn check_copy(&self) -> Result<(), DmaError> {
-        if self.inner.interface.is_host() {
-            Ok(())
-        } else {
-            Err(DmaError::InvalidArgument(format!(
-                "the region is device memory ({:?}): host code cannot copy it",
-                self.inner.interface
-            )))
-        }
     }
 
     /// How many operations in flight hold this region now.

@@ -10,7 +10,7 @@
 use std::alloc::{self, Layout};
 use std::any::Any;
 use std::collections::{BTreeMap, VecDeque};
-use std::ptr::{self, NonNull};
+use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -55,7 +55,8 @@ impl Buffer {
         let align = std::mem::align_of::<u64>();
         let refused = || {
             DmaError::InvalidArgument(format!(
-                "could not allocate {capacity} bytes for a memory region: the system refused"
+                "could not allocate {capacity} bytes for a memory region (its size class): the \
+                 system refused; register a shorter region, or free memory first"
             ))
         };
         let layout = Layout::from_size_align(capacity, align).map_err(|_| refused())?;
@@ -92,7 +93,7 @@ pub(crate) struct Pool {
     /// Buffers the application handed in (`register_buffer`, `Exposure::Remote`), parked when
     /// their region dropped: never reused, dropped (their own `Drop` run) with the pool.
     owned: Mutex<Vec<Box<dyn Any + Send>>>,
-    /// The bytes parked now: the capacities of every buffer in `classes`.
+    /// The bytes parked now: the capacities of every buffer in `classes` and in `owned`.
     parked: AtomicUsize,
 }
 
@@ -106,7 +107,10 @@ impl Pool {
     /// with its first `len` bytes zeroed, else a fresh one.
     pub(super) fn take(&self, len: usize) -> Result<Buffer, DmaError> {
         let capacity = capacity_for(len).ok_or_else(|| {
-            DmaError::InvalidArgument(format!("a region of {len} bytes overflows its size class"))
+            DmaError::InvalidArgument(format!(
+                "a region of {len} bytes overflows its size class (rounded up past usize::MAX): \
+                 register at most MAX_REGION_LEN bytes"
+            ))
         })?;
         let reused = {
             let mut classes = crate::sync::lock(&self.classes);
@@ -123,17 +127,26 @@ impl Pool {
         let Some(buffer) = reused else {
             return Buffer::allocate(capacity);
         };
-        // SAFETY: `len` is at most the buffer's capacity (its class's); the pool owns the bytes,
-        // and a stale transfer writing them meanwhile only tears them (`MemoryRegion`, "Contents").
-        unsafe { ptr::write_bytes(buffer.start.as_ptr(), 0, len) };
+        // SAFETY: `len` is at most the buffer's capacity (its class's), which the pool owns and
+        // no Rust reference points into; a stale transfer writing them meanwhile is the
+        // provider's, outside Rust, and the zeroing is atomic (`shared_bytes`), so it only tears
+        // them (`MemoryRegion`, "Contents").
+        unsafe {
+            let span = super::shared_bytes::Span {
+                start: buffer.start.as_ptr(),
+                len,
+            };
+            super::shared_bytes::zero(span, 0, len);
+        };
         Ok(buffer)
     }
 
-    /// Keep the application's `buffer` of `len` bytes until the endpoint closes.
-    pub(super) fn park_owned(&self, buffer: Box<dyn Any + Send>, len: usize) {
+    /// Keep the application's `buffer`, which holds `held` bytes (its capacity, not only the
+    /// registered length), until the endpoint closes.
+    pub(super) fn park_owned(&self, buffer: Box<dyn Any + Send>, held: usize) {
         let mut owned = crate::sync::lock(&self.owned);
         owned.push(buffer);
-        self.parked.fetch_add(len, Ordering::AcqRel);
+        self.parked.fetch_add(held, Ordering::AcqRel);
     }
 
     /// Keep `buffer` until the endpoint closes, or until a later registration reuses it.

@@ -22,7 +22,7 @@ use std::ptr;
 use std::sync::Arc;
 #[cfg(test)]
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(doc)] // for the docs' links
 use super::MemoryRegion;
@@ -156,8 +156,13 @@ enum Memory {
     /// The endpoint's own, from its pool: parked there again on drop.
     Pooled(Buffer),
     /// The application's buffer (a `Box<B>` of the `StableBuffer` it handed in), registered in
-    /// place: its bytes never moved, and the box only keeps it, and its `Drop`, alive.
-    Owned(Box<dyn Any + Send>),
+    /// place: its bytes never moved, and the box only keeps it, and its `Drop`, alive. `held`
+    /// is what it holds (its `StableBuffer::capacity`, at least the registered length): what
+    /// parking it counts.
+    Owned {
+        buffer: Box<dyn Any + Send>,
+        held: usize,
+    },
     /// Another registration's memory (`shares`), or none any more (inside `Drop`).
     None,
 }
@@ -189,7 +194,14 @@ pub(crate) struct Registration {
     /// holding the memory, in one word so that neither can start while the other is there (see
     /// `access`). Kept by the registration that owns the memory, and reached through `shares`
     /// from one that registers it again.
-    access: AccessWord,
+    pub(super) access: AccessWord,
+    /// Of the loans in `access`, how many are slices ([`MemoryRegion::as_slice`], which may live
+    /// as long as the application keeps them) rather than copies (`read_bytes`, which end once
+    /// their bytes are copied): a poster waits out copies, never slices. Kept by the keeper.
+    pub(super) slices: AtomicUsize,
+    /// Posters waiting for copies to end: while one waits, new loans are refused, so readers
+    /// that keep copying cannot keep it out. Kept by the keeper.
+    pub(super) posters_waiting: AtomicUsize,
     /// The registration whose memory this one registers again in another domain (a rail set's
     /// region), held for as long as this one lives.
     shares: Option<Arc<Registration>>,
@@ -226,14 +238,15 @@ impl Registration {
         keys: &mut dyn FnMut() -> u64,
     ) -> Result<Self, DmaError> {
         if 0 == len {
-            return Err(DmaError::InvalidArgument(
-                "a memory region must be at least one byte long".into(),
-            ));
+            return Err(DmaError::InvalidArgument(format!(
+                "register(0) asks for an empty region: a region is 1 to {MAX_REGION_LEN} bytes \
+                 (MAX_REGION_LEN); ask for at least one byte"
+            )));
         }
         if len > MAX_REGION_LEN {
             return Err(DmaError::InvalidArgument(format!(
                 "a memory region of {len} bytes is longer than the {MAX_REGION_LEN}-byte bound \
-                 (MAX_REGION_LEN)"
+                 (MAX_REGION_LEN): register it as several regions of at most that length"
             )));
         }
         refuse_raw_keys(mr_mode)?;
@@ -250,6 +263,8 @@ impl Registration {
             exposure: Exposure::Remote,
             interface: MemoryInterface::Host,
             access: AccessWord::new(),
+            slices: AtomicUsize::new(0),
+            posters_waiting: AtomicUsize::new(0),
             shares: None,
             pool: Arc::clone(pool),
             domain,
@@ -259,7 +274,7 @@ impl Registration {
     }
 
     /// Register the application's `buffer` (a `Box` of its `StableBuffer`) in place: `len` bytes
-    /// at `start`, with `exposure`'s access flags, through `fi_mr_regattr` when `interface` is
+    /// at `start` of the `held` bytes it holds (counted when it is parked), with `exposure`'s access flags, through `fi_mr_regattr` when `interface` is
     /// not plain host memory. Otherwise as [`new`](Self::new).
     ///
     /// # Safety
@@ -272,7 +287,7 @@ impl Registration {
         ep: *mut sys::fid_ep,
         mr_mode: i32,
         buffer: Box<dyn Any + Send>,
-        (start, len): (*mut u8, usize),
+        (start, len, held): (*mut u8, usize, usize),
         (exposure, interface): (Exposure, MemoryInterface),
         pool: &Arc<Pool>,
         keys: &mut dyn FnMut() -> u64,
@@ -280,13 +295,15 @@ impl Registration {
         if 0 == len || len > MAX_REGION_LEN {
             return Err(DmaError::InvalidArgument(format!(
                 "a buffer of {len} bytes cannot be registered: a region is 1 to {MAX_REGION_LEN} \
-                 bytes (MAX_REGION_LEN)"
+                 bytes (MAX_REGION_LEN); register a non-empty buffer, or a longer one as several \
+                 buffers"
             )));
         }
         if start.is_null() {
-            return Err(DmaError::InvalidArgument(
-                "the buffer's pointer is null".into(),
-            ));
+            return Err(DmaError::InvalidArgument(format!(
+                "StableBuffer::as_mut_ptr returned null for a buffer of {len} bytes: the \
+                 implementation breaks the trait's contract (a pointer to its bytes); fix it"
+            )));
         }
         refuse_raw_keys(mr_mode)?;
         let registration = Self {
@@ -296,10 +313,15 @@ impl Registration {
             remote_base: 0,
             buffer: start,
             len,
-            memory: Memory::Owned(buffer),
+            memory: Memory::Owned {
+                buffer,
+                held: held.max(len),
+            },
             exposure,
             interface,
             access: AccessWord::new(),
+            slices: AtomicUsize::new(0),
+            posters_waiting: AtomicUsize::new(0),
             shares: None,
             pool: Arc::clone(pool),
             domain,
@@ -338,6 +360,8 @@ impl Registration {
             exposure: primary.exposure,
             interface: primary.interface,
             access: AccessWord::new(),
+            slices: AtomicUsize::new(0),
+            posters_waiting: AtomicUsize::new(0),
             shares: Some(Arc::clone(primary)),
             pool: Arc::clone(pool),
             domain,
@@ -439,7 +463,10 @@ impl Registration {
         } else if u64::MAX == registration.key {
             // FI_KEY_NOTAVAIL is `(uint64_t) -1`, a cast bindgen does not evaluate.
             return Err(DmaError::InvalidArgument(
-                "the provider gave no 64-bit key for the region (FI_KEY_NOTAVAIL)".into(),
+                "a Remote region was registered, and the provider gave it no 64-bit key \
+                 (fi_mr_key answered FI_KEY_NOTAVAIL), so no peer could reach it: register it \
+                 Exposure::Local, or use a provider that gives keys"
+                    .into(),
             ));
         }
         registration.remote_base = if 0 != mr_mode & sys::FI_MR_VIRT_ADDR as i32 {
@@ -471,7 +498,7 @@ impl Registration {
     }
 
     /// The registration that owns the memory, and so keeps its `access` word.
-    fn keeper(&self) -> &Registration {
+    pub(super) fn keeper(&self) -> &Registration {
         self.shares.as_deref().unwrap_or(self)
     }
 
@@ -481,44 +508,7 @@ impl Registration {
         let keeper = self.keeper();
         Exposure::Local == keeper.exposure
             && keeper.interface.is_host()
-            && matches!(keeper.memory, Memory::Owned(_))
-    }
-
-    /// Hold the memory for one operation, until the returned hold drops (when the operation's
-    /// completion has been read).
-    ///
-    /// # Errors
-    /// [`DmaError::Busy`] while a slice of the memory is lent out ([`MemoryRegion::as_slice`]):
-    /// nothing is held then.
-    pub(crate) fn hold(self: &Arc<Self>) -> Result<OperationHold, DmaError> {
-        let counted = self.lends_slices();
-        if counted && !self.keeper().access.try_hold() {
-            return Err(DmaError::Busy);
-        }
-        Ok(OperationHold {
-            region: Arc::clone(self),
-            counted,
-        })
-    }
-
-    /// Lend one shared slice: [`DmaError::Busy`] while an operation holds the memory.
-    pub(crate) fn lend_slice(&self) -> Result<(), DmaError> {
-        if self.keeper().access.try_lend() {
-            Ok(())
-        } else {
-            Err(DmaError::Busy)
-        }
-    }
-
-    /// Give back a slice lent by [`lend_slice`](Self::lend_slice).
-    pub(crate) fn return_slice(&self) {
-        self.keeper().access.return_lend();
-    }
-
-    /// Whether an operation holds the memory now (Acquire: when not, every completed
-    /// operation's bytes are visible).
-    pub(crate) fn operations_hold(&self) -> bool {
-        self.keeper().access.held()
+            && matches!(keeper.memory, Memory::Owned { .. })
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -527,15 +517,16 @@ impl Registration {
 
     /// Close the registration and hand out the application's buffer, if it is a `B`: for the
     /// last holder only. Anything else comes back unchanged, registration open.
+    #[allow(clippy::result_large_err)] // the registration itself comes back, once a region
     pub(crate) fn into_owned<B: 'static>(mut self) -> Result<B, Self> {
         match std::mem::replace(&mut self.memory, Memory::None) {
-            Memory::Owned(buffer) => match buffer.downcast::<B>() {
+            Memory::Owned { buffer, held } => match buffer.downcast::<B>() {
                 Ok(buffer) => {
                     self.close_registration();
                     Ok(*buffer)
                 }
                 Err(buffer) => {
-                    self.memory = Memory::Owned(buffer);
+                    self.memory = Memory::Owned { buffer, held };
                     Err(self)
                 }
             },
@@ -560,7 +551,8 @@ impl Registration {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(DmaError::InvalidArgument(format!(
-                "{len} bytes at offset {offset} do not fit a {}-byte region",
+                "{len} bytes at offset {offset} do not fit a {}-byte region: the range must end \
+                 at or before the region's length",
                 self.len
             ))),
         }
@@ -572,7 +564,7 @@ fn refuse_raw_keys(mr_mode: i32) -> Result<(), DmaError> {
     if 0 != mr_mode & sys::FI_MR_RAW as i32 {
         return Err(DmaError::InvalidArgument(
             "the provider asks for FI_MR_RAW (keys wider than 64 bits), which this crate does not \
-             support"
+             support: open the endpoint with a provider that does not (tcp, verbs, efa)"
                 .into(),
         ));
     }
@@ -587,12 +579,12 @@ impl Drop for Registration {
         match std::mem::replace(&mut self.memory, Memory::None) {
             Memory::Pooled(memory) => self.pool.park(memory),
             // A peer may still move bytes through it: parked until the endpoint closes.
-            Memory::Owned(buffer) if Exposure::Remote == self.exposure => {
-                self.pool.park_owned(buffer, self.len);
+            Memory::Owned { buffer, held } if Exposure::Remote == self.exposure => {
+                self.pool.park_owned(buffer, held);
             }
             // No peer could reach it (no remote access), and no operation holds it (this is the
             // last holder): the application's `Drop` runs now.
-            Memory::Owned(buffer) => drop(buffer),
+            Memory::Owned { buffer, .. } => drop(buffer),
             Memory::None => {}
         }
     }
@@ -602,9 +594,9 @@ impl Drop for Registration {
 /// registration (and so the memory) lives at least that long, and, for memory that lends slices,
 /// no slice can be lent meanwhile.
 pub(crate) struct OperationHold {
-    region: Arc<Registration>,
+    pub(super) region: Arc<Registration>,
     /// Whether the hold is counted in the memory's `access` word.
-    counted: bool,
+    pub(super) counted: bool,
 }
 
 impl OperationHold {

@@ -1,6 +1,6 @@
 //! What `open` asks `fi_getinfo` for, and the asking: the [`Hints`] each provider is offered,
 //! the queue depths the configuration sets, and, when nothing is offered, whether a depth past
-//! the provider's bound is why ([`size_misfit`]).
+//! the provider's bound is why ([`size_misfit`]), or whether `FI_HMEM` is ([`hmem_misfit`]).
 //!
 //! Nothing here opens a libfabric object: every `fi_info` asked for is either handed to the
 //! caller (who frees it) or freed here.
@@ -183,6 +183,43 @@ pub(super) fn size_misfit(
         )));
     }
     None
+}
+
+/// When `fi_getinfo` offered nothing and the configuration asks for `FI_HMEM`, whether
+/// `FI_HMEM` is why: the same request without it is offered. The error names `FI_HMEM`, the
+/// provider, and what to do; `None` when the request fails without `FI_HMEM` too (or does not
+/// ask for it), so something else is why.
+pub(super) fn hmem_misfit(
+    configuration: &Configuration,
+    provider: Provider,
+    node: Option<&CStr>,
+) -> Option<DmaError> {
+    if !configuration.hmem {
+        return None;
+    }
+    let host_only = Configuration {
+        hmem: false,
+        ..configuration.clone()
+    };
+    let info = getinfo_sized(&host_only, provider, node, QueueSizes::of(configuration))
+        .ok()
+        .flatten()?;
+    // SAFETY: the list fi_getinfo returned, freed once, here; nothing else holds it.
+    unsafe { sys::fi_freeinfo(info) };
+    let code = -i64::from(sys::FI_ENODATA);
+    Some(DmaError::Fabric {
+        call: "fi_getinfo",
+        code,
+        message: format!(
+            "{}: Configuration::hmem asks for FI_HMEM (registering device memory), which {name} \
+             does not offer here: fi_getinfo offers {name}'s reliable-datagram endpoint without \
+             FI_HMEM, and nothing with it. Set hmem: false to register host memory only, or \
+             list a provider that offers FI_HMEM (`fi_info -c FI_HMEM` lists them; efa, verbs \
+             and shm do when libfabric is built with CUDA, ROCr, Level Zero or Neuron support)",
+            crate::error::strerror(code),
+            name = provider.name()
+        ),
+    })
 }
 
 /// `fi_getinfo` for a reliable-datagram, table-AV endpoint of `provider`, with the
