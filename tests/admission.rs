@@ -16,11 +16,10 @@ use testkit::efa;
 /// request comes.
 const CLIENTS: u64 = 200_000;
 
-/// A cache over an efa model AV, patient enough for a loaded machine, and the AV.
+/// A cache over an efa model AV, whose patience only a hang outlasts, and the AV.
 fn efa_cache() -> (AddressCache<ModelAv>, ModelAv) {
     let av = ModelAv::new(AddressFormat::Efa);
-    let cache =
-        AddressCache::with_backend(av.clone()).with_patience(std::time::Duration::from_secs(30));
+    let cache = AddressCache::with_backend(av.clone()).with_patience(testkit::FAILSAFE);
     (cache, av)
 }
 
@@ -31,7 +30,7 @@ fn admit_many(cache: &AddressCache<ModelAv>, old: &[u8], new: &[u8], clients: u6
     let lease = testkit::park_behind_lease(cache, old, new, clients);
     drop(lease);
     // Not a sleep: the admission's counters are published before its first slice goes out.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + testkit::FAILSAFE;
     while cache.stats().clients != clients {
         assert!(std::time::Instant::now() < deadline, "never admitted");
         std::thread::yield_now();

@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use dma_libfabric::sys::fi_addr_t;
 use dma_libfabric::{AddressCache, AddressFormat, AvBackend, DmaError, ModelAv};
@@ -160,7 +160,7 @@ fn a_storm_of_chunks_behind_a_slow_insert_queues_at_most_the_inbox_bound_in_miss
             assert!(queued <= bound, "{queued} misses queued, past {bound}");
             most = most.max(queued);
             assert!(
-                started.elapsed() < Duration::from_secs(8),
+                started.elapsed() < testkit::FAILSAFE,
                 "the storm never filled the budget: {most}"
             );
             std::thread::yield_now();
@@ -547,8 +547,7 @@ const PARKED_CLIENT: usize = 64;
 /// still held), within the per-client term once admitted, and nothing kept once released.
 fn assert_parked_clients_within_their_term(clients: u64) {
     const CAPACITY: usize = 64;
-    let cache =
-        AddressCache::with_backend(FixedAv::new(CAPACITY)).with_patience(Duration::from_secs(8));
+    let cache = AddressCache::with_backend(FixedAv::new(CAPACITY)).with_patience(testkit::FAILSAFE);
     let (old, new) = (testkit::efa(1, 7, 1), testkit::efa(1, 7, 2));
     let requests: Vec<(u64, &[u8])> = (1..=clients).map(|client| (client, &new[..])).collect();
     warmed(&cache, &testkit::efa(2, 9, 1));
@@ -677,7 +676,7 @@ fn an_admission_in_slices_publishes_only_clients_that_still_hold_the_entry() {
     let _turn = serial();
     const CLIENTS: u64 = 5_000;
     let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Efa))
-        .with_patience(Duration::from_secs(8));
+        .with_patience(testkit::FAILSAFE);
     let (old, new) = (testkit::efa(1, 7, 1), testkit::efa(1, 7, 2));
     let lease = testkit::park_behind_lease(&cache, &old, &new, CLIENTS);
     // The admission starts at the drop; the releases land among its slices.

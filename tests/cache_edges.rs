@@ -45,13 +45,17 @@ fn would_block_means_queued_and_a_full_inbox_answers_busy() {
     let (open, gate) = mpsc::channel();
     let (entered, inside) = mpsc::sync_channel(1);
     let av = ModelAv::with_layout(AddressFormat::Opaque, 16, 2 * bound);
+    // `quiesce` waits for the writer to apply the backlog at most the cache's patience (5 s by
+    // default, which a loaded machine took, leaving 2,560 of 4,097 misses applied): a bound only a
+    // hang reaches instead.
     let cache = AddressCache::with_backend(Observed {
         av: av.clone(),
         observer: Gate {
             go: Some(gate),
             entered,
         },
-    });
+    })
+    .with_patience(testkit::FAILSAFE);
     // Two threads flood the held writer with new clients: more than the inbox holds.
     let per_thread = bound as u64 / 2 + 300;
     let answers: Vec<(u64, Result<u64, DmaError>)> = std::thread::scope(|scope| {
@@ -132,10 +136,12 @@ fn retrying_busy_until_queued_makes_every_client_a_hit() {
     let bound = AddressCache::<ModelAv>::INBOX_BOUND;
     let (tokens, trickle) = mpsc::channel();
     let av = ModelAv::with_layout(AddressFormat::Opaque, 16, 2 * bound);
+    // As above: the patience bounds `quiesce`'s wait for the backlog, so only a hang reaches it.
     let cache = AddressCache::with_backend(Observed {
         av: av.clone(),
         observer: Trickle { tokens: trickle },
-    });
+    })
+    .with_patience(testkit::FAILSAFE);
     let clients = bound as u64 + 200;
     let mut busy = 0_u64;
     for client in 1..=clients {

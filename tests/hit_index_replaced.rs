@@ -6,7 +6,7 @@
 //! the old table keeps it (and holds back the next replacement) until it drops.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use dma_libfabric::{AddressCache, AddressFormat, ModelAv};
 use testkit::sockaddr;
@@ -62,10 +62,14 @@ fn readers_hit_the_right_entries_while_the_writer_replaces_the_table_under_them(
     let (av, cache, stable) = cache_and_stable();
     let misses = cache.stats().misses;
     let stop = AtomicBool::new(false);
+    // Batches of probes the readers have finished: each round waits for one more, so the readers
+    // run alongside every round however the machine schedules them (before, a loaded machine
+    // could run all the rounds before either reader had probed once).
+    let batches = AtomicU64::new(0);
     let hits = std::thread::scope(|scope| {
         let readers: Vec<_> = (0..2)
             .map(|reader| {
-                let (cache, stable, stop) = (&cache, &stable, &stop);
+                let (cache, stable, stop, batches) = (&cache, &stable, &stop, &batches);
                 scope.spawn(move || {
                     let mut hits = 0_u64;
                     while !stop.load(Ordering::Relaxed) {
@@ -80,13 +84,18 @@ fn readers_hit_the_right_entries_while_the_writer_replaces_the_table_under_them(
                             assert_eq!(*fi_addr, peer.fi_addr(), "client {client}");
                             hits += 1;
                         }
+                        batches.fetch_add(1, Ordering::Relaxed);
                     }
                     hits
                 })
             })
             .collect();
         for round in 0..ROUNDS {
+            let before = batches.load(Ordering::Relaxed);
             grow_and_empty(&cache, &stable, round);
+            testkit::wait_until(&format!("a reader's batch during round {round}"), || {
+                before < batches.load(Ordering::Relaxed)
+            });
         }
         stop.store(true, Ordering::Relaxed);
         readers

@@ -344,10 +344,17 @@ fn hits_through_one_long_pin_allocate_nothing_while_the_index_changes() {
         .resolve(1_000, &shared)
         .expect("the churned entry");
     let churned = std::sync::atomic::AtomicBool::new(false);
+    // Set once the reader has hit every address once: the churn starts then, so the reader runs
+    // alongside it however the machine schedules the two (before, a loaded machine could run
+    // every cycle before the reader's first hit).
+    let reading = std::sync::atomic::AtomicBool::new(false);
     let pinned = cache.pin();
     let misses = cache.stats().misses;
     let (allocated, hits) = std::thread::scope(|scope| {
         let churner = scope.spawn(|| {
+            testkit::wait_until("the reader's first hits", || {
+                reading.load(std::sync::atomic::Ordering::Acquire)
+            });
             for cycle in 0..REVIVES {
                 let (gone, back) = if 0 == cycle % 2 {
                     (1_000, 1_001)
@@ -367,6 +374,7 @@ fn hits_through_one_long_pin_allocate_nothing_while_the_index_changes() {
                 std::hint::black_box(peer.fi_addr());
                 hits += 1;
             }
+            reading.store(true, std::sync::atomic::Ordering::Release);
         }
         (allocations() - before, hits)
     });

@@ -142,8 +142,12 @@ fn a_new_efa_incarnation_waits_for_the_old_ones_leases() {
         cache.quiesce_with_patience(Duration::ZERO);
         assert_eq!(Some(old.clone()), av.lookup(old_index), "held by the lease");
         assert_eq!(1, av.len(), "the new incarnation is not in beside it");
+        // A timeout of its own, which the held lease makes it wait out. The error names the
+        // lease when the writer answers at the deadline before the caller's own bound, a timeout
+        // (at least 100 ms) later: 1 s, so that a loaded machine keeping the background thread
+        // off a core does not turn `leases: 1` into `leases: 0`, as 1 ms could.
         let parked = cache
-            .lease_within(2, &new, Duration::from_millis(1))
+            .lease_within(2, &new, Duration::from_secs(1))
             .map(|lease| lease.fi_addr());
         assert!(
             matches!(

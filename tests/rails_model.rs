@@ -287,6 +287,14 @@ fn readers_striping_over_two_rails_never_see_two_incarnations_while_a_slot_is_re
         }
         scope.spawn(|| {
             for k in 2..=RESTARTS {
+                // The readers check each incarnation before the next restart, so they run
+                // alongside every one of them however the machine schedules the threads (before,
+                // a loaded machine could run the restarts before any reader had checked once).
+                let before = checked.load(Ordering::Relaxed);
+                testkit::wait_until(
+                    &format!("a reader's check of incarnation {}", k - 1),
+                    || before < checked.load(Ordering::Relaxed),
+                );
                 current.store(k, Ordering::Release);
                 // The restart: registered on every rail, waiting for each old entry to go.
                 drop(

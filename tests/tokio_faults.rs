@@ -21,8 +21,12 @@ use testkit::PATIENCE;
 const CHUNK: usize = 16 << 20;
 /// Writes pending to each peer.
 const WRITES: usize = 3;
-/// The deadline each write future is given (what a server's `--write-deadline` would be).
-const DEADLINE: Duration = Duration::from_secs(2);
+/// The deadline each write future is given (what a server's `--write-deadline` would be). The
+/// killed peer's writes must resolve on their own before it, counted from their spawn, so it is
+/// long enough that only a hang reaches it on a loaded machine (2 s was a few time slices of
+/// the driver and the kill's reset beside two builds on two cores); the stopped peer's writes
+/// wait it out.
+const DEADLINE: Duration = Duration::from_secs(10);
 
 /// A peer process: continued and killed when dropped, so a failing test leaves no stopped
 /// process behind.

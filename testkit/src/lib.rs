@@ -144,8 +144,57 @@ fn while_driving<R>(step: impl Fn() + Sync, body: impl FnOnce() -> R) -> R {
 }
 
 /// How long a test waits for something on loopback before it fails: a bound against hangs, not a
-/// timing assertion.
-pub const PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
+/// timing assertion, so long that a loaded machine (two builds on two cores) does not reach it.
+pub const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long [`wait_until`] waits for an event before it calls the wait endless: a bound against
+/// hangs only, far past anything a loaded machine takes, never a timing assertion.
+pub const FAILSAFE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Wait until `condition` holds, polling it (yielding between polls): for a test to wait for the
+/// event it means (a removal run, an entry admitted) rather than for a time. Panics, naming
+/// `what`, only after [`FAILSAFE`], which only a real hang reaches.
+///
+/// ```
+/// let mut polls = 0;
+/// testkit::wait_until("the third poll", || {
+///     polls += 1;
+///     3 <= polls
+/// });
+/// assert_eq!(3, polls);
+/// ```
+pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + FAILSAFE;
+    while !condition() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not after {FAILSAFE:?}, a wait for ever"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// `attempt` (a blocking lease of an entry whose old incarnation's lease or pin the test has
+/// just let go), again while it answers `OutOfPatience` with `leases: 0`: nothing holds the old
+/// incarnation any more and its removal is still on its way (a loaded machine keeps the writer
+/// or an exiting reader off a core for longer than a short patience). What else it answers is
+/// the answer, the entry or another error; `leases: 1` or more fails the test at once, as a
+/// caller who let go still being waited on is a bug. Panics after [`FAILSAFE`].
+pub fn once_admitted<T>(
+    what: &str,
+    mut attempt: impl FnMut() -> Result<T, DmaError>,
+) -> Result<T, DmaError> {
+    let deadline = std::time::Instant::now() + FAILSAFE;
+    loop {
+        match attempt() {
+            Err(DmaError::OutOfPatience { leases: 0, .. }) => assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: not admitted after {FAILSAFE:?}, a wait for ever"
+            ),
+            answer => return answer,
+        }
+    }
+}
 
 /// Wait until `region` holds `expected` at `offset`: RMA data lands when the target progresses,
 /// which may be after the initiator's completion. Panics after [`PATIENCE`].
