@@ -299,11 +299,13 @@ fn resolve(root: &Path, tree: &[String], doc: &str, target: &Target) -> Result<S
             .filter(|file| file.starts_with("src/") && file.ends_with(".rs"))
             .find(|file| {
                 let source = std::fs::read_to_string(root.join(file)).unwrap_or_default();
-                ["struct", "enum", "trait"].iter().any(|kind| {
-                    [" ", "<", "(", ";"]
-                        .iter()
-                        .any(|after| source.contains(&format!("pub {kind} {name}{after}")))
-                })
+                ["struct", "enum", "trait", "unsafe trait", "type", "fn"]
+                    .iter()
+                    .any(|kind| {
+                        [" ", "<", "(", ";", ":"]
+                            .iter()
+                            .any(|after| source.contains(&format!("pub {kind} {name}{after}")))
+                    })
             })
             .cloned()
             .ok_or_else(|| format!("no file under src/ declares `{name}`")),

@@ -47,7 +47,8 @@ impl Drop for PeerProcess {
 
 #[test]
 fn a_peer_with_another_eager_limit_is_refused_with_an_error_naming_the_setting() {
-    const NAME: &str = "a_peer_with_another_eager_limit_is_refused_with_an_error_naming_the_setting";
+    const NAME: &str =
+        "a_peer_with_another_eager_limit_is_refused_with_an_error_naming_the_setting";
     if std::env::var(CHILD).is_ok() {
         be_the_peer();
     }
@@ -70,7 +71,10 @@ fn a_peer_with_another_eager_limit_is_refused_with_an_error_naming_the_setting()
     let mut stdout = BufReader::new(child.0.stdout.take().expect("piped"));
     let address = loop {
         let mut line = String::new();
-        assert!(0 < stdout.read_line(&mut line).expect("read"), "the peer ended");
+        assert!(
+            0 < stdout.read_line(&mut line).expect("read"),
+            "the peer ended"
+        );
         if let Some(at) = line.find("PEER ") {
             break unhex(line[at + 5..].trim());
         }
@@ -79,7 +83,11 @@ fn a_peer_with_another_eager_limit_is_refused_with_an_error_naming_the_setting()
     let pinned = server.cache().pin();
     let peer = pinned.resolve(1, &address).expect("resolve");
     let refused = server.send(peer, b"hello");
-    assert_eq!(Err(DmaError::WouldBlock), refused, "rxm refuses the connection");
+    assert_eq!(
+        Err(DmaError::WouldBlock),
+        refused,
+        "rxm refuses the connection"
+    );
     let text = refused.unwrap_err().to_string();
     for needle in ["FI_OFI_RXM_BUFFER_SIZE", "RxmSizing::buffer_size"] {
         assert!(text.contains(needle), "{needle:?} is not in {text:?}");
