@@ -8,7 +8,6 @@
 //! a reused index inherited its predecessor's count (0 of 20 sends accepted).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use dma_libfabric::{Completion, Configuration, DmaError, LibfabricEndpoint};
@@ -21,31 +20,6 @@ const REGION: usize = 4096;
 /// completes, so the budget runs out whatever the machine's load); short only to keep the test
 /// quick.
 const SHORT: Duration = Duration::from_millis(5);
-
-/// A client process, continued and killed when dropped, so a failing test leaves no stopped
-/// process behind.
-struct PeerProcess(Child);
-
-impl Drop for PeerProcess {
-    fn drop(&mut self) {
-        if let Ok(Some(_)) = self.0.try_wait() {
-            return; // reaped: its pid may be another process's now
-        }
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn stop(child: &Child) {
-    let status = Command::new("kill")
-        .args(["-STOP", &child.id().to_string()])
-        .status()
-        .expect("kill(1)");
-    assert!(status.success(), "kill -STOP");
-}
 
 /// Send one message to `client` and wait until its completion has been read: the connection is
 /// up, and the client's provider acknowledged it (tcp transmits ask for `FI_TRANSMIT_COMPLETE`).
@@ -137,7 +111,7 @@ fn stopped_peers_fed_every_kind_of_operation_leave_healthy_peers_served() {
     let mut clients = Vec::new();
     for _ in 0..STOPPED {
         match spawn_child(NAME) {
-            Some(child) => clients.push(PeerProcess(child)),
+            Some(child) => clients.push(testkit::PeerProcess(child)),
             None => be_an_rma_peer(REGION),
         }
     }
@@ -149,7 +123,7 @@ fn stopped_peers_fed_every_kind_of_operation_leave_healthy_peers_served() {
     for (client, process) in (1..).zip(clients.iter_mut()) {
         let (address, remote) = announced_peer(&mut process.0);
         connect(&server, client, &address);
-        stop(&process.0);
+        testkit::signal(&process.0, "-STOP");
         stopped.push((client, address, remote));
     }
 
@@ -285,12 +259,12 @@ fn a_newcomer_on_a_reused_index_starts_with_a_full_budget() {
     let Some(child) = spawn_child(NAME) else {
         be_an_rma_peer(REGION);
     };
-    let mut process = PeerProcess(child);
+    let mut process = testkit::PeerProcess(child);
     let (address, _) = announced_peer(&mut process.0);
     let server = rma_tcp();
     let budget = server.describe().max_operations_per_peer;
     connect(&server, 1, &address);
-    stop(&process.0);
+    testkit::signal(&process.0, "-STOP");
     let stale_index = {
         let pinned = server.cache().pin();
         let peer = pinned.resolve(1, &address).expect("resolve");

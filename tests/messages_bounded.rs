@@ -3,11 +3,8 @@
 //! and none is lost without an error.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, Command};
 use std::time::Duration;
 use testkit::resident;
-use testkit::{hex, unhex};
 
 use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
 use testkit::PATIENCE;
@@ -48,63 +45,6 @@ fn sender() -> LibfabricEndpoint {
     LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint")
 }
 
-/// The peer's side, in the child: announce the address, then receive and drive progress until
-/// killed or until the parent goes (its stdin closes).
-fn be_the_peer() -> ! {
-    let peer = testkit::tcp();
-    println!("PEER {}", hex(&peer.local_address().expect("address")));
-    std::io::stdout().flush().expect("flush");
-    std::thread::spawn(|| {
-        let mut byte = [0; 1];
-        while let Ok(1) = std::io::stdin().read(&mut byte) {}
-        std::process::exit(0);
-    });
-    loop {
-        let _ = peer.receive(Duration::from_millis(10));
-    }
-}
-
-/// The peer process: continued and killed when dropped, so a failing test leaves no stopped
-/// process behind.
-struct PeerProcess(Child);
-
-impl Drop for PeerProcess {
-    fn drop(&mut self) {
-        if let Ok(Some(_)) = self.0.try_wait() {
-            return; // reaped: its pid may be another process's now
-        }
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The child's announced address, and its stdin (dropping it ends the child).
-fn peer_address(child: &mut Child) -> (Vec<u8>, ChildStdin) {
-    let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let read = stdout.read_line(&mut line).expect("read");
-        assert!(0 < read, "the peer ended before announcing itself");
-        // libtest prints "test NAME ... " before the child's own output, on the same line.
-        if let Some(at) = line.find("PEER ") {
-            let address = unhex(line[at + 5..].trim());
-            return (address, child.stdin.take().expect("piped"));
-        }
-    }
-}
-
-fn signal(child: &Child, name: &str) {
-    let status = Command::new("kill")
-        .args([name, &child.id().to_string()])
-        .status()
-        .expect("kill(1)");
-    assert!(status.success(), "kill {name}");
-}
-
 /// Send one message and wait until its completion has been read: the connection is up.
 fn connect(endpoint: &LibfabricEndpoint, address: &[u8]) {
     let pinned = endpoint.cache().pin();
@@ -131,13 +71,13 @@ fn connect(endpoint: &LibfabricEndpoint, address: &[u8]) {
 fn a_stopped_peer_meets_backpressure_within_the_transmit_depth() {
     const NAME: &str = "a_stopped_peer_meets_backpressure_within_the_transmit_depth";
     let Some(child) = testkit::spawn_child(NAME) else {
-        be_the_peer();
+        testkit::be_a_message_peer();
     };
     let _alone = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut child = PeerProcess(child);
-    let (address, stdin) = peer_address(&mut child.0);
+    let mut child = testkit::PeerProcess(child);
+    let (address, stdin) = testkit::announced_address(&mut child.0);
     let endpoint = sender();
     let depth = endpoint.describe().max_sends_in_flight;
     assert_eq!(
@@ -145,7 +85,7 @@ fn a_stopped_peer_meets_backpressure_within_the_transmit_depth() {
         "the transmit queue's depth bounds sends in flight"
     );
     connect(&endpoint, &address);
-    signal(&child.0, "-STOP");
+    testkit::signal(&child.0, "-STOP");
 
     let before = resident();
     let pinned = endpoint.cache().pin();
@@ -233,13 +173,13 @@ fn a_stopped_peer_meets_backpressure_within_the_transmit_depth() {
 fn sends_to_a_killed_peer_are_reported_and_then_refused() {
     const NAME: &str = "sends_to_a_killed_peer_are_reported_and_then_refused";
     let Some(child) = testkit::spawn_child(NAME) else {
-        be_the_peer();
+        testkit::be_a_message_peer();
     };
     let _alone = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut child = PeerProcess(child);
-    let (address, stdin) = peer_address(&mut child.0);
+    let mut child = testkit::PeerProcess(child);
+    let (address, stdin) = testkit::announced_address(&mut child.0);
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     let endpoint = sender();
     let depth = endpoint.describe().max_sends_in_flight;

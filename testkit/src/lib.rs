@@ -566,3 +566,78 @@ pub fn unhex(text: &str) -> Vec<u8> {
         .map(|at| u8::from_str_radix(&text[at..at + 2], 16).expect("hex"))
         .collect()
 }
+
+/// A peer process a test started: continued (it may be stopped) and killed when dropped, so a
+/// failing test leaves no stopped process behind. One that was already reaped is left alone
+/// (its pid may be another process's by now).
+pub struct PeerProcess(pub std::process::Child);
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return;
+        }
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Send `child` the signal `name` (`-STOP`, `-CONT`, `-KILL`) with kill(1). For `-STOP`, return
+/// only once the child is stopped (its `/proc` state is `T`): kill(1) returns as the signal is
+/// queued, and a child running on the other core meanwhile still answers a few operations.
+pub fn signal(child: &std::process::Child, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([name, &child.id().to_string()])
+        .status()
+        .expect("kill(1)");
+    assert!(status.success(), "kill {name}");
+    if "-STOP" == name {
+        let stat = format!("/proc/{}/stat", child.id());
+        wait_until("the stopped child to stop", || {
+            let text = std::fs::read_to_string(&stat).unwrap_or_default();
+            // `pid (comm) state ...`: the state follows the last ')'.
+            text.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+        });
+    }
+}
+
+/// A message peer's side, in a child process: open a tcp endpoint with the default
+/// configuration, announce its address on stdout (a `PEER <address>` line in hex, which
+/// [`announced_address`] reads), then receive and drive progress until killed or until the
+/// parent goes (its stdin closes).
+pub fn be_a_message_peer() -> ! {
+    use std::io::{Read, Write};
+    let peer = tcp();
+    println!("PEER {}", hex(&peer.local_address().expect("address")));
+    std::io::stdout().flush().expect("flush");
+    std::thread::spawn(|| {
+        let mut byte = [0; 1];
+        while let Ok(1) = std::io::stdin().read(&mut byte) {}
+        std::process::exit(0);
+    });
+    loop {
+        let _ = peer.receive(std::time::Duration::from_millis(10));
+    }
+}
+
+/// The parent's side of [`be_a_message_peer`]: the child's announced address, and its stdin
+/// (dropping it ends the child).
+pub fn announced_address(child: &mut std::process::Child) -> (Vec<u8>, std::process::ChildStdin) {
+    use std::io::BufRead;
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = stdout.read_line(&mut line).expect("read");
+        assert!(0 < read, "the peer ended before announcing itself");
+        // libtest prints "test NAME ... " before the child's own output, on the same line.
+        if let Some(at) = line.find("PEER ") {
+            let address = unhex(line[at + 5..].trim());
+            return (address, child.stdin.take().expect("piped"));
+        }
+    }
+}
