@@ -357,6 +357,7 @@ impl LibfabricEndpoint {
 
     /// Wake the thread sleeping in a wait of this endpoint (the async driver's stop and
     /// backpressure use it): one `eventfd` write, or nothing when none sleeps.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async driver's
     pub(crate) fn wake_sleepers(&self) {
         self.operations.waiter.ring();
     }
