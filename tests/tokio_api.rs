@@ -84,14 +84,14 @@ async fn send_and_receive() {
     );
     let lease = server.lease(1, &address).await.unwrap();
     for message in [&b"one"[..], b"two"] {
-        bounded(server.send(&lease, message)).await.unwrap();
+        bounded(server.send(lease.peer(), message)).await.unwrap();
     }
     assert_eq!(b"one".to_vec(), bounded(client.receive()).await.unwrap());
     assert_eq!(b"two".to_vec(), bounded(client.receive()).await.unwrap());
     // Longer than a send slot: refused at once, nothing sent.
     let long = vec![0; server.endpoint().describe().max_send_size + 1];
     assert!(matches!(
-        server.send(&lease, &long).await,
+        server.send(lease.peer(), &long).await,
         Err(DmaError::InvalidArgument(_))
     ));
 }

@@ -95,7 +95,7 @@ fn futures_resolve_after_the_runtime_that_made_the_endpoint_is_gone() {
         let mut seen = vec![0; len];
         back.read_bytes(0, &mut seen).unwrap();
         assert!(seen.iter().all(|&byte| 0x5a == byte), "the read's bytes");
-        bounded("a send", server.send(&lease, b"after the runtime"))
+        bounded("a send", server.send(lease.peer(), b"after the runtime"))
             .await
             .unwrap();
         let message = receiving.await.unwrap().unwrap();
@@ -107,7 +107,7 @@ fn futures_resolve_after_the_runtime_that_made_the_endpoint_is_gone() {
                 let lease = bounded("a lease", client.lease(9, &server_address))
                     .await
                     .unwrap();
-                bounded("a send", client.send(&lease, b"back")).await
+                bounded("a send", client.send(lease.peer(), b"back")).await
             })
         };
         assert_eq!(
@@ -148,7 +148,7 @@ fn a_post_waiting_for_backpressure_sleeps() {
     let (spent, wall, answer) = runtime.block_on(async {
         let lease = bounded("a lease", server.lease(1, &address)).await.unwrap();
         let (cpu, wall) = (process_cpu(), Instant::now());
-        let answer = bounded("a send", server.send(&lease, b"x")).await;
+        let answer = bounded("a send", server.send(lease.peer(), b"x")).await;
         (process_cpu() - cpu, wall.elapsed(), answer)
     });
     assert_eq!(Err(DmaError::WouldBlock), answer);
@@ -269,7 +269,7 @@ fn the_same_endpoint_is_wrapped_again_at_once() {
             .unwrap();
         testkit::with_progress(&peer, || {
             runtime
-                .block_on(bounded("a send", wrapped.send(&lease, &[round])))
+                .block_on(bounded("a send", wrapped.send(lease.peer(), &[round])))
                 .unwrap();
         });
         drop(lease);

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use super::LibfabricEndpoint;
 use super::deadline::Deadline;
-use super::rma::operations::{BATCH, Completion, Operations};
+use super::rma::operations::{BATCH, Completion, Operation, Operations};
 use crate::error::DmaError;
 use crate::sync::lock;
 use dma_libfabric_sys as sys;
@@ -166,10 +166,13 @@ impl Operations {
         };
         self.slots[index].posted_at.clear();
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        // The provider is done with it: its peer may post one more (see `budget`).
-        self.sends
-            .budget
-            .give_back(operation.fi_addr, operation.incarnation);
+        // The provider is done with it: its peer may post one more (see `budget`). A receive
+        // took none (it is posted to no peer; its `fi_addr` names the sender now).
+        if Operation::Receive != operation.operation {
+            self.sends
+                .budget
+                .give_back(operation.fi_addr, operation.incarnation);
+        }
         // Name the operation that failed rather than the queue read that reported it.
         let call = operation.operation.call();
         let result = result.map_err(|failure| match failure {

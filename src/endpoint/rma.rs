@@ -580,12 +580,13 @@ impl LibfabricEndpoint {
     ) -> Result<Posted, DmaError> {
         let slot = &self.operations.slots[index];
         // SAFETY: the slot is this thread's (the caller's promise).
-        if let Some(operation) = unsafe { (*slot.operation.get()).take() } {
+        let owner = unsafe { (*slot.operation.get()).take() }.and_then(|operation| {
             self.operations
                 .sends
                 .budget
                 .give_back(operation.fi_addr, operation.incarnation);
-        }
+            operation.owner
+        });
         slot.posted_at.clear();
         self.operations.in_flight.fetch_sub(1, Ordering::AcqRel);
         let error = if code == -(sys::FI_EAGAIN as isize) {
@@ -598,8 +599,18 @@ impl LibfabricEndpoint {
                 part.join.record(Err(error));
                 if part.join.finish(part.unposted) {
                     let completion = part.join.completion(id, operation);
-                    lock(&self.operations.ready).push_back((index, completion));
-                    self.operations.waiter.ring();
+                    match owner {
+                        // The crate's own transfer: its party gets the completion, and the
+                        // slot is free at once (see `completions`, "Routing").
+                        Some(owner) => {
+                            lock(&self.operations.free).push(index);
+                            owner.completed(completion);
+                        }
+                        None => {
+                            lock(&self.operations.ready).push_back((index, completion));
+                            self.operations.waiter.ring();
+                        }
+                    }
                 } else {
                     lock(&self.operations.free).push(index);
                 }

@@ -38,7 +38,7 @@ use super::LibfabricEndpoint;
 use super::memory::{RemoteRegion, Segment};
 #[cfg(doc)]
 use super::rma::operations::Completion;
-use super::rma::operations::{Join, JoinPart, Operation};
+use super::rma::operations::{Join, JoinPart, Operation, Owner};
 use super::rma::{Posted, Submission, Target};
 use crate::cache::Lease;
 use crate::error::DmaError;
@@ -124,7 +124,7 @@ impl LibfabricEndpoint {
         id: u64,
         timeout: Duration,
     ) -> Result<(), DmaError> {
-        self.post_vectored(Operation::Write, lease, sources, target, id, timeout)
+        self.post_vectored(Operation::Write, lease, sources, target, id, timeout, None)
     }
 
     /// `fi_readmsg` of the peer's `source` into `destinations` (segments of one region), back to
@@ -154,7 +154,15 @@ impl LibfabricEndpoint {
         id: u64,
         timeout: Duration,
     ) -> Result<(), DmaError> {
-        self.post_vectored(Operation::Read, lease, destinations, source, id, timeout)
+        self.post_vectored(
+            Operation::Read,
+            lease,
+            destinations,
+            source,
+            id,
+            timeout,
+            None,
+        )
     }
 
     /// How many pieces one message carries here: the provider's `tx_attr.iov_limit` and
@@ -218,7 +226,10 @@ impl LibfabricEndpoint {
         Ok((first, total))
     }
 
-    fn post_vectored(
+    /// A gather (`Write`) or scatter (`Read`) of `pieces`, whose completion goes to `owner`, or to
+    /// the application's ready queue for `None` (see `completions`, "Routing").
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn post_vectored(
         &self,
         operation: Operation,
         lease: Lease<'_>,
@@ -226,6 +237,7 @@ impl LibfabricEndpoint {
         remote: RemoteRegion,
         id: u64,
         timeout: Duration,
+        owner: Option<Owner>,
     ) -> Result<(), DmaError> {
         let (first, total) = self.check_pieces(pieces, &remote)?;
         // Checked before anything is posted: a split transfer's later parts need no check.
@@ -246,7 +258,7 @@ impl LibfabricEndpoint {
                 id,
                 join: None,
                 slot: None,
-                owner: None,
+                owner,
             };
             let at = remote.address;
             return self
@@ -271,7 +283,7 @@ impl LibfabricEndpoint {
                     first: 0 == part,
                 }),
                 slot: slots.next(),
-                owner: None,
+                owner: owner.clone(),
             };
             match self.submit_message(submission, chunk, at, remote.key, None, timeout) {
                 Ok(Posted::Posted) => at += len as u64,
@@ -371,6 +383,30 @@ impl LibfabricEndpoint {
         data: u64,
         id: u64,
     ) -> Result<(), DmaError> {
+        self.write_with_data_to(
+            lease,
+            source,
+            target,
+            data,
+            id,
+            Duration::from_secs(1),
+            None,
+        )
+    }
+
+    /// [`write_with_data`](Self::write_with_data), retrying backpressure for at most `timeout`,
+    /// whose completion goes to `owner`, or to the application's ready queue for `None`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn write_with_data_to(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+        target: RemoteRegion,
+        data: u64,
+        id: u64,
+        timeout: Duration,
+        owner: Option<Owner>,
+    ) -> Result<(), DmaError> {
         self.check_rma()?;
         // SAFETY: as in `pieces_per_message`.
         let width = unsafe { (*(*self.handles.info).domain_attr).cq_data_size };
@@ -405,7 +441,7 @@ impl LibfabricEndpoint {
             id,
             join: None,
             slot: None,
-            owner: None,
+            owner,
         };
         self.submit_message(
             submission,
@@ -413,7 +449,7 @@ impl LibfabricEndpoint {
             target.address,
             target.key,
             Some(data),
-            Duration::from_secs(1),
+            timeout,
         )
         .map(drop)
     }

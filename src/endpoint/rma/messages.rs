@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::operations::{InFlight, Operation};
+use super::operations::{InFlight, Operation, Owner};
 use super::{Submission, Target};
 use crate::cache::Lease;
 use crate::endpoint::LibfabricEndpoint;
@@ -80,6 +80,19 @@ impl LibfabricEndpoint {
         id: u64,
         timeout: Duration,
     ) -> Result<(), DmaError> {
+        self.send_from_to(lease, source, id, timeout, None)
+    }
+
+    /// [`send_from_within`](Self::send_from_within), whose completion goes to `owner`, or to the
+    /// application's ready queue for `None` (see `completions`, "Routing").
+    pub(crate) fn send_from_to(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+        id: u64,
+        timeout: Duration,
+        owner: Option<Owner>,
+    ) -> Result<(), DmaError> {
         self.check_rma()?;
         if source.region.domain() != self.handles.domain {
             return Err(DmaError::InvalidArgument(
@@ -105,7 +118,7 @@ impl LibfabricEndpoint {
             id,
             join: None,
             slot: None,
-            owner: None,
+            owner,
         };
         let ep = self.handles.ep;
         self.submit(submission, timeout, &mut |fi_addr, context| {
@@ -174,6 +187,17 @@ impl LibfabricEndpoint {
     /// or the provider asks to retry (nothing posted); [`DmaError::Fabric`] when `fi_recv`
     /// failed.
     pub fn receive_into(&self, destination: Segment<'_>, id: u64) -> Result<(), DmaError> {
+        self.receive_into_to(destination, id, None)
+    }
+
+    /// [`receive_into`](Self::receive_into), whose completion goes to `owner`, or to the
+    /// application's ready queue for `None`.
+    pub(crate) fn receive_into_to(
+        &self,
+        destination: Segment<'_>,
+        id: u64,
+        owner: Option<Owner>,
+    ) -> Result<(), DmaError> {
         self.check_rma()?;
         if destination.region.domain() != self.handles.domain {
             return Err(DmaError::InvalidArgument(
@@ -199,7 +223,7 @@ impl LibfabricEndpoint {
                 region: hold,
                 fi_addr: sys::FI_ADDR_UNSPEC,
                 incarnation: 0,
-                owner: None,
+                owner,
                 join: None,
             });
         }

@@ -76,6 +76,14 @@ impl LibfabricEndpoint {
         count
     }
 
+    /// The oldest notification that has arrived, the receive queue read first (the async face's
+    /// `notification`).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async face's
+    pub(crate) fn next_notification(&self) -> Option<Notification> {
+        self.reap_receive_queue();
+        crate::sync::lock(&self.operations.notifications.waiting).pop_front()
+    }
+
     /// How many notifications were dropped, oldest first, because
     /// [`Configuration::cq_size`](crate::configuration::Configuration::cq_size) were already waiting.
     pub fn dropped_notifications(&self) -> u64 {

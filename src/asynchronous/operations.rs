@@ -1,0 +1,387 @@
+//! The async face's operations, with the sync face's names and arguments less `id` and patience
+//! (see [`LibfabricEndpoint`]): each posts with the endpoint's own call, its completion routed to
+//! the future's shared state (see `endpoint::completions`, "Routing"), and resolves once the
+//! completion has been read. Backpressure is retried for up to [`POST_PATIENCE`], the future
+//! parked between the driver's passes (the parent module's "The driver").
+//!
+//! # Cancel safety
+//!
+//! Every future here may be dropped at any await point (the parent module's "Cancel safety"):
+//! dropped before its post, nothing was posted; dropped after, the operation completes on its
+//! own, its lease and memory held by the endpoint's slot until the completion is read. A receive
+//! takes a message off the queue only in the poll that returns it.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use super::{AsyncEndpoint, POST_PATIENCE};
+use crate::cache::{Lease, Peer};
+use crate::endpoint::completions::{CompletionOwner, Owner};
+use crate::endpoint::{
+    Completion, LibfabricEndpoint, Notification, Operation, Received, RemoteRegion, Segment,
+};
+use crate::error::DmaError;
+
+impl AsyncEndpoint {
+    /// `fi_write` of `source` into the peer's `target` against `lease`, resolving to its
+    /// [`Completion`] once that has been read (its `id` is 0: the future is the handle): by
+    /// default once the target holds the bytes
+    /// ([`WriteCompletion`](crate::configuration::WriteCompletion)).
+    ///
+    /// # Cancel safety
+    /// Cancel safe (module docs). The source's bytes are read by the provider until the
+    /// completion: do not rewrite them in the meantime.
+    ///
+    /// # Deadlines
+    /// None of its own: to a stopped or partitioned peer it stays pending until the peer moves,
+    /// so bound it with `tokio::time::timeout` (dropping it then is safe), and find the peer with
+    /// [`LibfabricEndpoint::overdue_operations`]. To a peer whose process died it resolves by
+    /// itself, with the completion or [`DmaError::PeerUnreachable`] (the parent module's
+    /// "Timeouts and faults").
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::write_within`], at the post (nothing posted); the completion's own
+    /// error in [`Completion::result`].
+    pub async fn write(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+        target: RemoteRegion,
+    ) -> Result<Completion, DmaError> {
+        self.posted(|endpoint, owner| {
+            endpoint.post_owned(
+                Operation::Write,
+                lease.clone(),
+                source,
+                target,
+                0,
+                Duration::ZERO,
+                owner,
+            )
+        })
+        .await
+    }
+
+    /// `fi_read` of the peer's `source` into `destination` against `lease`; otherwise as
+    /// [`write`](Self::write). Read the destination after the future resolves.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped read goes on writing into `destination`'s memory until its
+    /// completion is read, which the endpoint keeps registered and allocated until then; what the
+    /// destination holds meanwhile is unspecified.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    pub async fn read(
+        &self,
+        lease: Lease<'_>,
+        destination: Segment<'_>,
+        source: RemoteRegion,
+    ) -> Result<Completion, DmaError> {
+        self.posted(|endpoint, owner| {
+            endpoint.post_owned(
+                Operation::Read,
+                lease.clone(),
+                destination,
+                source,
+                0,
+                Duration::ZERO,
+                owner,
+            )
+        })
+        .await
+    }
+
+    /// Send a copy of `message` (at most
+    /// [`Description::max_send_size`](crate::endpoint::Description::max_send_size) bytes) to
+    /// `peer`, as [`LibfabricEndpoint::send`]: it resolves once the message is copied into one of
+    /// the endpoint's send slots and posted; the slot is counted until its completion is read.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the message is sent exactly once if the future resolved `Ok`, and at most
+    /// once if it was dropped (the provider copies it in one call; no await falls inside one).
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::send_within`].
+    pub async fn send(&self, peer: Peer<'_>, message: &[u8]) -> Result<(), DmaError> {
+        let endpoint = self.shared.endpoint();
+        let deadline = Instant::now().checked_add(POST_PATIENCE);
+        let mut waiting = None;
+        loop {
+            match endpoint.try_send(peer, message) {
+                Err(DmaError::WouldBlock)
+                    if deadline.is_some_and(|deadline| Instant::now() < deadline) =>
+                {
+                    let driver = &self.shared.driver;
+                    waiting.get_or_insert_with(|| driver.start_waiting(endpoint));
+                    driver.next_pass().await;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// Send `source`, a segment of registered memory of any size, to the peer `lease` holds, as
+    /// [`LibfabricEndpoint::send_from`]; it resolves to its [`Completion`] (an
+    /// [`Operation::Send`]).
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::send_from_within`], at the post; the completion's own error in
+    /// [`Completion::result`].
+    pub async fn send_from(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+    ) -> Result<Completion, DmaError> {
+        self.posted(|endpoint, owner| {
+            endpoint.send_from_to(lease.clone(), source, 0, Duration::ZERO, Some(owner))
+        })
+        .await
+    }
+
+    /// The next message received, into `destination` (registered memory, any size up to it), as
+    /// [`LibfabricEndpoint::receive_into`]; it resolves to its [`Completion`] (an
+    /// [`Operation::Receive`], whose `len` is the message's and whose `sender` names its sender
+    /// where the provider does). Read the destination after the future resolves.
+    ///
+    /// # Cancel safety
+    /// Cancel safe as a posted operation is: a receive dropped once posted stays posted, and the
+    /// message it takes lands in `destination`, whose memory the endpoint keeps until then.
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::receive_into`], at the post; the completion's own error (a message
+    /// longer than the destination: `FI_ETRUNC`) in [`Completion::result`].
+    pub async fn receive_into(&self, destination: Segment<'_>) -> Result<Completion, DmaError> {
+        self.posted(|endpoint, owner| endpoint.receive_into_to(destination, 0, Some(owner)))
+            .await
+    }
+
+    /// `fi_writedata` of `source` into the peer's `target` with `data`, as
+    /// [`LibfabricEndpoint::write_with_data`]: the target gets a [`Notification`] carrying
+    /// `data` once the bytes have landed; this resolves to the write's [`Completion`].
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::write_with_data`], at the post; the completion's own error in
+    /// [`Completion::result`].
+    pub async fn write_with_data(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+        target: RemoteRegion,
+        data: u64,
+    ) -> Result<Completion, DmaError> {
+        self.posted(|endpoint, owner| {
+            endpoint.write_with_data_to(
+                lease.clone(),
+                source,
+                target,
+                data,
+                0,
+                Duration::ZERO,
+                Some(owner),
+            )
+        })
+        .await
+    }
+
+    /// `sources` (segments of one region) written back to back into the peer's `target`, as
+    /// [`LibfabricEndpoint::write_gather`]: one [`Completion`] for the whole gather, however
+    /// many messages it takes.
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::write_gather_within`], at the post; the completion's own error in
+    /// [`Completion::result`].
+    pub async fn write_gather(
+        &self,
+        lease: Lease<'_>,
+        sources: &[Segment<'_>],
+        target: RemoteRegion,
+    ) -> Result<Completion, DmaError> {
+        self.posted(|endpoint, owner| {
+            endpoint.post_vectored(
+                Operation::Write,
+                lease.clone(),
+                sources,
+                target,
+                0,
+                Duration::ZERO,
+                Some(owner),
+            )
+        })
+        .await
+    }
+
+    /// The peer's `source` read back to back into `destinations` (segments of one region), as
+    /// [`LibfabricEndpoint::read_scatter`]: one [`Completion`] for the whole scatter.
+    ///
+    /// # Errors
+    /// As [`write_gather`](Self::write_gather).
+    pub async fn read_scatter(
+        &self,
+        lease: Lease<'_>,
+        destinations: &[Segment<'_>],
+        source: RemoteRegion,
+    ) -> Result<Completion, DmaError> {
+        self.posted(|endpoint, owner| {
+            endpoint.post_vectored(
+                Operation::Read,
+                lease.clone(),
+                destinations,
+                source,
+                0,
+                Duration::ZERO,
+                Some(owner),
+            )
+        })
+        .await
+    }
+
+    /// The next message received, waiting for one as long as it takes (wrap it in
+    /// `tokio::time::timeout` to bound it).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a message is taken off the queue only in the poll that returns it, so a
+    /// dropped `receive` has taken none, and the next `receive` (or a sync one) gets it.
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::try_receive`].
+    pub async fn receive(&self) -> Result<Vec<u8>, DmaError> {
+        Ok(self.receive_from().await?.message)
+    }
+
+    /// The next message received and its sender, as [`LibfabricEndpoint::receive_from`];
+    /// otherwise as [`receive`](Self::receive).
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::try_receive_from`].
+    pub async fn receive_from(&self) -> Result<Received, DmaError> {
+        let shared = &self.shared;
+        loop {
+            let notified = shared.driver.received.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the queue is read, so a message the driver sets aside after the
+            // read wakes it.
+            notified.as_mut().enable();
+            if let Some(received) = shared.endpoint().try_receive_from()? {
+                return Ok(received);
+            }
+            notified.await;
+        }
+    }
+
+    /// The next [`Notification`] (a peer's [`write_with_data`](LibfabricEndpoint::write_with_data)
+    /// landed), oldest first, waiting for one as long as it takes.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a notification is taken only in the poll that returns it.
+    pub async fn notification(&self) -> Notification {
+        let shared = &self.shared;
+        loop {
+            let notified = shared.driver.received.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(notification) = shared.endpoint().next_notification() {
+                return notification;
+            }
+            notified.await;
+        }
+    }
+
+    /// Post with `post` (given the endpoint and the future's owner, and no patience of its own),
+    /// retrying backpressure for up to [`POST_PATIENCE`], parked between the driver's passes;
+    /// then resolve once the completion has been read.
+    async fn posted(
+        &self,
+        mut post: impl FnMut(&LibfabricEndpoint, Owner) -> Result<(), DmaError>,
+    ) -> Result<Completion, DmaError> {
+        let state = Arc::new(Pending::default());
+        let endpoint = self.shared.endpoint();
+        let deadline = Instant::now().checked_add(POST_PATIENCE);
+        let mut waiting = None;
+        loop {
+            // No await between the post and the slot's taking the lease: one synchronous call.
+            match post(endpoint, Arc::clone(&state) as Owner) {
+                Ok(()) => break,
+                Err(DmaError::WouldBlock)
+                    if deadline.is_some_and(|deadline| Instant::now() < deadline) =>
+                {
+                    let driver = &self.shared.driver;
+                    waiting.get_or_insert_with(|| driver.start_waiting(endpoint));
+                    driver.next_pass().await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        drop(waiting);
+        Completed {
+            pending: state,
+            endpoint,
+            read: false,
+        }
+        .await
+    }
+}
+
+/// A posted operation's completion, shared by its slot (which delivers it) and its future.
+#[derive(Default)]
+struct Pending {
+    state: Mutex<(Option<Completion>, Option<Waker>)>,
+}
+
+impl CompletionOwner for Pending {
+    fn completed(&self, completion: Completion) {
+        let mut state = crate::sync::lock(&self.state);
+        state.0 = Some(completion);
+        let waker = state.1.take();
+        drop(state);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// Resolves when the operation's completion has been delivered to its [`Pending`].
+struct Completed<'endpoint> {
+    pending: Arc<Pending>,
+    endpoint: &'endpoint LibfabricEndpoint,
+    /// Whether its first poll has read the queue itself.
+    read: bool,
+}
+
+impl Completed<'_> {
+    fn take(&self, context: &std::task::Context<'_>) -> Option<Completion> {
+        let mut state = crate::sync::lock(&self.pending.state);
+        let completion = state.0.take();
+        if completion.is_none() {
+            match &mut state.1 {
+                Some(waker) => waker.clone_from(context.waker()),
+                none => *none = Some(context.waker().clone()),
+            }
+        }
+        completion
+    }
+}
+
+impl Future for Completed<'_> {
+    type Output = Result<Completion, DmaError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> Poll<Self::Output> {
+        if let Some(completion) = self.take(context) {
+            return Poll::Ready(Ok(completion));
+        }
+        // On tcp a small write often completes as it is posted: one read of the queue here saves
+        // the round trip through the driver's thread.
+        if !std::mem::replace(&mut self.read, true) {
+            self.endpoint.progress();
+            if let Some(completion) = self.take(context) {
+                return Poll::Ready(Ok(completion));
+            }
+        }
+        Poll::Pending
+    }
+}
