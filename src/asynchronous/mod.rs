@@ -53,7 +53,7 @@
 //! server's write deadline. What each fault does to a pending write or read:
 //! - a peer process that dies (SIGKILL, a crash): the kernel resets its connections, and the
 //!   future resolves by itself, within milliseconds on tcp, with its completion (the bytes were
-//!   in the socket) or [`DmaError::PeerUnreachable`] in [`Completion::result`]; the peer is then
+//!   in the socket) or [`DmaError::PeerUnreachable`] in [`Completion::result`](crate::endpoint::Completion::result); the peer is then
 //!   marked, and a new `write` or `read` to it answers `PeerUnreachable` at once;
 //! - a peer that is alive but stopped (SIGSTOP, a hung process), or unreachable with nothing to
 //!   say so (a partition): the future stays pending until the peer moves again, so only the
