@@ -156,7 +156,11 @@ fn async_latency(writes: usize) -> (Duration, Duration) {
             let lease = server.lease(1, &address).await.unwrap();
             let posted = Instant::now();
             let done = server
-                .write(lease, source.segment(0, 4096).unwrap(), target.remote())
+                .write(
+                    lease.lease(),
+                    source.segment(0, 4096).unwrap(),
+                    target.remote(),
+                )
                 .await
                 .unwrap();
             done.result.unwrap();
@@ -274,7 +278,7 @@ fn async_throughput_to(
                         let lease = server.lease(1, &address).await.unwrap();
                         let segment = source.segment(0, LARGE).unwrap();
                         server
-                            .write(lease, segment, remote)
+                            .write(lease.lease(), segment, remote)
                             .await
                             .unwrap()
                             .result

@@ -8,9 +8,12 @@
 //!
 //! - The server listens on a TCP port. Each client connects and sends its fabric address, the
 //!   24-byte descriptor of a region of its memory, and how many writes it wants.
-//! - The server answers the client's id, leases the client (`AsyncEndpoint::lease`: a miss resolves off the runtime),
-//!   writes each record into the client's region with `AsyncEndpoint::write`, awaiting each
-//!   completion, then answers how many writes completed.
+//! - The accepting loop reads the client's hello, leases the client (`AsyncEndpoint::lease`: a
+//!   miss resolves off the runtime) and registers the client's pages in place
+//!   (`AsyncEndpoint::register_buffer`), then moves both into the client's own task
+//!   (`tokio::spawn`): they hold the endpoint by `Arc`. The task answers the client's id, writes
+//!   each record into the client's region with `AsyncEndpoint::write`, awaiting each completion,
+//!   then answers how many writes completed.
 //! - Every client is a task; they share a few client endpoints (each endpoint has its own
 //!   address-cache writer thread, so one per client would be a thousand threads). Some clients
 //!   hang up mid-transfer: the server sees the TCP connection close and drops its pending write
@@ -27,8 +30,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use dma_libfabric::asynchronous::AsyncEndpoint;
-use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, MemoryRegion, RemoteRegion};
+use dma_libfabric::asynchronous::{AsyncEndpoint, OwnedLease};
+use dma_libfabric::{
+    Configuration, DmaError, Exposure, LibfabricEndpoint, MemoryRegion, RemoteRegion,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -103,7 +108,7 @@ async fn serve(
 ) -> std::io::Result<()> {
     let mut next_client = 0_u64;
     loop {
-        let stream = match listener.accept().await {
+        let mut stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(error) => {
                 // Out of descriptors, say: the connection waits in the backlog meanwhile.
@@ -113,22 +118,57 @@ async fn serve(
             }
         };
         next_client += 1;
+        // The accepting loop takes the client's lease and registers its pages, then moves both
+        // into the client's own task: they hold the endpoint by `Arc` (`Send + 'static`). A
+        // client that does not say hello in time costs the loop one second, no more.
+        let hello = tokio::time::timeout(Duration::from_secs(1), read_hello(&mut stream)).await;
+        let Ok(Ok(hello)) = hello else {
+            eprintln!("client {next_client}: no hello");
+            continue;
+        };
+        let client = next_client;
+        let taken = async {
+            let lease = server
+                .lease(peer_id(&hello.address), &hello.address)
+                .await?;
+            let pages = server.register_buffer(vec![0_u8; size], Exposure::Local)?;
+            Ok::<_, DmaError>((lease, pages))
+        };
+        let (lease, pages) = match taken.await {
+            Ok(taken) => taken,
+            Err(error) => {
+                eprintln!("client {client}: {error}");
+                counters.failed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        };
         let (server, counters) = (server.clone(), Arc::clone(&counters));
         tokio::spawn(async move {
-            if let Err(error) = serve_client(&server, stream, next_client, size, &counters).await {
-                eprintln!("client {next_client}: {error}");
+            let task = ClientTask {
+                server,
+                lease,
+                pages,
+                hello,
+                client,
+                size,
+            };
+            if let Err(error) = task.serve(stream, &counters).await {
+                eprintln!("client {client}: {error}");
             }
         });
     }
 }
 
-async fn serve_client(
-    server: &AsyncEndpoint,
-    mut stream: TcpStream,
-    client: u64,
-    size: usize,
-    counters: &Counters,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// What a client says first: its fabric address, its region, and how many writes it wants.
+struct Hello {
+    address: Vec<u8>,
+    target: RemoteRegion,
+    writes: u32,
+}
+
+async fn read_hello(
+    stream: &mut TcpStream,
+) -> Result<Hello, Box<dyn std::error::Error + Send + Sync>> {
     let address_len = stream.read_u32().await? as usize;
     let mut address = vec![0; address_len.min(64)];
     stream.read_exact(&mut address).await?;
@@ -136,44 +176,78 @@ async fn serve_client(
     stream.read_exact(&mut descriptor).await?;
     let target = RemoteRegion::from_bytes(&descriptor)?;
     let writes = stream.read_u32().await?;
-    let source = server.endpoint().register(size)?;
-    stream.write_u64(client).await?;
-    let (mut reader, mut writer) = stream.into_split();
-    let mut completed = 0_u32;
-    let transfer = async {
-        for write in 0..writes {
-            source.write_bytes(0, &record(client, write, size))?;
-            let lease = server.lease(peer_id(&address), &address).await?;
-            let slot = target.slice(u64::from(write) * size as u64, size as u64)?;
-            let posted = Instant::now();
-            let done = server.write(lease, source.segment(0, size)?, slot).await?;
-            done.result?;
-            let micros = u32::try_from(posted.elapsed().as_micros()).unwrap_or(u32::MAX);
-            counters
-                .latencies
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(micros);
-            counters.writes.fetch_add(1, Ordering::Relaxed);
-            completed += 1;
-        }
-        Ok::<(), DmaError>(())
-    };
-    let mut hung_up = [0_u8; 1];
-    tokio::select! {
-        result = transfer => {
-            if let Err(error) = result {
-                counters.failed.fetch_add(1, Ordering::Relaxed);
-                return Err(error.into());
+    Ok(Hello {
+        address,
+        target,
+        writes,
+    })
+}
+
+/// One client's task: everything it uses is its own (`Send + 'static`).
+struct ClientTask {
+    server: AsyncEndpoint,
+    lease: OwnedLease,
+    pages: MemoryRegion<'static, Vec<u8>>,
+    hello: Hello,
+    client: u64,
+    size: usize,
+}
+
+impl ClientTask {
+    async fn serve(
+        self,
+        mut stream: TcpStream,
+        counters: &Counters,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let Self {
+            server,
+            lease,
+            pages,
+            hello,
+            client,
+            size,
+        } = self;
+        stream.write_u64(client).await?;
+        let (mut reader, mut writer) = stream.into_split();
+        let mut completed = 0_u32;
+        let transfer = async {
+            for write in 0..hello.writes {
+                pages.write_bytes(0, &record(client, write, size))?;
+                let slot = hello
+                    .target
+                    .slice(u64::from(write) * size as u64, size as u64)?;
+                let posted = Instant::now();
+                let done = server
+                    .write(lease.lease(), pages.segment(0, size)?, slot)
+                    .await?;
+                done.result?;
+                let micros = u32::try_from(posted.elapsed().as_micros()).unwrap_or(u32::MAX);
+                counters
+                    .latencies
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(micros);
+                counters.writes.fetch_add(1, Ordering::Relaxed);
+                completed += 1;
             }
-            writer.write_u32(completed).await?;
+            Ok::<(), DmaError>(())
+        };
+        let mut hung_up = [0_u8; 1];
+        tokio::select! {
+            result = transfer => {
+                if let Err(error) = result {
+                    counters.failed.fetch_add(1, Ordering::Relaxed);
+                    return Err(error.into());
+                }
+                writer.write_u32(completed).await?;
+            }
+            // The client hung up mid-transfer: the pending write future is dropped, safely.
+            _ = reader.read(&mut hung_up) => {
+                counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        // The client hung up mid-transfer: the pending write future is dropped, safely.
-        _ = reader.read(&mut hung_up) => {
-            counters.cancelled.fetch_add(1, Ordering::Relaxed);
-        }
+        Ok(())
     }
-    Ok(())
 }
 
 async fn run_client(

@@ -40,9 +40,13 @@ async fn write_then_read() {
     let lease = bounded(server.lease(1, &address))
         .await
         .expect("a miss, resolved off the runtime");
-    let done = bounded(server.write(lease, source.segment(0, len).unwrap(), target.remote()))
-        .await
-        .unwrap();
+    let done = bounded(server.write(
+        lease.lease(),
+        source.segment(0, len).unwrap(),
+        target.remote(),
+    ))
+    .await
+    .unwrap();
     assert_eq!(
         (Operation::Write, len, Ok(())),
         (done.operation, done.len, done.result)
@@ -50,14 +54,20 @@ async fn write_then_read() {
 
     // Read it back into fresh memory: the read's completion means its bytes are there.
     let back = server.endpoint().register(len).unwrap();
+    drop(lease); // an `OwnedLease` is held until dropped
     let lease = server.lease(1, &address).await.unwrap();
-    let done = bounded(server.read(lease, back.segment(0, len).unwrap(), target.remote()))
-        .await
-        .unwrap();
+    let done = bounded(server.read(
+        lease.lease(),
+        back.segment(0, len).unwrap(),
+        target.remote(),
+    ))
+    .await
+    .unwrap();
     assert_eq!((Operation::Read, Ok(())), (done.operation, done.result));
     let mut seen = vec![0; len];
     back.read_bytes(0, &mut seen).unwrap();
     assert!(seen == data, "the read fetched other bytes");
+    drop(lease);
     assert_eq!(0, server.endpoint().operations_in_flight());
     assert_eq!(0, server.endpoint().cache().stats().leases);
 }
@@ -124,12 +134,13 @@ async fn every_future_resolves_when_the_peer_closes_mid_transfer() {
     let lease = server.lease(1, &address).await.unwrap();
     let fi_addr = lease.fi_addr();
     bounded(server.write(
-        lease,
+        lease.lease(),
         source.segment(0, len).unwrap(),
         remote.slice(0, len as u64).unwrap(),
     ))
     .await
     .unwrap();
+    drop(lease);
     let writes: Vec<_> = (0..64)
         .map(|index| {
             let server = server.clone();
@@ -138,7 +149,9 @@ async fn every_future_resolves_when_the_peer_closes_mid_transfer() {
             let remote = remote.slice((index * len) as u64, len as u64).unwrap();
             tokio::spawn(async move {
                 let lease = server.lease(1, &address).await?;
-                server.write(lease, source.segment(0, len)?, remote).await
+                server
+                    .write(lease.lease(), source.segment(0, len)?, remote)
+                    .await
             })
         })
         .collect();

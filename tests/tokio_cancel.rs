@@ -87,7 +87,7 @@ async fn drop_at_random(operations: usize, seed: u64) {
         let lease = server.lease(1, &address).await.unwrap();
         let slot = targets.remote().slice(0, SLOT as u64).unwrap();
         let done = server
-            .write(lease, local.segment(0, SLOT).unwrap(), slot)
+            .write(lease.lease(), local.segment(0, SLOT).unwrap(), slot)
             .await
             .unwrap();
         assert_eq!(Ok(()), done.result, "warm-up {round}");
@@ -111,7 +111,7 @@ async fn drop_at_random(operations: usize, seed: u64) {
                 if write {
                     server
                         .write(
-                            lease,
+                            lease.lease(),
                             segment,
                             targets.remote().slice(slot, SLOT as u64).unwrap(),
                         )
@@ -119,7 +119,7 @@ async fn drop_at_random(operations: usize, seed: u64) {
                 } else {
                     server
                         .read(
-                            lease,
+                            lease.lease(),
                             segment,
                             sources.remote().slice(slot, SLOT as u64).unwrap(),
                         )

@@ -73,7 +73,7 @@ fn futures_resolve_after_the_runtime_that_made_the_endpoint_is_gone() {
         let wrote = bounded(
             "a write",
             server.write(
-                lease.clone(),
+                lease.lease(),
                 source.segment(0, len).unwrap(),
                 target.remote(),
             ),
@@ -84,7 +84,7 @@ fn futures_resolve_after_the_runtime_that_made_the_endpoint_is_gone() {
         let read = bounded(
             "a read",
             server.read(
-                lease.clone(),
+                lease.lease(),
                 back.segment(0, len).unwrap(),
                 target.remote(),
             ),
@@ -214,7 +214,7 @@ fn the_last_clone_dropped_with_writes_in_flight_drains_on_the_drivers_thread() {
             .block_on(bounded(
                 "the first write",
                 server.write(
-                    lease.clone(),
+                    lease.lease(),
                     source.segment(0, 4096).unwrap(),
                     target.remote(),
                 ),
@@ -224,12 +224,16 @@ fn the_last_clone_dropped_with_writes_in_flight_drains_on_the_drivers_thread() {
     assert_eq!(Ok(()), connected.result);
     runtime.block_on(async {
         // The peer stops progressing: this write stays in flight (it completes once delivered).
-        let in_flight = server.write(lease, source.segment(0, 4096).unwrap(), target.remote());
+        let in_flight = server.write(
+            lease.lease(),
+            source.segment(0, 4096).unwrap(),
+            target.remote(),
+        );
         let dropped = tokio::time::timeout(Duration::from_millis(1), in_flight).await;
         assert!(dropped.is_err(), "the write to a stopped peer completed");
         assert_eq!(1, server.endpoint().operations_in_flight());
     });
-    drop(source);
+    drop((source, lease)); // the `OwnedLease` holds the endpoint too
     {
         let _inside = runtime.enter();
         drop(server); // the last clone, inside the runtime

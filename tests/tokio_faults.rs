@@ -103,7 +103,9 @@ fn spawn_writes(
             tokio::spawn(async move {
                 tokio::time::timeout(DEADLINE, async {
                     let lease = server.lease(client, &address).await?;
-                    server.write(lease, source.segment(0, CHUNK)?, remote).await
+                    server
+                        .write(lease.lease(), source.segment(0, CHUNK)?, remote)
+                        .await
                 })
                 .await
             })
@@ -119,7 +121,7 @@ async fn connect(server: &AsyncEndpoint, client: u64, peer: &PeerProcess) -> u64
     let done = tokio::time::timeout(
         PATIENCE,
         server.write(
-            lease,
+            lease.lease(),
             source.segment(0, 8).unwrap(),
             peer.region.slice(0, 8).unwrap(),
         ),
@@ -227,7 +229,7 @@ async fn every_write_future_resolves_when_one_peer_is_killed_and_another_stopped
         let lease = server.lease(1, &killed.address).await.unwrap();
         let refused = server
             .write(
-                lease,
+                lease.lease(),
                 source.segment(0, 8).unwrap(),
                 killed.region.slice(0, 8).unwrap(),
             )

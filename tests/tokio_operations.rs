@@ -68,7 +68,7 @@ async fn messages_of_any_size_from_and_into_registered_memory_name_their_sender(
             let from = bounded("a receive_from", client.receive_from()).await;
             let sent = bounded(
                 "a send_from",
-                server.send_from(lease.clone(), source.segment(0, len).unwrap()),
+                server.send_from(lease.lease(), source.segment(0, len).unwrap()),
             )
             .await;
             (from, sent)
@@ -120,7 +120,7 @@ async fn writes_that_notify_gathers_and_scatters_resolve_to_one_completion() {
         .collect();
     let done = bounded(
         "a write_gather",
-        server.write_gather(lease.clone(), &sources, target.remote()),
+        server.write_gather(lease.lease(), &sources, target.remote()),
     )
     .await
     .unwrap();
@@ -144,7 +144,7 @@ async fn writes_that_notify_gathers_and_scatters_resolve_to_one_completion() {
         .collect();
     let done = bounded(
         "a read_scatter",
-        server.read_scatter(lease.clone(), &destinations, target.remote()),
+        server.read_scatter(lease.lease(), &destinations, target.remote()),
     )
     .await
     .unwrap();
@@ -158,7 +158,7 @@ async fn writes_that_notify_gathers_and_scatters_resolve_to_one_completion() {
         let done = bounded(
             "a write_with_data",
             server.write_with_data(
-                lease.clone(),
+                lease.lease(),
                 source.segment(0, 64).unwrap(),
                 target.remote(),
                 data,

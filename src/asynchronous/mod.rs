@@ -111,7 +111,7 @@ pub const IDLE_NAP: Duration = Duration::from_secs(1);
 /// source.write_bytes(0, &[7; 64])?;
 ///
 /// let lease = server.lease(1, &client.endpoint().local_address()?).await?;
-/// let done = server.write(lease, source.segment(0, 64)?, target.remote()).await?;
+/// let done = server.write(lease.lease(), source.segment(0, 64)?, target.remote()).await?;
 /// assert_eq!(Ok(()), done.result);
 /// // The bytes land as the client's driver reads its queues.
 /// let mut seen = [0; 64];
@@ -271,7 +271,9 @@ impl AsyncEndpoint {
     /// A lease on `client` at `address` (see [`AddressCache::lease`](crate::cache::AddressCache::lease))
     /// without blocking the runtime: a hit is taken at once; a miss is resolved on tokio's
     /// blocking pool (`spawn_blocking`), where waiting for the cache's writer to insert the
-    /// entry costs no runtime thread, and then taken as the hit it has become.
+    /// entry costs no runtime thread, and then taken as the hit it has become. The lease holds
+    /// the endpoint by `Arc`, so it is `Send + 'static`: it moves into `tokio::spawn` (a task per
+    /// client); post with [`OwnedLease::lease`].
     ///
     /// # Cancel safety
     /// Cancel safe: dropping it leaves at most a resolved entry for `client` in the cache, as a
@@ -279,22 +281,121 @@ impl AsyncEndpoint {
     ///
     /// # Errors
     /// As [`AddressCache::lease`](crate::cache::AddressCache::lease).
-    pub async fn lease(&self, client: u64, address: &[u8]) -> Result<Lease<'_>, DmaError> {
-        let peers = self.shared.endpoint().cache();
-        match peers.lease_within(client, address, Duration::ZERO) {
-            Err(DmaError::WouldBlock) => {}
-            done => return done,
+    pub async fn lease(&self, client: u64, address: &[u8]) -> Result<OwnedLease, DmaError> {
+        let endpoint = self.shared.endpoint();
+        let peers = endpoint.cache();
+        let lease = match peers.lease_within(client, address, Duration::ZERO) {
+            Err(DmaError::WouldBlock) => {
+                let resolving = Arc::clone(endpoint);
+                let owned = address.to_vec();
+                let resolved = tokio::task::spawn_blocking(move || {
+                    resolving.cache().pin().resolve(client, &owned).map(|_| ())
+                })
+                .await
+                .map_err(|error| {
+                    DmaError::InvalidArgument(format!("the resolving task failed: {error}"))
+                })?;
+                resolved?;
+                peers.lease(client, address)?
+            }
+            done => done?,
+        };
+        Ok(OwnedLease::new(lease, Arc::clone(endpoint)))
+    }
+
+    /// Register `buffer` in place, as [`LibfabricEndpoint::register_buffer`]; the region holds
+    /// the endpoint by `Arc`, so it is `Send + 'static`: it moves into `tokio::spawn`, or sits in
+    /// a pool shared between tasks.
+    ///
+    /// # Errors
+    /// As [`LibfabricEndpoint::register_buffer`].
+    pub fn register_buffer<B: crate::endpoint::StableBuffer>(
+        &self,
+        buffer: B,
+        exposure: crate::endpoint::Exposure,
+    ) -> Result<crate::endpoint::MemoryRegion<'static, B>, DmaError> {
+        let endpoint = self.shared.endpoint();
+        Ok(endpoint
+            .register_buffer(buffer, exposure)?
+            .owned_by(Arc::clone(endpoint)))
+    }
+}
+
+/// A [`Lease`] that holds its endpoint by `Arc` ([`AsyncEndpoint::lease`]): `Send + 'static`, so
+/// a task of its own can keep it. Post against it with [`lease`](Self::lease), a lease borrowed
+/// from it; clones lease the same entry again.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dma_libfabric::DmaError> {
+/// use std::sync::Arc;
+/// use dma_libfabric::{Configuration, Exposure, LibfabricEndpoint};
+/// use dma_libfabric::asynchronous::{AsyncEndpoint, OwnedLease};
+///
+/// let configuration = Configuration { rma: true, ..Configuration::default() };
+/// let server = AsyncEndpoint::new(Arc::new(LibfabricEndpoint::open(&configuration, None)?))?;
+/// let client = AsyncEndpoint::new(Arc::new(LibfabricEndpoint::open(&configuration, None)?))?;
+/// let target = client.register_buffer(vec![0_u8; 64], Exposure::Remote)?;
+///
+/// let lease: OwnedLease = server.lease(1, &client.endpoint().local_address()?).await?;
+/// let pages = server.register_buffer(vec![7_u8; 64], Exposure::Local)?;
+/// let remote = target.remote();
+/// let task = tokio::spawn({
+///     let server = server.clone();
+///     async move { server.write(lease.lease(), pages.segment(0, 64)?, remote).await }
+/// });
+/// let done = task.await.expect("the client's task")?;
+/// assert_eq!(Ok(()), done.result);
+/// # Ok(())
+/// # }
+/// ```
+pub struct OwnedLease {
+    /// Declared first, so it drops before the endpoint it points into.
+    lease: Lease<'static>,
+    endpoint: Arc<LibfabricEndpoint>,
+}
+
+impl OwnedLease {
+    fn new(lease: Lease<'_>, endpoint: Arc<LibfabricEndpoint>) -> Self {
+        // SAFETY: `lease` borrows `endpoint`'s own cache (the caller took it from there), which
+        // the endpoint owns and drops only in its own `Drop`. The `Arc` kept beside it holds the
+        // endpoint for as long as the lease lives, and the lease drops first (field order). The
+        // `'static` lease is never handed out: `lease` reborrows it for the `OwnedLease`'s own
+        // lifetime.
+        let lease = unsafe { std::mem::transmute::<Lease<'_>, Lease<'static>>(lease) };
+        Self { lease, endpoint }
+    }
+
+    /// Another lease on the same entry, borrowed from this one: what an operation takes.
+    pub fn lease(&self) -> Lease<'_> {
+        self.lease.clone()
+    }
+
+    /// The `fi_addr_t` the lease holds.
+    pub fn fi_addr(&self) -> dma_libfabric_sys::fi_addr_t {
+        self.lease.fi_addr()
+    }
+
+    /// The leased entry as a [`Peer`](crate::cache::Peer), to send to.
+    pub fn peer(&self) -> crate::cache::Peer<'_> {
+        self.lease.peer()
+    }
+}
+
+impl Clone for OwnedLease {
+    fn clone(&self) -> Self {
+        Self {
+            lease: self.lease.clone(),
+            endpoint: Arc::clone(&self.endpoint),
         }
-        let endpoint = Arc::clone(self.shared.endpoint());
-        let owned = address.to_vec();
-        let resolved = tokio::task::spawn_blocking(move || {
-            endpoint.cache().pin().resolve(client, &owned).map(|_| ())
-        })
-        .await
-        .map_err(|error| {
-            DmaError::InvalidArgument(format!("the resolving task failed: {error}"))
-        })?;
-        resolved?;
-        peers.lease(client, address)
+    }
+}
+
+impl std::fmt::Debug for OwnedLease {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("OwnedLease")
+            .field("fi_addr", &self.fi_addr())
+            .finish_non_exhaustive()
     }
 }

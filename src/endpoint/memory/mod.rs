@@ -383,9 +383,9 @@ impl<B> std::fmt::Debug for MemoryRegion<'_, B> {
     }
 }
 
-impl MemoryRegion<'_> {
+impl<B> MemoryRegion<'_, B> {
     /// The same region, keeping `owner` (its endpoint) alive instead of borrowing it.
-    pub(crate) fn owned_by(self, owner: Arc<LibfabricEndpoint>) -> MemoryRegion<'static> {
+    pub(crate) fn owned_by(self, owner: Arc<LibfabricEndpoint>) -> MemoryRegion<'static, B> {
         MemoryRegion {
             inner: self.inner,
             owner: Some(owner),
