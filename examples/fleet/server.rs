@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dma_libfabric::{CacheStats, Configuration, DmaError, LibfabricEndpoint, RemoteRegion};
+use dma_libfabric::{
+    CacheStats, Configuration, DmaError, LibfabricEndpoint, RemoteRegion, WriteCompletion,
+};
 
 use crate::protocol::{self, CLIENT_SLOTS, Counts, Framer, Message, Polled, RECORD_LEN, Sample};
 use crate::{Flags, Result, signals};
@@ -209,6 +211,13 @@ fn open(flags: &Flags) -> Result<(Arc<Server>, TcpListener)> {
         rma: true,
         av_capacity: (clients * 8).max(256),
         providers: vec![flags.provider.provider()],
+        // The fleet checks that every lease comes back under kills, stops and partitions. Under
+        // the default `WriteCompletion::Delivered` a write completes only once the client
+        // acknowledged it, and a client killed while cut off leaves a half-open connection (its
+        // reset is lost in the partition; tcp acknowledged the bytes, and no keepalive runs), so
+        // the writes it had not acknowledged never complete and hold their leases until the
+        // endpoint drops (docs/faults.md). The fleet measures the local completion, as before.
+        write_completion: WriteCompletion::Local,
         ..Configuration::default()
     };
     let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
