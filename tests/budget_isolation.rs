@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use dma_libfabric::{Completion, Configuration, DmaError, LibfabricEndpoint};
+use dma_libfabric::{Completion, Configuration, DmaError, LibfabricEndpoint, Operation};
 use testkit::{PATIENCE, announced_peer, be_an_rma_peer, rma_tcp, spawn_child};
 
 /// The bytes each stopped client registers, and the size of each RMA write to it.
@@ -349,4 +349,81 @@ fn the_budget_is_configurable_and_zero_is_refused() {
         endpoint.describe().max_sends_in_flight_per_peer,
         "a budget past the slab is the slab"
     );
+}
+
+/// A transfer split into parts is never cut by the budget: with a budget of 1, a gather of four
+/// messages' worth of pieces to a peer that is not progressing has all four parts in flight at
+/// once (its later parts are admitted past the budget once its first was), and once the peer
+/// progresses it completes whole, as one completion, with every byte in place. (With later parts
+/// held to the budget, only the first would be in flight and the rest would wait their patience.)
+#[test]
+fn a_transfer_in_parts_is_not_cut_by_a_budget_of_one() {
+    let configuration = Configuration {
+        rma: true,
+        max_operations_per_peer: 1,
+        ..Configuration::default()
+    };
+    let server = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("server");
+    let client = rma_tcp();
+    let piece = 4096;
+    let parts = 4;
+    let pieces = parts * server.pieces_per_message();
+    let source = server.register(pieces * piece).expect("server memory");
+    for at in 0..pieces {
+        source
+            .write_bytes(at * piece, &vec![at as u8 | 1; piece])
+            .expect("fits");
+    }
+    let target = client.register(pieces * piece).expect("client memory");
+    let address = client.local_address().expect("address");
+    let pinned = server.cache().pin();
+    let peer = pinned.resolve(1, &address).expect("resolve");
+    // Connected, while the client progresses: then it stops.
+    testkit::with_progress(&client, || {
+        let lease = pinned.lease(peer).expect("a lease");
+        server
+            .write_within(
+                lease,
+                source.segment(0, 8).expect("segment"),
+                target.remote(),
+                4,
+                PATIENCE,
+            )
+            .expect("the first write");
+        assert_eq!(
+            Ok(()),
+            server.wait_for(4, PATIENCE).expect("completed").result
+        );
+    });
+    let sources: Vec<_> = (0..pieces)
+        .map(|at| source.segment(at * piece, piece).expect("segment"))
+        .collect();
+    server
+        .write_gather_within(
+            pinned.lease(peer).expect("a lease"),
+            &sources,
+            target.remote(),
+            5,
+            SHORT,
+        )
+        .expect("the gather is posted whole");
+    assert_eq!(
+        parts,
+        server.peer_operations_in_flight(peer),
+        "every part in flight at once, past the budget of 1"
+    );
+    let done = testkit::with_progress(&client, || {
+        server.wait_for(5, PATIENCE).expect("one completion")
+    });
+    assert_eq!(
+        (Operation::Write, pieces * piece, Ok(())),
+        (done.operation, done.len, done.result)
+    );
+    assert_eq!(0, server.peer_operations_in_flight(peer));
+    let mut landed = vec![0; pieces * piece];
+    target.read_bytes(0, &mut landed).expect("read");
+    for (at, chunk) in landed.chunks(piece).enumerate() {
+        assert!(chunk.iter().all(|&byte| byte == at as u8 | 1), "piece {at}");
+    }
+    drop(pinned);
 }
