@@ -358,6 +358,22 @@ impl LibfabricEndpoint {
         self.operations.waiter.sleeps_run_out()
     }
 
+    /// `attempt` now, and while it answers `None`, again after each progress pass, sleeping
+    /// between passes until `deadline`: the wait of a post for what only a completion read frees
+    /// (a slot, the peer's budget).
+    pub(super) fn after_progress<T>(
+        &self,
+        deadline: Deadline,
+        mut attempt: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
+        attempt().or_else(|| {
+            self.wait_until(deadline, || {
+                self.progress();
+                attempt()
+            })
+        })
+    }
+
     /// Wake the thread sleeping in a wait of this endpoint (the async driver's stop and
     /// backpressure use it): one `eventfd` write, or nothing when none sleeps.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async driver's

@@ -390,13 +390,7 @@ impl LibfabricEndpoint {
             Some(free.split_off(at))
         };
         // Slots come free only as completions are read and taken: sleep for them.
-        take()
-            .or_else(|| {
-                self.wait_until(Deadline::after(timeout), || {
-                    self.progress();
-                    take()
-                })
-            })
+        self.after_progress(Deadline::after(timeout), take)
             .ok_or(DmaError::WouldBlock)
     }
 
@@ -506,15 +500,7 @@ impl LibfabricEndpoint {
     ) -> Result<usize, DmaError> {
         let budget = &self.operations.sends.budget;
         let admitted = || budget.take(fi_addr, incarnation, later_part).then_some(());
-        if admitted()
-            .or_else(|| {
-                self.wait_until(deadline, || {
-                    self.progress();
-                    admitted()
-                })
-            })
-            .is_none()
-        {
+        if self.after_progress(deadline, admitted).is_none() {
             if let Some(index) = reserved {
                 self.release_slots([index]);
             }
@@ -525,17 +511,10 @@ impl LibfabricEndpoint {
         }
         // A full slab frees a slot only when a completion is read and taken: sleep for it.
         let free = || lock(&self.operations.free).pop();
-        free()
-            .or_else(|| {
-                self.wait_until(deadline, || {
-                    self.progress();
-                    free()
-                })
-            })
-            .ok_or_else(|| {
-                budget.give_back(fi_addr, incarnation);
-                DmaError::WouldBlock
-            })
+        self.after_progress(deadline, free).ok_or_else(|| {
+            budget.give_back(fi_addr, incarnation);
+            DmaError::WouldBlock
+        })
     }
 
     /// Where an operation on `target` is posted, and the lease its slot keeps (`'static`: see
