@@ -87,7 +87,7 @@ pub const POST_PATIENCE: Duration = Duration::from_secs(1);
 /// The longest the driver sleeps between passes while a post waits for backpressure to clear
 /// (module docs, "The driver"); without one waiting, it sleeps up to [`IDLE_NAP`] unless an event
 /// wakes it.
-pub const BACKPRESSURE_NAP: Duration = Duration::from_millis(2);
+pub const BACKPRESSURE_NAP: Duration = Duration::from_millis(5);
 
 /// The longest the driver sleeps between passes when nothing wakes it.
 pub const IDLE_NAP: Duration = Duration::from_secs(1);
