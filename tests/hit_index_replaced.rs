@@ -135,6 +135,11 @@ fn a_pin_that_probed_the_old_table_keeps_it_and_holds_back_the_next_replacement(
             .join()
             .unwrap();
     });
+    // `release` queues: the writer (a caller's round or the background thread) applies the
+    // releases, and replaces the emptied table, when it gets to them.
+    testkit::wait_until("the first round's releases applied", || {
+        STABLE == cache.stats().clients && 0 < cache.index_replacements()
+    });
     assert_eq!(
         1,
         cache.index_replacements(),
@@ -147,6 +152,9 @@ fn a_pin_that_probed_the_old_table_keeps_it_and_holds_back_the_next_replacement(
             .spawn(|| grow_and_empty(&cache, &stable, 1))
             .join()
             .unwrap();
+    });
+    testkit::wait_until("the second round's releases applied", || {
+        STABLE == cache.stats().clients
     });
     assert_eq!(
         1,
