@@ -97,7 +97,7 @@ fn main() {
         .allowlist_type("fid_.*")
         .allowlist_var("FI_.*")
         // The static-inline originals have no symbol; the shims stand in for them.
-        .blocklist_function("fi_(allocinfo|domain|endpoint|av_.*|cq_.*|ep_bind|enable|close|getname|send|inject|recv|mr_reg|mr_regattr|mr_desc|mr_key|mr_bind|mr_enable|write|read|writemsg|readmsg|writedata|cancel|control|trywait)")
+        .blocklist_function("fi_(allocinfo|domain|endpoint|av_.*|cq_.*|ep_bind|enable|close|getname|send|inject|recv|tsend|trecv|mr_reg|mr_regattr|mr_desc|mr_key|mr_bind|mr_enable|write|read|writemsg|readmsg|writedata|cancel|control|trywait)")
         .default_enum_style(bindgen::EnumVariation::Consts)
         .prepend_enum_name(false)
         .derive_default(true)

@@ -68,6 +68,10 @@ ssize_t dmafab_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t 
 { return fi_inject(ep, buf, len, dest_addr); }
 ssize_t dmafab_recv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, void *context)
 { return fi_recv(ep, buf, len, desc, src_addr, context); }
+ssize_t dmafab_tsend(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest_addr, uint64_t tag, void *context)
+{ return fi_tsend(ep, buf, len, desc, dest_addr, tag, context); }
+ssize_t dmafab_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, uint64_t tag, uint64_t ignore, void *context)
+{ return fi_trecv(ep, buf, len, desc, src_addr, tag, ignore, context); }
 
 int dmafab_mr_reg(struct fid_domain *domain, const void *buf, size_t len, uint64_t access, uint64_t offset, uint64_t requested_key, uint64_t flags, struct fid_mr **mr, void *context)
 { return fi_mr_reg(domain, buf, len, access, offset, requested_key, flags, mr, context); }

@@ -11,6 +11,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
 
 struct fi_info *dmafab_allocinfo(void);
 int dmafab_set_provider_name(struct fi_info *info, const char *name);
@@ -41,6 +42,8 @@ const char *dmafab_cq_strerror(struct fid_cq *cq, int prov_errno, const void *er
 ssize_t dmafab_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest_addr, void *context);
 ssize_t dmafab_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest_addr);
 ssize_t dmafab_recv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, void *context);
+ssize_t dmafab_tsend(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest_addr, uint64_t tag, void *context);
+ssize_t dmafab_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, uint64_t tag, uint64_t ignore, void *context);
 
 int dmafab_mr_reg(struct fid_domain *domain, const void *buf, size_t len, uint64_t access, uint64_t offset, uint64_t requested_key, uint64_t flags, struct fid_mr **mr, void *context);
 void *dmafab_mr_desc(struct fid_mr *mr);

@@ -13,8 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
 
+mod credits;
 mod rxm;
 mod write_completion;
+pub use self::credits::{DEFAULT_RECEIVE_MEMORY_LIMIT, PeerProtocol, ReceiveWindow};
 pub use self::rxm::RxmSizing;
 pub use self::write_completion::WriteCompletion;
 
@@ -247,6 +249,24 @@ pub struct Configuration {
     /// or once they are sent ([`WriteCompletion::Local`]: faster on tcp, but a completed write's
     /// bytes may not be there yet; see [`WriteCompletion`] for what each risks).
     pub write_completion: WriteCompletion,
+    /// How messages travel between this endpoint and its peers: with credits
+    /// ([`PeerProtocol::Credited`], the default: both sides run this library, and a receiver
+    /// bounds what each sender makes it hold), or as plain libfabric messages
+    /// ([`PeerProtocol::Plain`], for a peer that does not run this library; bounded by the
+    /// per-peer budget alone). Both sides must choose the same.
+    pub peer_protocol: PeerProtocol,
+    /// What this endpoint grants each peer that sends to it, at most, before the application
+    /// has read it: messages, bytes and notifications (see [`ReceiveWindow`]). Credited
+    /// endpoints only. Default [`ReceiveWindow::default()`]: 64 messages, 1 MiB, 64
+    /// notifications. Every field at least 1.
+    pub receive_window: ReceiveWindow,
+    /// What all the peers that send to this endpoint may make it hold at once, in bytes: every
+    /// grant is paid for out of a pool of this size, a message and a notification counted as
+    /// their bytes plus [`ReceiveWindow::MESSAGE_OVERHEAD`] (rxm's buffer for it), and paid back as
+    /// the application reads. A peer whose grant the pool cannot pay waits for the next reads.
+    /// Credited endpoints only. Default [`DEFAULT_RECEIVE_MEMORY_LIMIT`], 64 MiB; at least one
+    /// window's [`cost`](ReceiveWindow::cost).
+    pub receive_memory_limit: u64,
 }
 
 impl Configuration {
@@ -402,6 +422,15 @@ impl Configuration {
                 Self::MAX_CACHE_PATIENCE
             )));
         }
+        self.receive_window.validate()?;
+        if self.receive_memory_limit < self.receive_window.cost() {
+            return Err(DmaError::InvalidArgument(format!(
+                "receive_memory_limit is {} bytes, below the {} one receive_window costs \
+                 (ReceiveWindow::cost): no peer could be granted a whole window",
+                self.receive_memory_limit,
+                self.receive_window.cost()
+            )));
+        }
         self.rxm.validate()
     }
 
@@ -507,6 +536,9 @@ impl Default for Configuration {
             hmem: false,
             max_operations_per_peer: Self::DEFAULT_MAX_OPERATIONS_PER_PEER,
             write_completion: WriteCompletion::Delivered,
+            peer_protocol: PeerProtocol::Credited,
+            receive_window: ReceiveWindow::default(),
+            receive_memory_limit: DEFAULT_RECEIVE_MEMORY_LIMIT,
         }
     }
 }

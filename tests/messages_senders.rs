@@ -6,12 +6,22 @@
 
 use std::collections::BTreeMap;
 
-use dma_libfabric::{Configuration, LibfabricEndpoint, Operation, Received};
+use dma_libfabric::{Configuration, LibfabricEndpoint, Operation, PeerProtocol, Received};
 use testkit::PATIENCE;
 
 fn endpoint(rma: bool) -> LibfabricEndpoint {
     let configuration = Configuration {
         rma,
+        ..Configuration::default()
+    };
+    LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint")
+}
+
+/// A tcp endpoint without the credit protocol: a sender stays out of the receiver's AV until
+/// the receiver resolves it.
+fn plain() -> LibfabricEndpoint {
+    let configuration = Configuration {
+        peer_protocol: PeerProtocol::Plain,
         ..Configuration::default()
     };
     LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("a tcp endpoint")
@@ -116,12 +126,12 @@ fn each_message_names_its_sender_and_the_cache_its_clients() {
     assert_eq!(vec![20], receiver.cache().clients_at(second_index));
 }
 
-/// A sender whose address is not in the receiver's AV is named by nobody (`None`, not a guess);
-/// once the receiver resolves it, that connection's next message names it.
+/// A plain sender whose address is not in the receiver's AV is named by nobody (`None`, not a
+/// guess); once the receiver resolves it, that connection's next message names it.
 #[test]
 fn a_sender_outside_the_av_is_none_until_resolved() {
-    let receiver = endpoint(false);
-    let stranger = endpoint(false);
+    let receiver = plain();
+    let stranger = plain();
     let address = receiver.local_address().expect("address");
     let unnamed = std::thread::scope(|scope| {
         let receiving = scope.spawn(|| receive(&receiver, 1));
@@ -202,7 +212,25 @@ fn a_receive_into_completion_names_its_sender() {
 /// libfabric release stops doing this, this test fails and the docs must say so.
 #[test]
 fn a_late_message_from_a_removed_sender_names_whoever_holds_its_index_now() {
-    late_message_names_the_index_holder(&|| endpoint(false));
+    late_message_names_the_index_holder(&plain);
+}
+
+/// A credited sender introduces itself, so the receiver has it in its AV from its first message
+/// on, under a client of the endpoint's own that `clients_at` leaves out: the message names an
+/// index, and no client of the application's.
+#[test]
+fn a_credited_sender_is_named_by_its_introduction_and_by_no_client() {
+    let receiver = endpoint(false);
+    let stranger = endpoint(false);
+    let address = receiver.local_address().expect("address");
+    let received = std::thread::scope(|scope| {
+        let receiving = scope.spawn(|| receive(&receiver, 1));
+        send_all(&stranger, &address, &[b"who"]);
+        receiving.join().expect("the receiving thread")
+    });
+    let index = received[0].sender.expect("named by its introduction");
+    assert!(receiver.cache().clients_at(index).is_empty());
+    assert_eq!(1, receiver.cache().stats().entries);
 }
 
 /// The same on libfabric 2.x's native tcp (1.x has none).
@@ -210,6 +238,7 @@ fn a_late_message_from_a_removed_sender_names_whoever_holds_its_index_now() {
 fn on_native_tcp_too_a_late_message_names_whoever_holds_the_index_now() {
     let configuration = Configuration {
         providers: vec![dma_libfabric::Provider::TcpNative],
+        peer_protocol: PeerProtocol::Plain,
         ..Configuration::default()
     };
     if dma_libfabric::runtime_version().0 < 2 {
@@ -315,6 +344,7 @@ fn nothing_nobody_and_truncation_through_receive_from() {
 fn native_tcp_on_2x_names_its_senders_too() {
     let configuration = Configuration {
         providers: vec![dma_libfabric::Provider::TcpNative],
+        peer_protocol: PeerProtocol::Plain,
         ..Configuration::default()
     };
     let (major, _) = dma_libfabric::runtime_version();

@@ -2632,6 +2632,29 @@ unsafe extern "C" {
     ) -> isize;
 }
 unsafe extern "C" {
+    pub fn dmafab_tsend(
+        ep: *mut fid_ep,
+        buf: *const ::std::os::raw::c_void,
+        len: usize,
+        desc: *mut ::std::os::raw::c_void,
+        dest_addr: fi_addr_t,
+        tag: u64,
+        context: *mut ::std::os::raw::c_void,
+    ) -> isize;
+}
+unsafe extern "C" {
+    pub fn dmafab_trecv(
+        ep: *mut fid_ep,
+        buf: *mut ::std::os::raw::c_void,
+        len: usize,
+        desc: *mut ::std::os::raw::c_void,
+        src_addr: fi_addr_t,
+        tag: u64,
+        ignore: u64,
+        context: *mut ::std::os::raw::c_void,
+    ) -> isize;
+}
+unsafe extern "C" {
     pub fn dmafab_mr_reg(
         domain: *mut fid_domain,
         buf: *const ::std::os::raw::c_void,

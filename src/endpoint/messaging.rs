@@ -9,6 +9,7 @@
 use std::ptr;
 use std::time::Duration;
 
+use super::credits::What;
 use super::deadline::Deadline;
 use super::error_entry::read_error_entry;
 use super::receive::SlotArrival;
@@ -223,8 +224,12 @@ impl LibfabricEndpoint {
         if let Some(code) = sends.dead(fi_addr) {
             return Err(sends::unreachable(fi_addr, code));
         }
+        // Credit first (a credited endpoint's peer must have granted room for it); given back
+        // if nothing is posted.
+        let credit = self.take_credit(fi_addr, What::Message(message.len()))?;
         // Past the transmit queue's depth: nothing is posted.
         let Some((index, buffer, context)) = sends.prepare(fi_addr, message) else {
+            self.give_back_credit(credit);
             return Err(DmaError::WouldBlock);
         };
         // SAFETY: the endpoint is open; the caller promises `fi_addr` is a live entry of this AV;
@@ -233,9 +238,8 @@ impl LibfabricEndpoint {
         // slot's, which lives as long as the endpoint's handles (the slab is dropped after them).
         // No descriptor: `open` refuses providers that require FI_MR_LOCAL.
         let code = unsafe {
-            sys::fi_send(
-                self.handles.ep,
-                buffer,
+            self.post_send(
+                buffer.cast_const(),
                 message.len(),
                 ptr::null_mut(),
                 fi_addr,
@@ -247,6 +251,7 @@ impl LibfabricEndpoint {
         }
         // Not posted: the slot is still this thread's.
         sends.unprepare(index);
+        self.give_back_credit(credit);
         if code == -(sys::FI_EAGAIN as isize) {
             // Nothing may signal when it would go through (a connection being set up): see `wait`.
             self.operations.waiter.retry_soon();
@@ -354,6 +359,8 @@ impl LibfabricEndpoint {
     /// their leases dropped) here too, ready for [`poll_completions`](Self::poll_completions).
     pub fn progress(&self) {
         self.repost_unposted();
+        self.repost_controls();
+        self.send_unsent_grants();
         self.reap_receives_into();
         self.operations.reap(self.handles.tx_cq);
     }
@@ -408,7 +415,7 @@ impl LibfabricEndpoint {
     /// Read one entry of the receive queue: a `receive_into`'s completion is handed to its
     /// operation; a receive buffer's is the caller's to deliver (it owns the slot now).
     fn read_arrival(&self) -> Arrival {
-        let mut entry = sys::fi_cq_data_entry::default();
+        let mut entry = sys::fi_cq_tagged_entry::default();
         let mut source = sys::FI_ADDR_NOTAVAIL;
         // SAFETY: the queue is open, `entry` has room for the one entry asked for and `source`
         // for its one source address (`FI_ADDR_NOTAVAIL` where the provider has none: fi_cq(3)).
@@ -431,16 +438,33 @@ impl LibfabricEndpoint {
             return Arrival::Failed(DmaError::fabric("fi_cq_readfrom", read as i64));
         }
         // A peer's write that notified (`fi_writedata`): set aside, not a message.
-        if self.operations.notifications.accept(&entry) {
+        if self.operations.notifications.accept(&sys::fi_cq_data_entry {
+            op_context: entry.op_context,
+            flags: entry.flags,
+            len: entry.len,
+            buf: entry.buf,
+            data: entry.data,
+        }) {
             return Arrival::Operation;
         }
+        if let Some(index) = self.controls.index_of(entry.op_context) {
+            self.control_arrived(index, Ok(entry.len));
+            return Arrival::Operation;
+        }
+        let foreign = self.foreign_version(entry.tag);
+        if foreign.is_none() {
+            // Off the provider's queue and into a buffer of the endpoint's (at most one per
+            // buffer waits there) or the application's: its sender's credit is paid back.
+            self.consumed(Some(entry.tag), sender, What::Message(entry.len));
+        }
         if self.operations.owns(entry.op_context) {
+            let outcome = foreign.map_or(Ok(()), Err);
             self.operations
-                .complete_receive(entry.op_context, entry.len, sender, Ok(()));
+                .complete_receive(entry.op_context, entry.len, sender, outcome);
             return Arrival::Operation;
         }
         match self.receives.index_of(entry.op_context) {
-            Some(index) => Arrival::Slot((index, Ok(entry.len), sender)),
+            Some(index) => Arrival::Slot((index, foreign.map_or(Ok(entry.len), Err), sender)),
             None => Arrival::Failed(DmaError::InvalidArgument(
                 "a receive completion named a context this endpoint never posted".into(),
             )),
@@ -586,16 +610,7 @@ impl LibfabricEndpoint {
         // outlives the endpoint's libfabric objects; this slot is not posted (it is new, its
         // completion was just read by this thread, or this thread took it from the unposted
         // list).
-        let code = unsafe {
-            sys::fi_recv(
-                self.handles.ep,
-                buffer,
-                len,
-                ptr::null_mut(),
-                sys::FI_ADDR_UNSPEC,
-                slot.context(),
-            )
-        };
+        let code = unsafe { self.post_data_receive(buffer, len, ptr::null_mut(), slot.context()) };
         match code {
             0 => Ok(()),
             code if code == -(sys::FI_EAGAIN as isize) => Err(DmaError::WouldBlock),
@@ -622,6 +637,10 @@ impl LibfabricEndpoint {
                 None,
                 Err(entry.error("fi_recv")),
             );
+            return Arrival::Operation;
+        }
+        if let Some(index) = self.controls.index_of(entry.op_context) {
+            self.control_arrived(index, Err(entry.error("fi_cq_readfrom")));
             return Arrival::Operation;
         }
         match self.receives.index_of(entry.op_context) {

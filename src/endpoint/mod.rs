@@ -11,6 +11,7 @@
 
 mod access;
 mod budget;
+mod credits;
 mod buffer;
 pub(crate) mod completions;
 pub(crate) mod deadline;
@@ -203,6 +204,12 @@ pub struct LibfabricEndpoint {
     handles: Handles,
     /// Declared after `handles` so it is dropped after the endpoint has been closed.
     receives: ReceiveSlots,
+    /// The control receives of the credit protocol (none for a plain endpoint): after
+    /// `handles`, as `receives`.
+    controls: ReceiveSlots,
+    /// The credit protocol's state; `None` for a plain endpoint
+    /// ([`PeerProtocol::Plain`](crate::configuration::PeerProtocol::Plain)).
+    credits: Option<Box<credits::Credits>>,
     /// Boxed: read rarely, and it keeps the endpoint small to move.
     description: Box<Description>,
     /// The indices `FabricAv` backends on this AV have been handed, and the AV's capacity: what

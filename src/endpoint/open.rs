@@ -22,11 +22,12 @@ use super::lookup::describe;
 use super::receive::ReceiveSlots;
 use super::sends::Sends;
 use super::wait::{Source, Waiting};
-use super::{Description, LibfabricEndpoint, check, rma};
+use super::credits::wire::CONTROL_SIZE;
+use super::{Description, LibfabricEndpoint, check, credits, rma};
 use crate::av::FabricAv;
 use crate::av::fabric as av;
 use crate::cache::AddressCache;
-use crate::configuration::{Configuration, Provider};
+use crate::configuration::{Configuration, PeerProtocol, Provider};
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
 
@@ -108,6 +109,7 @@ impl LibfabricEndpoint {
         // Before any libfabric object opens: memory that cannot be had is an error, not an abort.
         let receives =
             ReceiveSlots::new(configuration.receive_buffers, configuration.receive_size)?;
+        let controls = ReceiveSlots::new(control_receives(configuration), CONTROL_SIZE)?;
         // SAFETY: `choose` left in `handles.info` the non-null list fi_getinfo returned, and
         // nothing is open yet; each step opens, into `handles`, what the next one needs.
         let queues = unsafe {
@@ -118,8 +120,10 @@ impl LibfabricEndpoint {
             queues
         };
         // SAFETY: the three steps above opened every object in `handles`.
-        let endpoint =
+        let mut endpoint =
             unsafe { Self::assemble(configuration, handles, description, receives, queues) }?;
+        endpoint.controls = controls;
+        endpoint.credits = endpoint.open_credits(configuration)?;
         endpoint.post_receives()?;
         tracing::debug!(provider = %endpoint.description.provider, fabric = %endpoint.description.fabric, "endpoint open");
         Ok(endpoint)
@@ -186,6 +190,8 @@ impl LibfabricEndpoint {
             ),
             handles,
             receives,
+            controls: ReceiveSlots::new(0, 0)?,
+            credits: None,
             description: Box::new(description),
             handed_out,
             #[cfg(test)]
@@ -201,8 +207,60 @@ impl LibfabricEndpoint {
         for index in 0..self.receives.len() {
             self.post_patiently(index)?;
         }
+        for index in 0..self.controls.len() {
+            self.post_control(index)?;
+        }
         Ok(())
     }
+
+    /// The credit protocol's state for a credited endpoint (a fresh secret, the endpoint's own
+    /// address for its introductions), `None` for a plain one.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for an address longer than an introduction carries;
+    /// what [`local_address`](Self::local_address) answers.
+    fn open_credits(
+        &self,
+        configuration: &Configuration,
+    ) -> Result<Option<Box<credits::Credits>>, DmaError> {
+        if PeerProtocol::Plain == configuration.peer_protocol {
+            return Ok(None);
+        }
+        let address = self.local_address()?;
+        if address.len() > credits::wire::MAX_ADDRESS {
+            return Err(DmaError::InvalidArgument(format!(
+                "the provider's addresses are {} bytes, longer than the {} an introduction of \
+                 the credit protocol carries: open with PeerProtocol::Plain",
+                address.len(),
+                credits::wire::MAX_ADDRESS
+            )));
+        }
+        Ok(Some(Box::new(credits::Credits::new(
+            fresh_secret(),
+            address,
+            configuration.receive_window,
+            configuration.receive_memory_limit,
+        ))))
+    }
+}
+
+/// How many control receives `configuration` keeps posted besides its receive buffers.
+fn control_receives(configuration: &Configuration) -> usize {
+    match configuration.peer_protocol {
+        PeerProtocol::Credited => credits::CONTROL_RECEIVES,
+        PeerProtocol::Plain => 0,
+    }
+}
+
+/// A secret for a new endpoint: `std`'s `RandomState` (keys drawn from the operating system's
+/// random source) hashing the time and the process, so two endpoints, in one process or two,
+/// draw different ones.
+fn fresh_secret() -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    std::time::SystemTime::now().hash(&mut hasher);
+    std::process::id().hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Ask `fi_getinfo` for `provider` and check what it offers against `configuration`, before any
@@ -349,6 +407,9 @@ unsafe fn open_completion_queues(
                 ),
             )?;
         }
+        // The receive queue's entries carry the tag: the credit protocol's version, kind and
+        // sender (plain endpoints read a zero tag).
+        cq_attr.format = sys::FI_CQ_FORMAT_TAGGED;
         check(
             "fi_cq_open",
             sys::fi_cq_open(
@@ -485,11 +546,15 @@ impl Limits {
     /// What of `configuration` does not fit these limits of `provider`, naming the value and the
     /// limit, if anything.
     fn misfit(&self, configuration: &Configuration, provider: &str) -> Option<String> {
-        if configuration.receive_buffers > self.rx_size {
+        let controls = control_receives(configuration);
+        if configuration.receive_buffers + controls > self.rx_size {
             return Some(format!(
-                "receive_buffers is {}, and {provider} posts at most {} receives (rx_attr.size): \
-                 lower Configuration::receive_buffers to {} or less",
-                configuration.receive_buffers, self.rx_size, self.rx_size
+                "receive_buffers is {}, and {provider} posts at most {} receives (rx_attr.size), \
+                 {controls} of them the credit protocol's: lower \
+                 Configuration::receive_buffers to {} or less",
+                configuration.receive_buffers,
+                self.rx_size,
+                self.rx_size.saturating_sub(controls)
             ));
         }
         if configuration.receive_size > self.max_msg_size {
@@ -601,9 +666,17 @@ mod tests {
         let fits = Configuration {
             receive_size: 8192,
             receive_buffers: 2048,
+            peer_protocol: PeerProtocol::Plain,
             ..Configuration::default()
         };
         assert_eq!(None, limits.misfit(&fits, "efa"));
+        // A credited endpoint keeps its control receives posted besides.
+        let credited = Configuration {
+            peer_protocol: PeerProtocol::Credited,
+            ..fits.clone()
+        };
+        let reason = limits.misfit(&credited, "efa").expect("refused");
+        assert!(reason.contains("2040 or less"), "{reason}");
         let too_large = Configuration {
             receive_size: 8193,
             ..fits.clone()

@@ -25,10 +25,11 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::budget::PeerBudget;
+use super::credits::wire::CONTROL_SIZE;
 use super::error_entry::ErrorEntry;
 use crate::av::fabric::HandedOut;
 use crate::av::unreachable::says_peer_is_gone;
@@ -53,14 +54,20 @@ struct SendSlot {
     /// The peer it was posted to, and that index's incarnation then (see `unreachable`).
     fi_addr: AtomicU64,
     incarnation: AtomicU32,
+    /// Whether the send took from its peer's budget (a control message of the credit protocol
+    /// does not).
+    counted: AtomicBool,
 }
 
 /// The slab of send slots and their buffers.
 pub(super) struct Sends {
     slots: Box<[SendSlot]>,
-    /// `slots.len()` buffers of `size` bytes, slot `i`'s at `i * size`.
+    /// `slots.len()` buffers of `stride` bytes, slot `i`'s at `i * stride`.
     buffers: UnsafeCell<Box<[u8]>>,
+    /// The largest message of the application's a slot takes.
     size: usize,
+    /// A slot's bytes: `size`, and at least a control message's.
+    stride: usize,
     free: Mutex<Vec<usize>>,
     /// Posted, completion not yet read.
     outstanding: AtomicUsize,
@@ -95,8 +102,9 @@ impl Sends {
     ) -> Result<Self, DmaError> {
         let count = count.clamp(1, MAX_SENDS);
         let size = size.clamp(1, MAX_SEND_COPY);
+        let stride = size.max(CONTROL_SIZE);
         let buffers = count
-            .checked_mul(size)
+            .checked_mul(stride)
             .and_then(super::receive::zeroed)
             .ok_or_else(|| {
                 DmaError::InvalidArgument(format!(
@@ -110,10 +118,12 @@ impl Sends {
                     context: UnsafeCell::new(sys::fi_context2::default()),
                     fi_addr: AtomicU64::new(0),
                     incarnation: AtomicU32::new(0),
+                    counted: AtomicBool::new(true),
                 })
                 .collect(),
             buffers: UnsafeCell::new(buffers),
             size,
+            stride,
             free: Mutex::new((0..count).rev().collect()),
             outstanding: AtomicUsize::new(0),
             budget: PeerBudget::new(av_capacity, per_peer),
@@ -171,20 +181,48 @@ impl Sends {
         if !self.budget.take(fi_addr, incarnation, false) {
             return None;
         }
-        let taken = crate::sync::lock(&self.free).pop();
-        let Some(index) = taken else {
+        let prepared = self.fill(fi_addr, incarnation, message, true);
+        if prepared.is_none() {
             self.budget.give_back(fi_addr, incarnation);
-            return None;
-        };
+        }
+        prepared
+    }
+
+    /// A free slot holding a copy of the control message `message` (at most
+    /// [`CONTROL_SIZE`] bytes) for `fi_addr`, outside its budget: the credit protocol's own
+    /// messages must go out while the application's wait for them. `None` when every slot is in
+    /// flight.
+    pub(super) fn prepare_control(
+        &self,
+        fi_addr: sys::fi_addr_t,
+        message: &[u8],
+    ) -> Option<(usize, *mut c_void, *mut c_void)> {
+        debug_assert!(message.len() <= CONTROL_SIZE);
+        let incarnation = self.peers.unreachable.incarnation(fi_addr);
+        self.fill(fi_addr, incarnation, message, false)
+    }
+
+    /// Pop a free slot and copy `message` into it, for `fi_addr` of `incarnation`.
+    fn fill(
+        &self,
+        fi_addr: sys::fi_addr_t,
+        incarnation: u32,
+        message: &[u8],
+        counted: bool,
+    ) -> Option<(usize, *mut c_void, *mut c_void)> {
+        let index = crate::sync::lock(&self.free).pop()?;
         let slot = &self.slots[index];
         slot.fi_addr.store(fi_addr, Ordering::Relaxed);
         slot.incarnation.store(incarnation, Ordering::Relaxed);
-        // SAFETY: the box is never replaced; the slot's range `index * size ..` lies inside it
-        // (`count * size` bytes), and this thread owns the slot, so nothing else touches those
-        // bytes; `message` is at most `size` bytes and does not overlap the slab.
+        slot.counted.store(counted, Ordering::Relaxed);
+        let len = message.len().min(self.stride);
+        // SAFETY: the box is never replaced; the slot's range `index * stride ..` lies inside it
+        // (`count * stride` bytes), and this thread owns the slot, so nothing else touches those
+        // bytes; at most `stride` bytes are copied, from `message`, which does not overlap the
+        // slab.
         let buffer = unsafe {
-            let start = (*self.buffers.get()).as_mut_ptr().add(index * self.size);
-            std::ptr::copy_nonoverlapping(message.as_ptr(), start, message.len());
+            let start = (*self.buffers.get()).as_mut_ptr().add(index * self.stride);
+            std::ptr::copy_nonoverlapping(message.as_ptr(), start, len);
             start
         };
         self.outstanding.fetch_add(1, Ordering::AcqRel);
@@ -201,10 +239,12 @@ impl Sends {
     /// Slot `index`, owned by the caller, is free again, and its peer has one send fewer.
     fn release(&self, index: usize) {
         let slot = &self.slots[index];
-        self.budget.give_back(
-            slot.fi_addr.load(Ordering::Relaxed),
-            slot.incarnation.load(Ordering::Relaxed),
-        );
+        if slot.counted.load(Ordering::Relaxed) {
+            self.budget.give_back(
+                slot.fi_addr.load(Ordering::Relaxed),
+                slot.incarnation.load(Ordering::Relaxed),
+            );
+        }
         crate::sync::lock(&self.free).push(index);
     }
 

@@ -250,6 +250,10 @@ pub(super) fn getinfo_sized(
     // head into `info`; `hints` is freed once, after the call.
     let code = unsafe {
         (*hints).caps = u64::from(sys::FI_MSG) | wanted.caps;
+        if crate::configuration::PeerProtocol::Credited == configuration.peer_protocol {
+            // The credit protocol's messages are tagged (see `endpoint::credits::wire`).
+            (*hints).caps |= u64::from(sys::FI_TAGGED);
+        }
         (*hints).mode = wanted.mode;
         (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
         (*(*hints).domain_attr).threading = wanted.threading;

@@ -13,6 +13,7 @@ use super::{Submission, Target};
 use crate::cache::Lease;
 use crate::endpoint::LibfabricEndpoint;
 use crate::endpoint::completions::Failure;
+use crate::endpoint::credits::What;
 use crate::endpoint::deadline::Deadline;
 use crate::endpoint::memory::Segment;
 use crate::error::DmaError;
@@ -110,6 +111,11 @@ impl LibfabricEndpoint {
         let buffer = source.region.at(source.offset);
         let desc = source.region.desc();
         let len = source.len;
+        // The receiver's credit first, within the same timeout; given back if nothing is posted.
+        let deadline = Deadline::after(timeout);
+        let fi_addr = lease.peer().fi_addr();
+        let credit = self.wait_for_credit(fi_addr, What::Message(len), deadline)?;
+        let timeout = deadline.remaining().unwrap_or(timeout);
         let submission = Submission {
             operation: Operation::Send,
             target: Target::Leased(lease),
@@ -120,15 +126,17 @@ impl LibfabricEndpoint {
             slot: None,
             owner,
         };
-        let ep = self.handles.ep;
-        self.submit(submission, timeout, &mut |fi_addr, context| {
+        let posted = self.submit(submission, timeout, &mut |fi_addr, context| {
             // SAFETY: the endpoint is open; `buffer` is `len` bytes inside a registered region
             // (checked by `Segment`) whose registration the slot holds until the completion has
             // been read, and `desc` is its descriptor; the context is the slot's, which lives as
             // long as the endpoint's handles; `fi_addr` is the lease's, held by the slot.
-            unsafe { sys::fi_send(ep, buffer.cast_const().cast(), len, desc, fi_addr, context) }
-        })
-        .map(drop)
+            unsafe { self.post_send(buffer.cast_const().cast(), len, desc, fi_addr, context) }
+        });
+        if posted.is_err() {
+            self.give_back_credit(credit);
+        }
+        posted.map(drop)
     }
 }
 
@@ -234,12 +242,10 @@ impl LibfabricEndpoint {
         // region whose `Arc` the slot holds until the completion has been read, `desc` is its
         // descriptor, and the context is the slot's, which lives as long as the handles.
         let code = unsafe {
-            sys::fi_recv(
-                self.handles.ep,
+            self.post_data_receive(
                 buffer.cast(),
                 destination.len,
                 desc,
-                sys::FI_ADDR_UNSPEC,
                 slot.context.get().cast(),
             )
         };

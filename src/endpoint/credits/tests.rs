@@ -1,0 +1,136 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
+
+use super::*;
+
+const WINDOW: ReceiveWindow = ReceiveWindow {
+    messages: 16,
+    bytes: 1 << 20,
+    notifications: 8,
+};
+
+/// A sender's introduction, taken by a receiver, answered by a grant the sender takes.
+fn introduce(sender: &Credits, receiver: &Credits, fi_addr: u64) -> GrantDue {
+    let Admission::Introduce(Control::Introduction {
+        secret, reply_to, ..
+    }) = sender.admit(fi_addr, 1, What::Message(10))
+    else {
+        panic!("the first admission introduces");
+    };
+    assert_eq!(
+        Admission::Wait,
+        sender.admit(fi_addr, 1, What::Message(10)),
+        "introduced: wait for the grant"
+    );
+    let (grant, replaced) = receiver.introduce(secret, reply_to, 5, introduced_client(secret), b"a");
+    assert_eq!(None, replaced);
+    let grant = grant.expect("a first grant");
+    take(sender, &grant);
+    grant
+}
+
+fn take(sender: &Credits, due: &GrantDue) {
+    let Control::Grant {
+        secret,
+        reply_to,
+        granted,
+    } = &due.grant
+    else {
+        panic!("a grant");
+    };
+    assert!(sender.granted(*secret, *reply_to, *granted));
+}
+
+#[test]
+fn a_sender_sends_its_window_and_no_more_until_the_receiver_reads() {
+    let sender = Credits::new(1, b"address".to_vec(), WINDOW, 64 << 20);
+    let receiver = Credits::new(2, b"address".to_vec(), WINDOW, 64 << 20);
+    introduce(&sender, &receiver, 3);
+    // The first grant is an eighth of the window.
+    assert_eq!((2, 1), sender.available(3, 1));
+    for _ in 0..2 {
+        assert_eq!(Admission::Admitted, sender.admit(3, 1, What::Message(10)));
+    }
+    assert_eq!(Admission::Wait, sender.admit(3, 1, What::Message(10)));
+    // The receiver reads one: half its (first) window is spent, so a whole window is granted.
+    let grants = receiver.consumed(Some(wire::tagged_secret(1)), 5, What::Message(10));
+    assert_eq!(1, grants.len());
+    take(&sender, &grants[0]);
+    assert_eq!((15, 8), sender.available(3, 1), "17 granted, 2 sent");
+    // Given back, a refused post's credit is there again.
+    assert_eq!(Admission::Admitted, sender.admit(3, 1, What::Message(10)));
+    sender.give_back(3, 1, What::Message(10));
+    assert_eq!((15, 8), sender.available(3, 1));
+}
+
+#[test]
+fn a_new_incarnation_starts_afresh_and_a_stale_grant_grants_nothing() {
+    let sender = Credits::new(1, b"address".to_vec(), WINDOW, 64 << 20);
+    let receiver = Credits::new(2, b"address".to_vec(), WINDOW, 64 << 20);
+    let old = introduce(&sender, &receiver, 3);
+    assert!(matches!(
+        sender.admit(3, 2, What::Message(1)),
+        Admission::Introduce(_)
+    ));
+    let Control::Grant {
+        secret,
+        reply_to,
+        granted,
+    } = old.grant
+    else {
+        panic!("a grant");
+    };
+    assert!(!sender.granted(secret, reply_to, granted), "for incarnation 1");
+    assert_eq!((0, 0), sender.available(3, 2));
+}
+
+#[test]
+fn the_pool_pays_for_every_grant_and_waiting_peers_are_served_first() {
+    // Room for the first grants of two peers (an eighth of the window each), not three.
+    let first = ReceiveWindow {
+        messages: 2,
+        bytes: 1 << 17,
+        notifications: 1,
+    }
+    .cost();
+    let receiver = Credits::new(9, b"address".to_vec(), WINDOW, 2 * first);
+    let mut grants = Vec::new();
+    for peer in 1..=3_u64 {
+        let (grant, _) = receiver.introduce(peer, 0, peer, introduced_client(peer), b"a");
+        grants.push(grant);
+    }
+    assert!(grants[0].is_some() && grants[1].is_some());
+    assert!(grants[2].is_none(), "the pool is spent");
+    assert!(receiver.reserved() <= 2 * first);
+    // Peers 1 and 2 are read: what that frees goes to peer 3 first, once it is enough, though
+    // peers 1 and 2 have spent half their windows.
+    let mut served = Vec::new();
+    for peer in [1, 2] {
+        for _ in 0..2 {
+            served.extend(receiver.consumed(Some(peer), peer, What::Message(1 << 16)));
+        }
+    }
+    assert_eq!(introduced_client(3), served[0].client, "{served:?}");
+    assert!(receiver.reserved() <= 2 * first, "{}", receiver.reserved());
+    assert!(
+        served.iter().any(|due| due.client == introduced_client(3)),
+        "{served:?}"
+    );
+}
+
+#[test]
+fn an_introduction_on_an_index_another_secret_holds_replaces_it() {
+    let receiver = Credits::new(9, b"address".to_vec(), WINDOW, 64 << 20);
+    let (_, replaced) = receiver.introduce(1, 0, 7, introduced_client(1), b"a");
+    assert_eq!(None, replaced);
+    let reserved = receiver.reserved();
+    assert!(0 < reserved);
+    let (grant, replaced) = receiver.introduce(2, 0, 7, introduced_client(2), b"b");
+    assert!(grant.is_some());
+    assert_eq!(Some(introduced_client(1)), replaced);
+    assert_eq!(1, receiver.introduced());
+    assert_eq!(reserved, receiver.reserved(), "the old one paid back, the new one paid");
+    // The same sender again gets the same grant, and pays nothing more.
+    let (again, _) = receiver.introduce(2, 0, 7, introduced_client(2), b"b");
+    assert_eq!(grant, again);
+    assert_eq!(reserved, receiver.reserved());
+}
