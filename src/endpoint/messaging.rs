@@ -444,7 +444,7 @@ impl LibfabricEndpoint {
             len: entry.len,
             buf: entry.buf,
             data: entry.data,
-        }) {
+        }, sender) {
             return Arrival::Operation;
         }
         if let Some(index) = self.controls.index_of(entry.op_context) {

@@ -240,6 +240,7 @@ impl LibfabricEndpoint {
             address,
             configuration.receive_window,
             configuration.receive_memory_limit,
+            configuration.cq_size,
         ))))
     }
 }

@@ -35,6 +35,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::LibfabricEndpoint;
+use super::credits::What;
+use super::deadline::Deadline;
 use super::memory::{RemoteRegion, Segment};
 #[cfg(doc)]
 use super::rma::operations::Completion;
@@ -433,24 +435,32 @@ impl LibfabricEndpoint {
                 source.len, target.len, target.address
             )));
         }
+        let hold = source.region.hold()?;
+        // The target's notification credit first, within the same timeout; given back if
+        // nothing is posted.
+        let deadline = Deadline::after(timeout);
+        let credit = self.wait_for_credit(lease.peer().fi_addr(), What::Notification, deadline)?;
         let submission = Submission {
             operation: Operation::Write,
             target: Target::Leased(lease),
-            hold: source.region.hold()?,
+            hold,
             len: source.len,
             id,
             join: None,
             slot: None,
             owner,
         };
-        self.submit_message(
+        let posted = self.submit_message(
             submission,
             &[source],
             target.address,
             target.key,
             Some(data),
-            timeout,
-        )
-        .map(drop)
+            deadline.remaining().unwrap_or(timeout),
+        );
+        if posted.is_err() {
+            self.give_back_credit(credit);
+        }
+        posted.map(drop)
     }
 }

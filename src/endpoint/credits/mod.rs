@@ -123,6 +123,8 @@ struct Receiving {
     by_index: HashMap<u64, u64>,
     /// Paid out of the pool and not yet paid back.
     reserved: u64,
+    /// Notifications granted and not yet polled, of every peer.
+    notifications: u64,
     waiting: VecDeque<u64>,
     /// Grants that could not be sent (no send slot): sent again by `progress`.
     unsent: Vec<u64>,
@@ -139,19 +141,29 @@ pub(crate) struct Credits {
     address: Vec<u8>,
     window: ReceiveWindow,
     limit: u64,
+    /// The most notifications granted and not yet polled, of every peer: what the endpoint
+    /// keeps waiting for the application (`cq_size`), so none is dropped.
+    notification_limit: u64,
     sending: Box<[Mutex<HashMap<u64, Outbound>>]>,
     receiving: Mutex<Receiving>,
 }
 
 impl Credits {
     /// Credits for an endpoint at `address` whose secret is `secret`, granting `window` per peer
-    /// out of `limit` bytes.
-    pub(crate) fn new(secret: u64, address: Vec<u8>, window: ReceiveWindow, limit: u64) -> Self {
+    /// out of `limit` bytes and `notification_limit` notifications.
+    pub(crate) fn new(
+        secret: u64,
+        address: Vec<u8>,
+        window: ReceiveWindow,
+        limit: u64,
+        notification_limit: usize,
+    ) -> Self {
         Self {
             secret,
             address,
             window,
             limit,
+            notification_limit: notification_limit as u64,
             sending: (0..SHARDS).map(|_| Mutex::default()).collect(),
             receiving: Mutex::default(),
         }
@@ -301,8 +313,7 @@ impl Credits {
         };
         if fresh {
             if let Some(stale) = receiving.peers.remove(&tagged) {
-                let owed = self.owed(&stale);
-                receiving.reserved = receiving.reserved.saturating_sub(owed);
+                Self::pay_back(&mut receiving, self.owed(&stale), &stale);
             }
             receiving.peers.insert(
                 tagged,
@@ -349,6 +360,9 @@ impl Credits {
         let after = self.owed(peer);
         let due = self.half_spent(peer);
         receiving.reserved = receiving.reserved.saturating_sub(before - after.min(before));
+        if What::Notification == what {
+            receiving.notifications = receiving.notifications.saturating_sub(1);
+        }
         let mut grants = Vec::new();
         // Waiting peers first: they were refused before this one asked.
         while let Some(&first) = receiving.waiting.front() {
@@ -406,9 +420,19 @@ impl Credits {
     /// its client, to release.
     fn forget(&self, receiving: &mut Receiving, tagged: u64) -> Option<u64> {
         let peer = receiving.peers.remove(&tagged)?;
-        receiving.reserved = receiving.reserved.saturating_sub(self.owed(&peer));
+        Self::pay_back(receiving, self.owed(&peer), &peer);
         receiving.unsent.retain(|&unsent| unsent != tagged);
         Some(peer.client)
+    }
+
+    /// Pay back to the pool what a forgotten peer held: `owed`, and its notifications.
+    fn pay_back(receiving: &mut Receiving, owed: u64, peer: &Inbound) {
+        receiving.reserved = receiving.reserved.saturating_sub(owed);
+        let notifications = peer
+            .granted
+            .notifications
+            .saturating_sub(peer.consumed.notifications);
+        receiving.notifications = receiving.notifications.saturating_sub(notifications);
     }
 
     /// Whether `peer` has consumed half a window (of any kind) since its last grant.
@@ -451,7 +475,10 @@ impl Credits {
         let before = self.owed(peer);
         let after = self.owed_at(next, peer.consumed);
         let cost = after.saturating_sub(before);
-        if reserved.saturating_add(cost) > self.limit {
+        let notifications = next.notifications - peer.granted.notifications;
+        if reserved.saturating_add(cost) > self.limit
+            || receiving.notifications + notifications > self.notification_limit
+        {
             if !peer.waiting {
                 peer.waiting = true;
                 receiving.waiting.push_back(tagged);
@@ -465,6 +492,7 @@ impl Credits {
         peer.granted = next;
         let grant = self.grant_of(peer);
         receiving.reserved = reserved.saturating_add(cost);
+        receiving.notifications += notifications;
         Some(grant)
     }
 

@@ -42,8 +42,8 @@ fn take(sender: &Credits, due: &GrantDue) {
 
 #[test]
 fn a_sender_sends_its_window_and_no_more_until_the_receiver_reads() {
-    let sender = Credits::new(1, b"address".to_vec(), WINDOW, 64 << 20);
-    let receiver = Credits::new(2, b"address".to_vec(), WINDOW, 64 << 20);
+    let sender = Credits::new(1, b"address".to_vec(), WINDOW, 64 << 20, 512);
+    let receiver = Credits::new(2, b"address".to_vec(), WINDOW, 64 << 20, 512);
     introduce(&sender, &receiver, 3);
     // The first grant is an eighth of the window.
     assert_eq!((2, 1), sender.available(3, 1));
@@ -64,8 +64,8 @@ fn a_sender_sends_its_window_and_no_more_until_the_receiver_reads() {
 
 #[test]
 fn a_new_incarnation_starts_afresh_and_a_stale_grant_grants_nothing() {
-    let sender = Credits::new(1, b"address".to_vec(), WINDOW, 64 << 20);
-    let receiver = Credits::new(2, b"address".to_vec(), WINDOW, 64 << 20);
+    let sender = Credits::new(1, b"address".to_vec(), WINDOW, 64 << 20, 512);
+    let receiver = Credits::new(2, b"address".to_vec(), WINDOW, 64 << 20, 512);
     let old = introduce(&sender, &receiver, 3);
     assert!(matches!(
         sender.admit(3, 2, What::Message(1)),
@@ -92,7 +92,7 @@ fn the_pool_pays_for_every_grant_and_waiting_peers_are_served_first() {
         notifications: 1,
     }
     .cost();
-    let receiver = Credits::new(9, b"address".to_vec(), WINDOW, 2 * first);
+    let receiver = Credits::new(9, b"address".to_vec(), WINDOW, 2 * first, 512);
     let mut grants = Vec::new();
     for peer in 1..=3_u64 {
         let (grant, _) = receiver.introduce(peer, 0, peer, introduced_client(peer), b"a");
@@ -119,7 +119,7 @@ fn the_pool_pays_for_every_grant_and_waiting_peers_are_served_first() {
 
 #[test]
 fn an_introduction_on_an_index_another_secret_holds_replaces_it() {
-    let receiver = Credits::new(9, b"address".to_vec(), WINDOW, 64 << 20);
+    let receiver = Credits::new(9, b"address".to_vec(), WINDOW, 64 << 20, 512);
     let (_, replaced) = receiver.introduce(1, 0, 7, introduced_client(1), b"a");
     assert_eq!(None, replaced);
     let reserved = receiver.reserved();

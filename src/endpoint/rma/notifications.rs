@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::endpoint::LibfabricEndpoint;
+use crate::endpoint::credits::What;
 use dma_libfabric_sys as sys;
 
 /// A peer's write that notified (`fi_writedata`), as the target's receive queue reported it.
@@ -27,7 +28,9 @@ pub struct Notification {
 
 /// Notifications read from the receive queue, waiting for the application.
 pub(in crate::endpoint) struct Notifications {
-    waiting: Mutex<VecDeque<Notification>>,
+    /// Each with the writer the provider named (`FI_SOURCE`), whose notification credit the
+    /// application's read of it pays back (`credits`).
+    waiting: Mutex<VecDeque<(Notification, Option<sys::fi_addr_t>)>>,
     bound: usize,
     dropped: AtomicU64,
 }
@@ -43,7 +46,11 @@ impl Notifications {
     }
 
     /// Set `entry` aside if it is a remote write's data, not a message: `true` if it was.
-    pub(in crate::endpoint) fn accept(&self, entry: &sys::fi_cq_data_entry) -> bool {
+    pub(in crate::endpoint) fn accept(
+        &self,
+        entry: &sys::fi_cq_data_entry,
+        sender: Option<sys::fi_addr_t>,
+    ) -> bool {
         let data = u64::from(sys::FI_REMOTE_CQ_DATA);
         let received = u64::from(sys::FI_RECV);
         if 0 == entry.flags & data || 0 != entry.flags & received {
@@ -54,7 +61,7 @@ impl Notifications {
             waiting.pop_front();
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
-        waiting.push_back(Notification { data: entry.data });
+        waiting.push_back((Notification { data: entry.data }, sender));
         true
     }
 }
@@ -70,9 +77,14 @@ impl LibfabricEndpoint {
     /// does one that also calls [`progress`](Self::progress) or `receive`.
     pub fn poll_notifications(&self, out: &mut Vec<Notification>) -> usize {
         self.reap_receive_queue();
-        let mut waiting = crate::sync::lock(&self.operations.notifications.waiting);
-        let count = waiting.len();
-        out.extend(waiting.drain(..));
+        let taken: Vec<_> =
+            crate::sync::lock(&self.operations.notifications.waiting).drain(..).collect();
+        let count = taken.len();
+        for (notification, sender) in taken {
+            // The application has it: its writer's notification credit is paid back.
+            self.consumed(None, sender, What::Notification);
+            out.push(notification);
+        }
         count
     }
 
@@ -81,7 +93,10 @@ impl LibfabricEndpoint {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async face's
     pub(crate) fn next_notification(&self) -> Option<Notification> {
         self.reap_receive_queue();
-        crate::sync::lock(&self.operations.notifications.waiting).pop_front()
+        let (notification, sender) =
+            crate::sync::lock(&self.operations.notifications.waiting).pop_front()?;
+        self.consumed(None, sender, What::Notification);
+        Some(notification)
     }
 
     /// How many notifications were dropped, oldest first, because
@@ -100,6 +115,12 @@ mod tests {
 
     use super::*;
 
+    impl Notifications {
+        fn accept_any(&self, entry: &sys::fi_cq_data_entry) -> bool {
+            self.accept(entry, None)
+        }
+    }
+
     /// Notifications are bounded: past the bound the oldest goes, counted; message completions
     /// (`FI_RECV`) and entries without remote CQ data are not taken.
     #[test]
@@ -111,17 +132,17 @@ mod tests {
             ..Default::default()
         };
         let remote = u64::from(sys::FI_REMOTE_CQ_DATA | sys::FI_REMOTE_WRITE);
-        assert!(!notifications.accept(&entry(u64::from(sys::FI_RECV | sys::FI_MSG), 1)));
-        assert!(!notifications.accept(&entry(u64::from(sys::FI_RECV | sys::FI_REMOTE_CQ_DATA), 1)));
+        assert!(!notifications.accept_any(&entry(u64::from(sys::FI_RECV | sys::FI_MSG), 1)));
+        assert!(!notifications.accept_any(&entry(u64::from(sys::FI_RECV | sys::FI_REMOTE_CQ_DATA), 1)));
         for data in 1..=3 {
-            assert!(notifications.accept(&entry(remote, data)));
+            assert!(notifications.accept_any(&entry(remote, data)));
         }
         let waiting: Vec<u64> = notifications
             .waiting
             .lock()
             .unwrap()
             .iter()
-            .map(|notification| notification.data)
+            .map(|(notification, _)| notification.data)
             .collect();
         assert_eq!(vec![2, 3], waiting, "the oldest dropped");
         assert_eq!(1, notifications.dropped.load(Ordering::Relaxed));
