@@ -92,3 +92,38 @@ impl LibfabricEndpoint {
         Ok(region.remote())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests assert by panicking
+
+    use super::*;
+    use crate::endpoint::memory::tests::endpoint;
+
+    /// `Busy` while an operation holds the region, `InvalidArgument` for a `Local` region and
+    /// for another endpoint's; the region keeps its key on each.
+    #[test]
+    fn rekey_refuses_a_held_local_or_foreign_region() {
+        let endpoint = endpoint();
+        let other = super::super::tests::endpoint();
+        let mut region = endpoint.register(64).expect("registered");
+        let key = region.remote().key;
+        let hold = region.inner.hold().expect("held");
+        assert!(matches!(endpoint.rekey(&mut region), Err(DmaError::Busy)));
+        drop(hold);
+        assert!(matches!(
+            other.rekey(&mut region),
+            Err(DmaError::InvalidArgument(_))
+        ));
+        assert_eq!(key, region.remote().key, "unchanged");
+        assert_ne!(key, endpoint.rekey(&mut region).expect("idle").key);
+
+        let mut local = endpoint
+            .register_buffer(vec![0_u8; 64], Exposure::Local)
+            .expect("registered");
+        assert!(matches!(
+            endpoint.rekey(&mut local),
+            Err(DmaError::InvalidArgument(_))
+        ));
+    }
+}

@@ -244,6 +244,7 @@ impl Iterator for ViewBytes<'_> {
     fn next(&mut self) -> Option<u8> {
         if self.next == self.filled {
             self.at += self.filled;
+            (self.next, self.filled) = (0, 0);
             if self.at >= self.view.len {
                 return None;
             }
@@ -285,7 +286,14 @@ mod tests {
         for offset in 0..61 {
             for len in 0..=61 - offset {
                 let view = region.view(offset, len).expect("in range");
-                let seen: Vec<u8> = view.bytes().collect();
+                let mut bytes = view.bytes();
+                assert_eq!(len, bytes.len());
+                let seen: Vec<u8> = bytes.by_ref().collect();
+                assert_eq!(
+                    (0, None),
+                    (bytes.len(), bytes.next()),
+                    "done, and stays done"
+                );
                 assert_eq!(&data[offset..offset + len], &seen[..], "{offset} {len}");
                 assert!(view.matches(&data[offset..offset + len]));
                 assert_eq!(0 == len, view.matches(&[]));
