@@ -326,11 +326,12 @@ impl LibfabricEndpoint {
 /// progress lock) calls `ofi_mr_close`, which removes the key from the domain's map
 /// (`ofi_mr_map_remove`) under the domain's lock, the lock `ofi_mr_verify` looks keys up under
 /// for `xnet_handle_write` and `xnet_handle_read_req`; so once `fi_close` has returned **no new
-/// transfer is admitted under the key**. Nothing more: a write admitted before keeps its pointer in `rx_entry->iov`, and
-/// `xnet_recv_msg_data` receives into it whenever its bytes arrive, so **the provider may still
-/// write the memory after `fi_close` returns**, for as long as the peer takes to send them. So
+/// transfer is admitted under the key**. Nothing more: a write admitted before keeps its
+/// pointer in `rx_entry->iov`, and `xnet_recv_msg_data` receives into it whenever its bytes
+/// arrive, so **the provider may still write the memory after `fi_close` returns**, for as long
+/// as the peer takes to send them. So
 /// the bound on parked memory is what was registered, not less: every `Remote` buffer dropped
-/// stays parked (its capacity, plus about 64 B of bookkeeping: 4,161 B for a 4 KiB `Vec`)
+/// stays parked (its capacity and a few words: 4,136 B of heap a 4 KiB `Vec`, 4,161 B resident)
 /// until the endpoint closes, and `Local` buffers are not parked at all. A server that gives
 /// peers memory round after round does not drop it between rounds:
 /// [`rekey`](LibfabricEndpoint::rekey) revokes the key and renews it on the same buffer, which

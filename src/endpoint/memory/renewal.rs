@@ -31,7 +31,7 @@ impl LibfabricEndpoint {
     ///   "Parking", for why that cannot be freed sooner).
     /// - **The old key admits no new transfer**: once `rekey` returns, a peer's write or read
     ///   under it is refused by the provider (on tcp the target also drops that connection, so
-    ///   the peer sees the write fail, then `PeerUnreachable`). A transfer the provider admitted
+    ///   the peer's write completes with an error, and its later posts may find it gone). A transfer the provider admitted
     ///   *before* (its header arrived under the old key) may still move bytes into or out of
     ///   the buffer: the region gives safe code only atomic accesses ([`read_bytes`](
     ///   MemoryRegion::read_bytes), [`view`](MemoryRegion::view)), so that is a torn record, never
