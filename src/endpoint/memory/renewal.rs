@@ -31,9 +31,9 @@ impl LibfabricEndpoint {
     ///   "Parking", for why that cannot be freed sooner).
     /// - **The old key admits no new transfer**: once `rekey` returns, a peer's write or read
     ///   under it is refused by the provider (on tcp the target also drops that connection, so
-    ///   the peer's write completes with an error, and its later posts may find it gone). A transfer the provider admitted
-    ///   *before* (its header arrived under the old key) may still move bytes into or out of
-    ///   the buffer: the region gives safe code only atomic accesses ([`read_bytes`](
+    ///   the peer's write completes with an error, and its later posts may find it gone). A
+    ///   transfer the provider admitted *before* (its header arrived under the old key) may
+    ///   still move bytes into or out of the buffer: the region gives safe code only atomic accesses ([`read_bytes`](
     ///   MemoryRegion::read_bytes), [`view`](MemoryRegion::view)), so that is a torn record, never
     ///   undefined behaviour. A peer whose write's notification (or whose own "done" message) has
     ///   been read has no such transfer.
