@@ -111,7 +111,9 @@ pub use cache::{Lease, Peer, Pinned};
 pub use endpoint::{MAX_PIECES, MAX_SEND_COPY, MAX_SENDS, Notification, Received};
 
 // Memory and RMA.
-pub use endpoint::memory::{MAX_REGION_LEN, REGION_KEY_ATTEMPTS, REGION_REUSE_QUARANTINE};
+pub use endpoint::memory::{
+    MAX_REGION_LEN, REGION_KEY_ATTEMPTS, REGION_REUSE_QUARANTINE, RegionView, ViewBytes,
+};
 pub use endpoint::{
     Exposure, MAX_OPERATIONS, MemoryInterface, MemoryRegion, Operation, PooledBuffer, RegionSlice,
     RemoteRegion, Segment, StableBuffer,

@@ -35,7 +35,8 @@ use dma_libfabric_sys as sys;
 /// | [`as_slice`](MemoryRegion::as_slice), [`as_mut_slice`](MemoryRegion::as_mut_slice) | when no operation holds it, else [`DmaError::Busy`] | refused: copies only, or the `unsafe` [`as_slice_unchecked`](MemoryRegion::as_slice_unchecked) |
 /// | [`read_bytes`](MemoryRegion::read_bytes) | copies when no operation holds it, else [`DmaError::Busy`]; never torn | copies with atomic byte loads at any time; torn if a transfer lands meanwhile |
 /// | [`write_bytes`](MemoryRegion::write_bytes) | refused (write through `as_mut_slice`) | copies (atomic byte stores) |
-/// | the buffer back | [`into_buffer`](MemoryRegion::into_buffer) once no operation holds it | parked on drop until the endpoint closes; `unsafe` [`reclaim`](MemoryRegion::reclaim) |
+/// | reading in place | `as_slice` | [`view`](MemoryRegion::view): atomic loads where the bytes lie, never a `&[u8]` |
+/// | the buffer back | [`into_buffer`](MemoryRegion::into_buffer) once no operation holds it | parked on drop until the endpoint closes; `unsafe` [`reclaim`](MemoryRegion::reclaim); kept, its key renewed, by [`rekey`](LibfabricEndpoint::rekey) |
 ///
 /// Device memory ([`MemoryInterface`] other than host) lends no slices and takes no copies.
 ///

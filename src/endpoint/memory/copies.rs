@@ -106,7 +106,7 @@ impl<B> MemoryRegion<'_, B> {
     }
 
     /// The whole region, for `shared_bytes`' copies.
-    fn span(&self) -> shared_bytes::Span {
+    pub(super) fn span(&self) -> shared_bytes::Span {
         shared_bytes::Span {
             start: self.inner.at(0),
             len: self.inner.len(),

@@ -33,6 +33,8 @@ use crate::endpoint::access::AccessWord;
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
 
+mod opening;
+
 /// The longest region [`register`](crate::endpoint::LibfabricEndpoint::register) accepts: 1 TiB.
 ///
 /// libfabric's `fi_info` gives no limit on a registration's length: `domain_attr.mr_iov_limit`
@@ -96,8 +98,9 @@ pub enum Exposure {
     /// buffer back ([`MemoryRegion::into_buffer`]).
     Local,
     /// Peers may write into it and read from it with the key in
-    /// [`remote`](MemoryRegion::remote): safe code gets only copies, and the buffer is parked on
-    /// drop until the endpoint closes.
+    /// [`remote`](MemoryRegion::remote): safe code gets only copies and atomic views
+    /// ([`MemoryRegion::view`]), and the buffer is parked on drop until the endpoint closes
+    /// ([`LibfabricEndpoint::rekey`] renews the key and keeps it instead).
     Remote,
 }
 
@@ -378,103 +381,15 @@ impl Registration {
     /// `self.domain` and `ep` are open and belong together, and stay open until `self` drops;
     /// `self` keeps the `len` bytes at `self.buffer` alive until it drops.
     unsafe fn register(
-        self,
+        mut self,
         ep: *mut sys::fid_ep,
         mr_mode: i32,
         keys: &mut dyn FnMut() -> u64,
     ) -> Result<Self, DmaError> {
-        let (domain, buffer, len) = (self.domain, self.buffer, self.len);
-        let (exposure, interface) = (self.exposure, self.interface);
-        let mut registration = self;
-        let access = match exposure {
-            Exposure::Remote => {
-                u64::from(sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE)
-            }
-            // The local side of this endpoint's own RMA only: no flag a peer's transfer needs,
-            // so the provider admits none (`-FI_EACCES`). Not FI_SEND or FI_RECV either: rxm
-            // turns them into FI_REMOTE_READ and FI_REMOTE_WRITE, for its rendezvous protocol,
-            // in which the peer reads or writes the buffer.
-            Exposure::Local => u64::from(sys::FI_READ | sys::FI_WRITE),
-        };
-        let provider_keys = 0 != mr_mode & sys::FI_MR_PROV_KEY as i32;
-        let mut mr: *mut sys::fid_mr = ptr::null_mut();
-        let mut requested_key = 0;
-        for attempt in 1..=REGION_KEY_ATTEMPTS {
-            requested_key = if provider_keys { 0 } else { keys() };
-            // SAFETY: the domain is open (the caller's promise); `buffer` holds at least `len`
-            // bytes, owned by `registration` until it drops, which closes the registration
-            // first and then only parks them; `mr` receives one object, owned by `registration`
-            // from here on (its `Drop` closes it).
-            let code = unsafe {
-                match interface.hmem() {
-                    None => sys::fi_mr_reg(
-                        domain,
-                        buffer.cast_const().cast(),
-                        len,
-                        access,
-                        0,
-                        requested_key,
-                        0,
-                        &raw mut mr,
-                        ptr::null_mut(),
-                    ),
-                    // `fi_mr_regattr` through the shim, which builds the `fi_mr_attr` (its
-                    // layout differs between libfabric 1.x and 2.x).
-                    Some((iface, device)) => sys::fi_mr_reg_iface(
-                        domain,
-                        buffer.cast_const().cast(),
-                        len,
-                        access,
-                        requested_key,
-                        iface,
-                        device,
-                        &raw mut mr,
-                    ),
-                }
-            };
-            if 0 == code {
-                break;
-            }
-            if code != -(sys::FI_ENOKEY as i32) || provider_keys || REGION_KEY_ATTEMPTS == attempt {
-                let call = match interface.hmem() {
-                    None => "fi_mr_reg",
-                    Some(_) => "fi_mr_regattr",
-                };
-                return Err(DmaError::fabric(call, code.into()));
-            }
-        }
-        registration.mr = AtomicPtr::new(mr);
-        if 0 != mr_mode & sys::FI_MR_ENDPOINT as i32 {
-            // SAFETY: `mr` was just registered and `ep` is open in the same domain (the caller's
-            // promise); binding and enabling take no pointers beyond them.
-            unsafe {
-                check("fi_mr_bind", sys::fi_mr_bind(mr, &raw mut (*ep).fid, 0))?;
-                check("fi_mr_enable", sys::fi_mr_enable(mr))?;
-            }
-        }
-        // SAFETY: `mr` is open; both calls read fields of it.
-        let (desc, key) = unsafe { (sys::fi_mr_desc(mr), sys::fi_mr_key(mr)) };
-        registration.desc = desc;
-        registration.key = if provider_keys { key } else { requested_key };
-        if Exposure::Local == exposure {
-            // No key a peer could use: libfabric's own software registration gives none
-            // (FI_KEY_NOTAVAIL) to a registration without remote access.
-            registration.key = u64::MAX;
-        } else if u64::MAX == registration.key {
-            // FI_KEY_NOTAVAIL is `(uint64_t) -1`, a cast bindgen does not evaluate.
-            return Err(DmaError::InvalidArgument(
-                "a Remote region was registered, and the provider gave it no 64-bit key \
-                 (fi_mr_key answered FI_KEY_NOTAVAIL), so no peer could reach it: register it \
-                 Exposure::Local, or use a provider that gives keys"
-                    .into(),
-            ));
-        }
-        registration.remote_base = if 0 != mr_mode & sys::FI_MR_VIRT_ADDR as i32 {
-            buffer as u64
-        } else {
-            0
-        };
-        Ok(registration)
+        // SAFETY: the caller's promise.
+        let opened = unsafe { self.open(ep, mr_mode, keys) }?;
+        self.install(opened, mr_mode);
+        Ok(self)
     }
 
     /// Close the registration now, leaving the memory allocated: for an endpoint that must close
