@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use dma_libfabric::{Configuration, RxmSizing};
+use dma_libfabric::{Configuration, ReceiveWindow, RxmSizing};
 
 /// The `pub` fields of `pub struct NAME` in `source`, each with its doc comment's text (the
 /// `///` lines above it, joined by spaces; blank doc lines as paragraph breaks).
@@ -132,6 +132,22 @@ fn configuration_defaults() -> Vec<(&'static str, Vec<String>)> {
         (
             "write_completion",
             vec![format!("WriteCompletion::{:?}", default.write_completion)],
+        ),
+        (
+            "peer_protocol",
+            vec![format!("PeerProtocol::{:?}", default.peer_protocol)],
+        ),
+        (
+            "receive_window",
+            if default.receive_window == ReceiveWindow::default() {
+                vec!["ReceiveWindow::default()".to_string()]
+            } else {
+                vec!["(the configuration's window is not ReceiveWindow::default())".to_string()]
+            },
+        ),
+        (
+            "receive_memory_limit",
+            vec![format!("{} MiB", default.receive_memory_limit >> 20)],
         ),
     ]
 }

@@ -16,7 +16,7 @@ pub enum PeerProtocol {
     /// bytes and notifications ([`Configuration::receive_window`](super::Configuration::receive_window)),
     /// and the sender sends only while it holds credit: past it, a send (or a
     /// `write_with_data`) waits its patience for a grant, then answers
-    /// [`DmaError::WouldBlock`](crate::DmaError::WouldBlock). The receiver grants again as the
+    /// [`DmaError::WouldBlock`](crate::error::DmaError::WouldBlock). The receiver grants again as the
     /// application reads, so what one peer can make a receiver hold is its window, and what all
     /// of them can is [`Configuration::receive_memory_limit`](super::Configuration::receive_memory_limit).
     #[default]

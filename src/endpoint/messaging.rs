@@ -381,8 +381,20 @@ impl LibfabricEndpoint {
     /// [`try_receive_from`](Self::try_receive_from)'s work: one received message and its sender.
     pub(super) fn take_received(&self) -> Result<Option<Received>, DmaError> {
         self.repost_unposted();
+        match self.next_arrival()? {
+            Some(arrival) => self.deliver(arrival),
+            None => Ok(None),
+        }
+    }
+
+    /// The oldest arrival: one set aside, else the next one the receive queue holds. Taken in
+    /// the receive queue's order: the queue is read under the slab's order lock, by this and by
+    /// [`reap_receive_queue`](Self::reap_receive_queue), so no arrival read before another is
+    /// set aside after it.
+    fn next_arrival(&self) -> Result<Option<SlotArrival>, DmaError> {
+        let _order = self.receives.order();
         if let Some(arrival) = self.receives.take_arrived() {
-            return self.deliver(arrival);
+            return Ok(Some(arrival));
         }
         // Each pass reads one entry; `receive_into` completions are handed on and the read goes
         // on, at most once per operation slot and receive buffer.
@@ -390,7 +402,7 @@ impl LibfabricEndpoint {
             match self.read_arrival() {
                 Arrival::Nothing => return Ok(None),
                 Arrival::Operation => {}
-                Arrival::Slot(arrival) => return self.deliver(arrival),
+                Arrival::Slot(arrival) => return Ok(Some(arrival)),
                 Arrival::Failed(error) => return Err(error),
             }
         }
@@ -484,6 +496,7 @@ impl LibfabricEndpoint {
     /// buffer: `receive_into` completions and notifications are handed on, and the endpoint's own
     /// buffers' arrivals are set aside for the next `try_receive`, at most one per buffer.
     pub(crate) fn reap_receive_queue(&self) {
+        let _order = self.receives.order();
         for _ in 0..=(MAX_RECEIVES_INTO + self.receives.len()) {
             match self.read_arrival() {
                 Arrival::Nothing => return,

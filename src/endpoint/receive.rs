@@ -38,6 +38,9 @@ pub(super) struct ReceiveSlots {
     arrived: Box<Arrived>,
     /// Boxed: touched only when a re-post fails, and an endpoint is moved around by value.
     unposted: Box<Unposted>,
+    /// Held while the receive queue is read and what it gave is set aside or taken, so arrivals
+    /// reach the application in the queue's order whichever threads read it.
+    order: Box<Mutex<()>>,
 }
 
 /// A receive buffer's completion as it was read: the slot's index, its length or error, and the
@@ -89,6 +92,7 @@ impl ReceiveSlots {
                 slots: Mutex::new(Vec::new()),
                 count: AtomicUsize::new(0),
             }),
+            order: Box::new(Mutex::new(())),
         })
     }
 
@@ -127,6 +131,11 @@ impl ReceiveSlots {
         let taken = arrived.pop_front();
         self.arrived.count.store(arrived.len(), Ordering::Release);
         taken
+    }
+
+    /// The order lock (see the field): held while reading the receive queue.
+    pub(super) fn order(&self) -> std::sync::MutexGuard<'_, ()> {
+        crate::sync::lock(&self.order)
     }
 
     /// How many slots wait for a re-post now.
