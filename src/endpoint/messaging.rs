@@ -357,11 +357,23 @@ impl LibfabricEndpoint {
     ///
     /// RMA operations complete into the same queue: their completions are handed to them (and
     /// their leases dropped) here too, ready for [`poll_completions`](Self::poll_completions).
+    ///
+    /// On a credited endpoint ([`PeerProtocol::Credited`](crate::configuration::PeerProtocol::Credited))
+    /// it reads the receive queue too: peers' introductions are answered and their grants taken
+    /// here, and the messages met there are set aside, in order, for
+    /// [`try_receive`](Self::try_receive) (at most one per receive buffer).
     pub fn progress(&self) {
         self.repost_unposted();
         self.repost_controls();
         self.send_unsent_grants();
-        self.reap_receives_into();
+        if self.credits.is_some() {
+            // Introductions and grants arrive on the receive queue, and a peer that only
+            // progresses must still answer them (messages met there are set aside, at most one
+            // per receive buffer, for `try_receive`).
+            self.reap_receive_queue();
+        } else {
+            self.reap_receives_into();
+        }
         self.operations.reap(self.handles.tx_cq);
     }
 
