@@ -396,6 +396,30 @@ impl LibfabricEndpoint {
         )
     }
 
+    /// [`write_with_data`](Self::write_with_data), retrying backpressure, and waiting for the
+    /// target's notification credit, for at most `timeout` (any `Duration`: `Duration::ZERO`
+    /// tries once; one too long for a deadline, `Duration::MAX`, waits until the post is taken).
+    ///
+    /// On a credited endpoint ([`PeerProtocol::Credited`](crate::configuration::PeerProtocol::Credited))
+    /// a target grants each writer a window of notifications
+    /// ([`ReceiveWindow::notifications`](crate::configuration::ReceiveWindow::notifications)) and
+    /// grants again as its application polls them, so a target that stops polling makes its
+    /// writers wait and then answers [`DmaError::WouldBlock`]; it never drops one.
+    ///
+    /// # Errors
+    /// As [`write_with_data`](Self::write_with_data).
+    pub fn write_with_data_within(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+        target: RemoteRegion,
+        data: u64,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        self.write_with_data_to(lease, source, target, data, id, timeout, None)
+    }
+
     /// [`write_with_data`](Self::write_with_data), retrying backpressure for at most `timeout`,
     /// whose completion goes to `owner`, or to the application's ready queue for `None`.
     #[allow(clippy::too_many_arguments)]

@@ -192,7 +192,13 @@ impl LibfabricEndpoint {
         let mut bytes = [0; CONTROL_SIZE];
         let len = control.encode(&mut bytes);
         let sends = &self.operations.sends;
-        let Some((index, buffer, context)) = sends.prepare_control(fi_addr, &bytes[..len]) else {
+        let prepared = sends.prepare_control(fi_addr, &bytes[..len]).or_else(|| {
+            // A receiver that only reads (`poll_notifications`, `try_receive`) never reads its
+            // transmit queue, where its earlier grants' completions wait with their slots.
+            self.operations.reap(self.handles.tx_cq);
+            sends.prepare_control(fi_addr, &bytes[..len])
+        });
+        let Some((index, buffer, context)) = prepared else {
             return Err(DmaError::WouldBlock);
         };
         let tag = wire::tag(Kind::Control, credits.secret());
@@ -261,9 +267,6 @@ impl LibfabricEndpoint {
             return;
         };
         let tagged = tag.map(wire::secret_of);
-        if tagged.is_none() && sender.is_none() {
-            return;
-        }
         let grants = credits.consumed(tagged, sender.unwrap_or(sys::FI_ADDR_UNSPEC), what);
         self.send_grants(grants);
     }

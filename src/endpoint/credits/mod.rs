@@ -343,7 +343,10 @@ impl Credits {
     /// freed pool now pays for.
     pub(crate) fn consumed(&self, tagged: Option<u64>, fi_addr: u64, what: What) -> Vec<GrantDue> {
         let mut receiving = lock(&self.receiving);
-        let Some(tagged) = tagged.or_else(|| receiving.by_index.get(&fi_addr).copied()) else {
+        let found = tagged
+            .or_else(|| receiving.by_index.get(&fi_addr).copied())
+            .or_else(|| (What::Notification == what).then(|| Self::most_notified(&receiving))?);
+        let Some(tagged) = found else {
             return Vec::new();
         };
         let Some(peer) = receiving.peers.get_mut(&tagged) else {
@@ -381,6 +384,27 @@ impl Credits {
             grants.extend(self.extend(&mut receiving, tagged));
         }
         grants
+    }
+
+    /// The peer with the most notifications granted and not yet polled: whose a notification
+    /// is taken to be when the provider does not name its writer (tcp;ofi_rxm reports a remote
+    /// write's data without `FI_SOURCE` on its direct path, `rxm_handle_remote_write`). With one
+    /// writer that is exact; with several, the pool's bound holds all the same, and the peer that
+    /// holds the most is paid back first.
+    fn most_notified(receiving: &Receiving) -> Option<u64> {
+        receiving
+            .peers
+            .iter()
+            .map(|(&tagged, peer)| {
+                let owed = peer
+                    .granted
+                    .notifications
+                    .saturating_sub(peer.consumed.notifications);
+                (owed, tagged)
+            })
+            .filter(|&(owed, _)| 0 < owed)
+            .max()
+            .map(|(_, tagged)| tagged)
     }
 
     /// Grants that could not be sent: kept to be sent again (the latest state is sent: grants
