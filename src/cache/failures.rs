@@ -6,22 +6,24 @@
 //! address takes it and returns it. A queued miss so never answers `WouldBlock` for ever: it
 //! answers `WouldBlock` until the writer has tried, and then the writer's verdict.
 //!
-//! Memory is bounded: at most one record per client, at most [`Failures::BOUND`] in all (the
-//! oldest goes first), in all at most [`Failures::BOUND`] × 72 B = 288 KiB (0.29 MB) when the
-//! records share their error, and 240 B a record whose error is its own, for addresses of up to
-//! 32 bytes (a longer one adds its length). A record is a 56-byte slot of a ring that holds at
-//! most [`Failures::BOUND`] slots, oldest first (the client, its address inline, its error
-//! shared); the clients' table holds 4-byte positions in the ring (at most 8,192 buckets of 5 B
-//! for 4,096 records: 10 B a record). A record that fails as the one before it did (a full AV
-//! refuses every new client with the same `Capacity`; a provider refuses a burst with the same
-//! text) shares that record's error; a record of its own error adds it (64 B) and its text, cut
-//! to [`MESSAGE_LIMIT`] bytes: 226 B in all. Once no record is left the ring and the table give
-//! back all their memory. `tests/cache_worst_case_bounds.rs` checks it at the worst case: 4,096
-//! new clients refused by a full 64-entry AV keep 270 KB, 66 B a record (533 KB, 130 B a record,
-//! while each record was boxed with its own error and a separate order queue);
-//! `tests/cache_bounds.rs` each record refused with a 4 KiB provider text. A record goes when its
-//! client resolves again through the writer, is released, or reads it. Readers touch the lock
-//! only on a miss and only while some record exists.
+//! Memory is bounded: at most one record per client and at most [`Failures::BOUND`] in all,
+//! **72 B a record whose error it shares with the record before it, 240 B a record with an error
+//! of its own**, for addresses of up to 32 bytes (a longer one adds its length): at most
+//! 288 KiB (0.29 MB) for 4,096 records that share their error (a full AV refuses every new
+//! client with the same `Capacity`; a provider refuses a burst with the same text), 960 KiB if
+//! each has its own. A record is a 56-byte slot of a ring of at most [`Failures::BOUND`] slots,
+//! oldest first (the client, its address inline, its error shared by `Arc`); the clients' table
+//! holds 4-byte positions in the ring (at most 8,192 buckets of 5 B for 4,096 records: 10 B a
+//! record); an error of its own adds its `Arc` (64 B) and its text, cut to [`MESSAGE_LIMIT`]
+//! bytes. A record taken or cleared leaves a hole, dropped once it reaches the front; a full ring
+//! drops its oldest record, or is compacted if a quarter of it is holes (amortised O(1) a
+//! record). Once no record is left the ring and the table give back all their memory.
+//! `tests/cache_worst_case_bounds.rs` checks both terms at their worst case, 4,096 new clients
+//! refused by a full 64-entry model AV: 271 KB kept, 66 B a record (533 KB, 130 B a record,
+//! while each record was boxed with its own error beside a separate order queue); each refused
+//! with a 4 KiB provider text of its own, 926 KB, 226 B a record. A record goes when its client
+//! resolves again through the writer, is released, or reads it. Readers touch the lock only on a
+//! miss and only while some record exists.
 
 use std::collections::VecDeque;
 // Plain std even under loom: bookkeeping beside the protocol, with no loom operation inside the
