@@ -257,3 +257,50 @@ fn five_thousand_threads_that_pin_hit_lease_and_exit_keep_nothing_per_thread() {
         "{THREADS} exited threads keep {kept} B, past {EXITED_THREADS} B"
     );
 }
+
+/// The same with threads that come and go eight at a time, all pinned at once: each round's
+/// threads take the handles the round before gave back, so the cache holds eight handles at most,
+/// and the long pin keeps nothing per thread.
+#[test]
+fn threads_that_come_and_go_eight_at_a_time_keep_at_most_eight_handles() {
+    let _turn = serial();
+    const ROUNDS: usize = 500;
+    const AT_ONCE: usize = 8;
+    let cache = AddressCache::with_backend(model_av());
+    let peer = testkit::efa_numbered(1);
+    warmed(&cache, &peer);
+    cache.pin().resolve(0, &peer).unwrap();
+    cache.quiesce();
+    let round = || {
+        let all_pinned = std::sync::Barrier::new(AT_ONCE);
+        std::thread::scope(|scope| {
+            for _ in 0..AT_ONCE {
+                scope.spawn(|| {
+                    let pinned = cache.pin();
+                    let hit = pinned.resolve(0, &peer).unwrap();
+                    let lease = pinned.lease(hit).unwrap();
+                    all_pinned.wait();
+                    drop(lease);
+                });
+            }
+        });
+    };
+    let reader = cache.pin();
+    assert!(reader.resolve(0, &peer).is_ok());
+    round();
+    let first = heap::Baseline::take(CAPACITY).expect("the counting allocator is installed");
+    for _ in 1..ROUNDS {
+        round();
+    }
+    let kept = first.now();
+    println!(
+        "{ROUNDS} rounds of {AT_ONCE} threads at once under a long pin: +{kept} B kept; bound \
+         {EXITED_THREADS} B"
+    );
+    drop(reader);
+    assert!(
+        kept <= EXITED_THREADS,
+        "{} exited threads keep {kept} B, past {EXITED_THREADS} B",
+        ROUNDS * AT_ONCE
+    );
+}
