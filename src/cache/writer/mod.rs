@@ -152,15 +152,20 @@
 //! C × 384 B                     entries, slots, pending removals, parked incarnations
 //! + INBOX_BOUND × 64 B          queued requests, with at most INBOX_BOUND misses in chunks
 //!                               (a chunk counts as its misses: `cache::budget`)
-//! + Failures::BOUND × 240 B     failure records of queued misses (4,096 of them: 960 KiB; an
-//!                               address over 32 bytes adds its length: `cache::failures`)
+//! + Failures::BOUND × 72 B      failure records of queued misses (4,096 of them: 288 KiB)
+//!                               that share their error (a full AV's refusals); 240 B a
+//!                               record with an error of its own (960 KiB in all); an address
+//!                               over 32 bytes adds its length: `cache::failures`
 //! + per registered client 64 B its place in its entry's holders set and its index
 //!                               registration (papaya's 16-byte node and table slot)
 //! + per parked client 64 B      its place in `unindexed` and in its parked incarnation's set;
 //!                               while its admission publishes it, both terms at once
 //! + per blocked lease 256 B     a caller waiting in `lease` on a parked incarnation: its waiter
 //!                               and deadline (one per client, so at most one per blocked thread)
-//! + per thread 4,904 B          an epoch handle and a reply channel, registered once
+//! + per live thread 4,904 B     an epoch handle and a reply channel, made once; an exited
+//!                               thread's handle goes back to the cache for the next thread
+//!                               (`cache::epoch`), its channel is freed: nothing per exited
+//!                               thread, whoever stays pinned
 //! ```
 //!
 //! however long a probing reader stays pinned (a pin refreshes its guard on the index whenever
@@ -193,14 +198,19 @@
 //! channel's block, its role marks). Measured after 2,000 to 262,145 clients on 64 entries:
 //! -1,220 to +3,592 B, mostly one bag; after 20,480 on 1,024 entries, 2,072 B
 //! (`tests/cache_bounds.rs`, `released_residue`; 13.9-16.9 KB before, the tables at their
-//! smallest sizes and the thread's state). A thread's epoch state is kept by crossbeam for an
-//! exited thread while any reader stays pinned (4,376 B a thread).
+//! smallest sizes and the thread's state). An exited thread's epoch handle goes back to its
+//! cache for the next thread, where crossbeam kept an exited thread's participant and a sealed
+//! empty bag while any reader stayed pinned (4,376 B a thread: 5,000 threads that each pinned,
+//! hit, leased and exited under one long pin kept 21.9 MB, now 2.1-2.3 KB in all;
+//! `tests/cache_worst_case_bounds.rs`, which also holds 200,000 clients on a 64-entry model AV,
+//! released, to 0.06 MB: 17.8-19.9 KB kept, the AV's own log included).
 //! `tests/soak.rs` checks the capacity and inbox terms with a counting allocator (its peaks, at `C`
 //! = 4,096: 795 KB under a long pin over 20,000 revives and churn, against 1.8 MB), and
 //! `tests/cache_bounds.rs` each other term at its worst case: the chunked misses (a storm of 8,192
 //! behind a slow insert queues at most 4,096), the failure records (4,096 refused clients on a full
-//! 64-entry AV, each refused with a 4 KiB provider text: +934 KB at the peak, 226 B a record kept,
-//! against 1.27 MB), the clients (200,000 on 64 entries: +7.9 MB, 39 B a client, against
+//! 64-entry AV, each refused with the same 4 KiB provider text: +296 KB at the peak, 66 B a
+//! record kept, against 1.27 MB; +934 KB and 226 B before records shared their error; each with
+//! a text of its own, 226 B a record, in `tests/cache_worst_case_bounds.rs`), the clients (200,000 on 64 entries: +7.9 MB, 39 B a client, against
 //! 12.8 MB; and just past each doubling, up to 262,145 clients: 51-52 B a client, against
 //! 64 B), the parked clients (14,337 and 57,345: 59 B a client, against 64 B; 101-111 B at the
 //! admission's peak, against 128 B) and an entry's holders (100,000 moves away and back keep
