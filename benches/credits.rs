@@ -79,7 +79,10 @@ fn throughput(protocol: PeerProtocol, size: usize) -> f64 {
         let reading = scope.spawn(|| {
             let mut started = None;
             for _ in 0..STREAM {
-                receiver.receive(PATIENCE).expect("receive").expect("a message");
+                receiver
+                    .receive(PATIENCE)
+                    .expect("receive")
+                    .expect("a message");
                 started.get_or_insert_with(Instant::now);
             }
             started.expect("a first message").elapsed()
@@ -105,7 +108,12 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
-        .map(|text| text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .unwrap_or_else(|_| "unknown".into())
 }
 

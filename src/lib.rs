@@ -108,7 +108,7 @@ pub use av::model::{AvEvent, ModelAv};
 pub use cache::{Lease, Peer, Pinned};
 
 // Messages.
-pub use endpoint::{MAX_PIECES, MAX_SEND_COPY, MAX_SENDS, Notification, Received};
+pub use endpoint::{CreditStats, MAX_PIECES, MAX_SEND_COPY, MAX_SENDS, Notification, Received};
 
 // Memory and RMA.
 pub use endpoint::memory::{

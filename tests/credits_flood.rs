@@ -20,7 +20,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dma_libfabric::{DmaError, LibfabricEndpoint};
+use dma_libfabric::DmaError;
 use testkit::{PATIENCE, hex, unhex};
 
 /// Marks a child and its role.
@@ -143,7 +143,11 @@ fn be_the_receiver() {
     });
     peak = peak.max(resident());
     let counts: Vec<String> = counts.iter().map(ToString::to_string).collect();
-    say(&format!("COUNTS {} {peak} {}", counts.join(" "), resident()));
+    say(&format!(
+        "COUNTS {} {peak} {}",
+        counts.join(" "),
+        resident()
+    ));
     let mut rest = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut rest);
 }
@@ -234,9 +238,16 @@ fn four_senders_flooding_a_slow_reader_are_bounded_and_served_evenly() {
          peak {peak}, after {after}"
     );
     for (me, numbers) in sent.iter().enumerate() {
-        assert_eq!(numbers[0], counts[me], "sender {me}: every accepted message read");
+        assert_eq!(
+            numbers[0], counts[me],
+            "sender {me}: every accepted message read"
+        );
         assert!(0 < numbers[1], "sender {me} never met WouldBlock");
-        assert!(numbers[2] <= GROWTH, "sender {me} grew {} bytes", numbers[2]);
+        assert!(
+            numbers[2] <= GROWTH,
+            "sender {me} grew {} bytes",
+            numbers[2]
+        );
         assert!(
             numbers[0] * SENDERS * 2 >= total,
             "sender {me} got {} of {total}: below half of an even split",

@@ -462,13 +462,16 @@ impl LibfabricEndpoint {
             return Arrival::Failed(DmaError::fabric("fi_cq_readfrom", read as i64));
         }
         // A peer's write that notified (`fi_writedata`): set aside, not a message.
-        if self.operations.notifications.accept(&sys::fi_cq_data_entry {
-            op_context: entry.op_context,
-            flags: entry.flags,
-            len: entry.len,
-            buf: entry.buf,
-            data: entry.data,
-        }, sender) {
+        if self.operations.notifications.accept(
+            &sys::fi_cq_data_entry {
+                op_context: entry.op_context,
+                flags: entry.flags,
+                len: entry.len,
+                buf: entry.buf,
+                data: entry.data,
+            },
+            sender,
+        ) {
             return Arrival::Operation;
         }
         if let Some(index) = self.controls.index_of(entry.op_context) {

@@ -11,9 +11,9 @@
 
 mod access;
 mod budget;
-mod credits;
 mod buffer;
 pub(crate) mod completions;
+mod credits;
 pub(crate) mod deadline;
 mod error_entry;
 mod handles;
@@ -37,6 +37,7 @@ use std::time::Duration;
 #[cfg(dma_loom)]
 pub use self::access::AccessWord;
 pub use self::buffer::{RegionSlice, StableBuffer};
+pub use self::credits::CreditStats;
 use self::error_entry::read_error_entry;
 use self::handles::Handles;
 pub use self::in_flight::OverdueOperation;

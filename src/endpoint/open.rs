@@ -17,12 +17,12 @@ use std::sync::Arc;
 use self::getinfo::{QueueSizes, getinfo_sized, hmem_misfit, size_misfit};
 #[cfg(doc)] // for the docs' links
 use super::RECEIVE_POST_PATIENCE;
+use super::credits::wire::CONTROL_SIZE;
 use super::handles::Handles;
 use super::lookup::describe;
 use super::receive::ReceiveSlots;
 use super::sends::Sends;
 use super::wait::{Source, Waiting};
-use super::credits::wire::CONTROL_SIZE;
 use super::{Description, LibfabricEndpoint, check, credits, rma};
 use crate::av::FabricAv;
 use crate::av::fabric as av;

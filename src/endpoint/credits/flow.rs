@@ -10,7 +10,7 @@
 use std::ptr;
 
 use super::wire::{self, CONTROL_SIZE, Control, Kind};
-use super::{Admission, GrantDue, What, introduced_client};
+use super::{Admission, CreditStats, GrantDue, What, introduced_client};
 use crate::endpoint::LibfabricEndpoint;
 use crate::endpoint::deadline::Deadline;
 use crate::error::DmaError;
@@ -95,6 +95,17 @@ impl LibfabricEndpoint {
             }
         })
         .ok_or(DmaError::WouldBlock)
+    }
+
+    /// What this endpoint's receiving side holds of the credit protocol: the senders introduced
+    /// to it, what its pool has granted and not been paid back, the notifications granted and
+    /// not polled. All zero for a plain endpoint
+    /// ([`PeerProtocol::Plain`](crate::configuration::PeerProtocol::Plain)).
+    pub fn credit_stats(&self) -> CreditStats {
+        self.credits
+            .as_deref()
+            .map(super::Credits::stats)
+            .unwrap_or_default()
     }
 
     /// Give back credit taken for a post the provider refused.

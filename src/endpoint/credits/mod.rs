@@ -55,11 +55,42 @@ use crate::sync::lock;
 pub(crate) const REINTRODUCE_AFTER: Duration = Duration::from_secs(1);
 
 /// The top bit: client ids with it set are the library's, one per introduced sender.
-pub(crate) const INTRODUCED: u64 = crate::cache::AddressCache::<crate::av::FabricAv>::INTRODUCED_CLIENTS;
+pub(crate) const INTRODUCED: u64 =
+    crate::cache::AddressCache::<crate::av::FabricAv>::INTRODUCED_CLIENTS;
 
 /// The client id a sender of `secret` is resolved under by the receivers it introduces itself to.
 pub(crate) fn introduced_client(secret: u64) -> u64 {
     INTRODUCED | wire::tagged_secret(secret)
+}
+
+/// What a credited endpoint's receiving side holds
+/// ([`LibfabricEndpoint::credit_stats`](crate::endpoint::LibfabricEndpoint::credit_stats)): all
+/// zero for a plain one.
+///
+/// ```
+/// use dma_libfabric::{Configuration, LibfabricEndpoint};
+///
+/// let endpoint = LibfabricEndpoint::open(&Configuration::default(), None)?;
+/// let stats = endpoint.credit_stats();
+/// assert_eq!((0, 0), (stats.introduced_senders, stats.reserved_bytes));
+/// # Ok::<(), dma_libfabric::DmaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CreditStats {
+    /// Senders that introduced themselves, each resolved under a client of the endpoint's own
+    /// ([`AddressCache::INTRODUCED_CLIENTS`](crate::cache::AddressCache::INTRODUCED_CLIENTS)): at
+    /// most the AV's capacity.
+    pub introduced_senders: usize,
+    /// What the receive pool has granted and the application not yet read, in bytes (a message
+    /// or notification counted as its bytes plus
+    /// [`ReceiveWindow::MESSAGE_OVERHEAD`](crate::configuration::ReceiveWindow::MESSAGE_OVERHEAD)):
+    /// at most [`Configuration::receive_memory_limit`](crate::configuration::Configuration::receive_memory_limit).
+    pub reserved_bytes: u64,
+    /// Notifications granted to writers and not yet polled: at most
+    /// [`Configuration::cq_size`](crate::configuration::Configuration::cq_size).
+    pub granted_notifications: u64,
+    /// Senders whose grant waits for the pool to be paid back.
+    pub waiting_grants: usize,
 }
 
 /// What a credit is for.
@@ -273,19 +304,6 @@ impl Credits {
         true
     }
 
-    /// What this endpoint may still send `fi_addr` of `incarnation`: messages and notifications
-    /// (for the docs' and tests' counts).
-    pub(crate) fn available(&self, fi_addr: u64, incarnation: u32) -> (u64, u64) {
-        let shard = lock(&self.sending[shard_of(fi_addr)]);
-        match shard.get(&fi_addr) {
-            Some(peer) if peer.incarnation == incarnation => (
-                peer.granted.messages.saturating_sub(peer.sent.messages),
-                peer.granted.notifications.saturating_sub(peer.sent.notifications),
-            ),
-            _ => (0, 0),
-        }
-    }
-
     /// A sender introduced itself and was resolved at `fi_addr` under `client`. Returns the
     /// grant to send it (its first, or the current one again for a repeated introduction), and
     /// the client of another sender it replaced on that index, to release.
@@ -330,10 +348,7 @@ impl Credits {
             let grant = self.extend(&mut receiving, tagged);
             return (grant, replaced);
         }
-        let grant = receiving
-            .peers
-            .get(&tagged)
-            .map(|peer| self.grant_of(peer));
+        let grant = receiving.peers.get(&tagged).map(|peer| self.grant_of(peer));
         (grant, replaced)
     }
 
@@ -362,7 +377,9 @@ impl Credits {
         }
         let after = self.owed(peer);
         let due = self.half_spent(peer);
-        receiving.reserved = receiving.reserved.saturating_sub(before - after.min(before));
+        receiving.reserved = receiving
+            .reserved
+            .saturating_sub(before - after.min(before));
         if What::Notification == what {
             receiving.notifications = receiving.notifications.saturating_sub(1);
         }
@@ -430,14 +447,15 @@ impl Credits {
             .collect()
     }
 
-    /// What the pool has paid out and not been paid back (at most the limit).
-    pub(crate) fn reserved(&self) -> u64 {
-        lock(&self.receiving).reserved
-    }
-
-    /// How many senders are introduced.
-    pub(crate) fn introduced(&self) -> usize {
-        lock(&self.receiving).peers.len()
+    /// What the receiving side holds now.
+    pub(crate) fn stats(&self) -> CreditStats {
+        let receiving = lock(&self.receiving);
+        CreditStats {
+            introduced_senders: receiving.peers.len(),
+            reserved_bytes: receiving.reserved,
+            granted_notifications: receiving.notifications,
+            waiting_grants: receiving.waiting.len(),
+        }
     }
 
     /// Forget the sender `tagged` (another took its index): pay its reservation back; returns

@@ -2,6 +2,22 @@
 
 use super::*;
 
+impl Credits {
+    /// What this endpoint may still send `fi_addr` of `incarnation`: messages, notifications.
+    fn available(&self, fi_addr: u64, incarnation: u32) -> (u64, u64) {
+        let shard = lock(&self.sending[shard_of(fi_addr)]);
+        match shard.get(&fi_addr) {
+            Some(peer) if peer.incarnation == incarnation => (
+                peer.granted.messages.saturating_sub(peer.sent.messages),
+                peer.granted
+                    .notifications
+                    .saturating_sub(peer.sent.notifications),
+            ),
+            _ => (0, 0),
+        }
+    }
+}
+
 const WINDOW: ReceiveWindow = ReceiveWindow {
     messages: 16,
     bytes: 1 << 20,
@@ -21,7 +37,8 @@ fn introduce(sender: &Credits, receiver: &Credits, fi_addr: u64) -> GrantDue {
         sender.admit(fi_addr, 1, What::Message(10)),
         "introduced: wait for the grant"
     );
-    let (grant, replaced) = receiver.introduce(secret, reply_to, 5, introduced_client(secret), b"a");
+    let (grant, replaced) =
+        receiver.introduce(secret, reply_to, 5, introduced_client(secret), b"a");
     assert_eq!(None, replaced);
     let grant = grant.expect("a first grant");
     take(sender, &grant);
@@ -79,7 +96,10 @@ fn a_new_incarnation_starts_afresh_and_a_stale_grant_grants_nothing() {
     else {
         panic!("a grant");
     };
-    assert!(!sender.granted(secret, reply_to, granted), "for incarnation 1");
+    assert!(
+        !sender.granted(secret, reply_to, granted),
+        "for incarnation 1"
+    );
     assert_eq!((0, 0), sender.available(3, 2));
 }
 
@@ -100,7 +120,7 @@ fn the_pool_pays_for_every_grant_and_waiting_peers_are_served_first() {
     }
     assert!(grants[0].is_some() && grants[1].is_some());
     assert!(grants[2].is_none(), "the pool is spent");
-    assert!(receiver.reserved() <= 2 * first);
+    assert!(receiver.stats().reserved_bytes <= 2 * first);
     // Peers 1 and 2 are read: what that frees goes to peer 3 first, once it is enough, though
     // peers 1 and 2 have spent half their windows.
     let mut served = Vec::new();
@@ -110,7 +130,11 @@ fn the_pool_pays_for_every_grant_and_waiting_peers_are_served_first() {
         }
     }
     assert_eq!(introduced_client(3), served[0].client, "{served:?}");
-    assert!(receiver.reserved() <= 2 * first, "{}", receiver.reserved());
+    assert!(
+        receiver.stats().reserved_bytes <= 2 * first,
+        "{}",
+        receiver.stats().reserved_bytes
+    );
     assert!(
         served.iter().any(|due| due.client == introduced_client(3)),
         "{served:?}"
@@ -122,15 +146,19 @@ fn an_introduction_on_an_index_another_secret_holds_replaces_it() {
     let receiver = Credits::new(9, b"address".to_vec(), WINDOW, 64 << 20, 512);
     let (_, replaced) = receiver.introduce(1, 0, 7, introduced_client(1), b"a");
     assert_eq!(None, replaced);
-    let reserved = receiver.reserved();
+    let reserved = receiver.stats().reserved_bytes;
     assert!(0 < reserved);
     let (grant, replaced) = receiver.introduce(2, 0, 7, introduced_client(2), b"b");
     assert!(grant.is_some());
     assert_eq!(Some(introduced_client(1)), replaced);
-    assert_eq!(1, receiver.introduced());
-    assert_eq!(reserved, receiver.reserved(), "the old one paid back, the new one paid");
+    assert_eq!(1, receiver.stats().introduced_senders);
+    assert_eq!(
+        reserved,
+        receiver.stats().reserved_bytes,
+        "the old one paid back, the new one paid"
+    );
     // The same sender again gets the same grant, and pays nothing more.
     let (again, _) = receiver.introduce(2, 0, 7, introduced_client(2), b"b");
     assert_eq!(grant, again);
-    assert_eq!(reserved, receiver.reserved());
+    assert_eq!(reserved, receiver.stats().reserved_bytes);
 }

@@ -190,10 +190,13 @@ impl Control {
                 if len > MAX_ADDRESS || 0 == len {
                     return Err(Malformed::Shape("an address of no length or past 64 bytes"));
                 }
-                let address = bytes
-                    .get(24..)
-                    .filter(|rest| rest.len() == len)
-                    .ok_or(Malformed::Shape("an address of another length than it says"))?;
+                let address =
+                    bytes
+                        .get(24..)
+                        .filter(|rest| rest.len() == len)
+                        .ok_or(Malformed::Shape(
+                            "an address of another length than it says",
+                        ))?;
                 Ok(Self::Introduction {
                     secret,
                     reply_to,

@@ -77,8 +77,9 @@ impl LibfabricEndpoint {
     /// does one that also calls [`progress`](Self::progress) or `receive`.
     pub fn poll_notifications(&self, out: &mut Vec<Notification>) -> usize {
         self.reap_receive_queue();
-        let taken: Vec<_> =
-            crate::sync::lock(&self.operations.notifications.waiting).drain(..).collect();
+        let taken: Vec<_> = crate::sync::lock(&self.operations.notifications.waiting)
+            .drain(..)
+            .collect();
         let count = taken.len();
         for (notification, sender) in taken {
             // The application has it: its writer's notification credit is paid back.
@@ -133,7 +134,9 @@ mod tests {
         };
         let remote = u64::from(sys::FI_REMOTE_CQ_DATA | sys::FI_REMOTE_WRITE);
         assert!(!notifications.accept_any(&entry(u64::from(sys::FI_RECV | sys::FI_MSG), 1)));
-        assert!(!notifications.accept_any(&entry(u64::from(sys::FI_RECV | sys::FI_REMOTE_CQ_DATA), 1)));
+        assert!(
+            !notifications.accept_any(&entry(u64::from(sys::FI_RECV | sys::FI_REMOTE_CQ_DATA), 1))
+        );
         for data in 1..=3 {
             assert!(notifications.accept_any(&entry(remote, data)));
         }
