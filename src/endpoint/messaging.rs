@@ -192,7 +192,13 @@ impl LibfabricEndpoint {
         let attempt = || match unsafe { self.try_send_raw(fi_addr, message) } {
             Err(DmaError::WouldBlock) => {
                 self.progress();
-                None
+                // The pass may have read what the send waits for (a completion freeing a slot,
+                // a grant): try again before sleeping on queues it has emptied.
+                // SAFETY: as above.
+                match unsafe { self.try_send_raw(fi_addr, message) } {
+                    Err(DmaError::WouldBlock) => None,
+                    result => Some(result),
+                }
             }
             result => Some(result),
         };
@@ -543,17 +549,22 @@ impl LibfabricEndpoint {
         mut take: impl FnMut() -> Result<Option<T>, DmaError>,
     ) -> Result<Option<T>, DmaError> {
         let mut failed = None;
-        let received = self.wait_until(Deadline::after(timeout), || match take() {
+        let mut attempt = || match take() {
             Ok(Some(found)) => Some(Some(found)),
-            Ok(None) => {
-                // Reading the transmit queue too is what moves a manual-progress provider.
-                self.progress();
-                None
-            }
+            Ok(None) => None,
             Err(error) => {
                 failed = Some(error);
                 Some(None)
             }
+        };
+        let received = self.wait_until(Deadline::after(timeout), || {
+            attempt().or_else(|| {
+                // Reading the transmit queue too is what moves a manual-progress provider; on a
+                // credited endpoint the pass reads the receive queue as well, so what it set
+                // aside is taken before the wait sleeps on queues it has emptied.
+                self.progress();
+                attempt()
+            })
         });
         match failed {
             Some(error) => Err(error),

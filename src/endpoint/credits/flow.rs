@@ -87,12 +87,12 @@ impl LibfabricEndpoint {
         if self.credits.is_none() {
             return Ok(None);
         }
-        self.wait_until(deadline, || match self.take_credit(fi_addr, what) {
-            Ok(taken) => Some(taken),
-            Err(_) => {
+        self.wait_until(deadline, || {
+            self.take_credit(fi_addr, what).ok().or_else(|| {
+                // The pass may read the grant: take it before sleeping on emptied queues.
                 self.progress();
-                None
-            }
+                self.take_credit(fi_addr, what).ok()
+            })
         })
         .ok_or(DmaError::WouldBlock)
     }
