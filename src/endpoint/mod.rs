@@ -23,6 +23,7 @@ pub(crate) mod memory;
 mod messaging;
 mod open;
 mod receive;
+mod receiving;
 mod rma;
 mod senders;
 mod sends;

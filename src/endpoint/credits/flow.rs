@@ -16,10 +16,16 @@ use crate::endpoint::deadline::Deadline;
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
 
-/// How many control receives (introductions and grants) an endpoint keeps posted: a control
-/// message that finds none waits in the provider until one is posted again, which every read of
-/// the receive queue does.
+/// How many receives of the credit protocol's own an endpoint keeps posted: the control receives
+/// (introductions and grants: a control message that finds none waits in the provider until one
+/// is posted again, which every read of the receive queue does), and the stray receives.
 pub(in crate::endpoint) const CONTROL_RECEIVES: usize = 8;
+
+/// Of the [`CONTROL_RECEIVES`], how many take plain (untagged) messages: a peer that does not
+/// speak the protocol (`PeerProtocol::Plain`, a C client) would otherwise fill the provider's
+/// queue of unexpected untagged messages, which nothing here reads. Each such message is counted
+/// ([`CreditStats::stray_messages`]), logged once at `warn`, and dropped.
+const STRAY_RECEIVES: usize = 2;
 
 /// Credit taken for one post: given back if the provider refuses the post.
 #[derive(Debug, Clone, Copy)]
@@ -306,6 +312,10 @@ impl LibfabricEndpoint {
         index: usize,
         outcome: Result<usize, DmaError>,
     ) {
+        if index >= CONTROL_RECEIVES - STRAY_RECEIVES {
+            self.stray_arrived(index);
+            return;
+        }
         let bytes = match (outcome, self.controls.get(index)) {
             // SAFETY: this thread read the slot's completion and has not re-posted it.
             (Ok(len), Some(slot)) => unsafe { slot.received(len) },
@@ -332,6 +342,24 @@ impl LibfabricEndpoint {
         }
         if let Err(error) = self.post_control(index) {
             tracing::warn!(%error, index, "could not re-post a control receive; will retry");
+            self.controls.defer_post(index);
+        }
+    }
+
+    /// A plain message arrived in stray slot `index` (the caller owns it): counted, dropped, and
+    /// the slot posted again.
+    fn stray_arrived(&self, index: usize) {
+        if let Some(credits) = self.credits.as_deref() {
+            if 0 == credits.stray() {
+                tracing::warn!(
+                    "a plain (untagged) message arrived at a credited endpoint: the peer does not \
+                     speak the credit protocol (PeerProtocol::Plain on one side only?); it was \
+                     dropped, and so will every such message be (CreditStats::stray_messages)"
+                );
+            }
+        }
+        if let Err(error) = self.post_control(index) {
+            tracing::warn!(%error, index, "could not re-post a stray receive; will retry");
             self.controls.defer_post(index);
         }
     }
@@ -369,6 +397,24 @@ impl LibfabricEndpoint {
             return Ok(());
         };
         let (buffer, len) = slot.buffer();
+        if index >= CONTROL_RECEIVES - STRAY_RECEIVES {
+            // SAFETY: as below, for an untagged receive.
+            let code = unsafe {
+                sys::fi_recv(
+                    self.handles.ep,
+                    buffer,
+                    len,
+                    ptr::null_mut(),
+                    sys::FI_ADDR_UNSPEC,
+                    slot.context(),
+                )
+            };
+            return match code {
+                0 => Ok(()),
+                code if code == -(sys::FI_EAGAIN as isize) => Err(DmaError::WouldBlock),
+                code => Err(DmaError::fabric("fi_recv", code as i64)),
+            };
+        }
         let (tag, ignore) = wire::receive_tag(Kind::Control);
         // SAFETY: the endpoint is open, and the slot's buffer and context live in the slab,
         // which outlives the endpoint's libfabric objects; this slot is not posted (new, or its

@@ -91,6 +91,9 @@ pub struct CreditStats {
     pub granted_notifications: u64,
     /// Senders whose grant waits for the pool to be paid back.
     pub waiting_grants: usize,
+    /// Plain (untagged) messages that arrived, from peers that do not speak the credit protocol:
+    /// each was dropped.
+    pub stray_messages: u64,
 }
 
 /// What a credit is for.
@@ -177,6 +180,8 @@ pub(crate) struct Credits {
     notification_limit: u64,
     sending: Box<[Mutex<HashMap<u64, Outbound>>]>,
     receiving: Mutex<Receiving>,
+    /// Plain messages dropped.
+    strays: std::sync::atomic::AtomicU64,
 }
 
 impl Credits {
@@ -197,6 +202,7 @@ impl Credits {
             notification_limit: notification_limit as u64,
             sending: (0..SHARDS).map(|_| Mutex::default()).collect(),
             receiving: Mutex::default(),
+            strays: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -447,6 +453,12 @@ impl Credits {
             .collect()
     }
 
+    /// Count a stray (plain) message; returns how many there were before it.
+    pub(crate) fn stray(&self) -> u64 {
+        self.strays
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// What the receiving side holds now.
     pub(crate) fn stats(&self) -> CreditStats {
         let receiving = lock(&self.receiving);
@@ -455,6 +467,7 @@ impl Credits {
             reserved_bytes: receiving.reserved,
             granted_notifications: receiving.notifications,
             waiting_grants: receiving.waiting.len(),
+            stray_messages: self.strays.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
