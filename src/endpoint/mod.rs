@@ -4,10 +4,12 @@
 //! [`LibfabricEndpoint`], where a user reads them. This module holds the endpoint, its
 //! [`Description`] and its `Drop` order; the rooms below hold its concerns one each: `open`,
 //! `handles` (the libfabric objects and their close), `messaging`, `receive`, `sends` and
-//! `senders` (the copying sends and receives), `rma`, `vectored` and `in_flight` (RMA operations
-//! and their age), `memory`, `buffer` and `access` (registration, and a `Local` region's access
-//! word), `completions`, `wait` and `deadline` (reading and sleeping on the queues), `lookup`
-//! (reading the AV back).
+//! `senders` (the copying sends and receives), `receiving` (reading the receive queue, in its
+//! order), `credits` (what a receiver grants each peer, and what a sender may send), `budget`
+//! (what one peer may have in flight), `rma`, `vectored` and `in_flight` (RMA operations and
+//! their age), `memory`, `buffer` and `access` (registration, and a `Local` region's access word),
+//! `completions`, `wait` and `deadline` (reading and sleeping on the queues), `lookup` (reading
+//! the AV back).
 
 mod access;
 mod budget;
