@@ -16,13 +16,13 @@
 //! The flood lasts `DMA_LIBFABRIC_CREDITS_SECONDS` (default 20) seconds.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dma_libfabric::DmaError;
-use testkit::{PATIENCE, hex, unhex};
+use testkit::{PATIENCE, hex, line_after, resident, unhex};
 
 /// Marks a child and its role.
 const ROLE: &str = "DMA_LIBFABRIC_CREDITS_ROLE";
@@ -36,17 +36,6 @@ const NAME: &str = "four_senders_flooding_a_slow_reader_are_bounded_and_served_e
 /// The most either side may grow, and how close the drained receiver must come back.
 const GROWTH: usize = 64 << 20;
 const RETURN: usize = 16 << 20;
-
-fn resident() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").expect("status");
-    let kib: usize = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|number| number.parse().ok())
-        .expect("VmRSS");
-    kib << 10
-}
 
 /// Kills a child when dropped, so a failing test leaves nothing behind.
 struct Process(Child);
@@ -71,22 +60,6 @@ fn spawn(role: &str, envs: &[(&str, String)]) -> (Process, BufReader<ChildStdout
         .expect("a child");
     let stdout = BufReader::new(child.stdout.take().expect("piped"));
     (Process(child), stdout)
-}
-
-/// The first line of a child's output that has `tag`, from just after it.
-fn line_after(stdout: &mut BufReader<ChildStdout>, tag: &str) -> String {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            0 < stdout.read_line(&mut line).expect("read"),
-            "the child ended before saying {tag}"
-        );
-        // libtest prints "test NAME ... " before the child's own output, on the same line.
-        if let Some(at) = line.find(tag) {
-            return line[at + tag.len()..].trim().to_string();
-        }
-    }
 }
 
 fn numbers(line: &str) -> Vec<usize> {

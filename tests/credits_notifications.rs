@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dma_libfabric::{Completion, Configuration, DmaError, LibfabricEndpoint, Notification};
-use testkit::PATIENCE;
+use testkit::{PATIENCE, resident};
 
 fn endpoint() -> LibfabricEndpoint {
     let configuration = Configuration {
@@ -23,17 +23,6 @@ fn endpoint() -> LibfabricEndpoint {
         ..Configuration::default()
     };
     LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("an RMA endpoint on tcp")
-}
-
-fn resident() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").expect("status");
-    let kib: usize = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|number| number.parse().ok())
-        .expect("VmRSS");
-    kib << 10
 }
 
 /// 600,000 writes that notify, each tried once, against a target that drives progress (so it

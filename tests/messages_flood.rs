@@ -21,11 +21,11 @@
 //! bounds what its peers send (a request/response window).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use testkit::{hex, unhex};
+use testkit::{hex, line_after, unhex};
 
 use dma_libfabric::{DmaError, LibfabricEndpoint};
 
@@ -160,22 +160,6 @@ fn flood() {
         refused.into_inner()
     );
     std::io::stdout().flush().expect("flush");
-}
-
-/// The first line of `child`'s output that has `tag`, from just after it.
-fn line_after(stdout: &mut BufReader<std::process::ChildStdout>, tag: &str) -> String {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            0 < stdout.read_line(&mut line).expect("read"),
-            "the child ended before saying {tag}"
-        );
-        // libtest prints "test NAME ... " before the child's own output, on the same line.
-        if let Some(at) = line.find(tag) {
-            return line[at + tag.len()..].trim().to_string();
-        }
-    }
 }
 
 #[test]

@@ -554,6 +554,24 @@ pub fn resident() -> usize {
     pages * 4096
 }
 
+/// The first line of a child's output that has `tag`, from just after it (libtest prints
+/// "test NAME ... " before the child's own output, on the same line). Panics, naming `tag`, if
+/// the child ends first.
+pub fn line_after(stdout: &mut std::io::BufReader<std::process::ChildStdout>, tag: &str) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            0 < stdout.read_line(&mut line).expect("read"),
+            "the child ended before saying {tag}"
+        );
+        if let Some(at) = line.find(tag) {
+            return line[at + tag.len()..].trim().to_string();
+        }
+    }
+}
+
 /// `bytes` as lowercase hex: how a test hands a fabric address to a child process.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
