@@ -219,6 +219,13 @@ fn failure_records_each_of_its_own_4kib_provider_text_stay_within_their_bound() 
 /// next thread takes it, so nothing is kept per exited thread (the writer's module docs).
 const EXITED_THREADS: isize = 16 << 10;
 
+/// The same bound for threads that come eight at a time: the eight handles are there before the
+/// count starts, and what may still grow is crossbeam's bags of deferred work (2,072 B each)
+/// that the long pin keeps from being collected. Measured 0-2.4 KB on a quiet machine and
+/// 18.3 KB once under CI's load (the 2.6.0 test step); a handle kept per exited thread would be
+/// 4,376 B × 4,000 = 17.5 MB, far past this.
+const EXITED_THREADS_AT_ONCE: isize = 64 << 10;
+
 #[test]
 fn five_thousand_threads_that_pin_hit_lease_and_exit_keep_nothing_per_thread() {
     let _turn = serial();
@@ -295,12 +302,12 @@ fn threads_that_come_and_go_eight_at_a_time_keep_at_most_eight_handles() {
     let kept = first.now();
     println!(
         "{ROUNDS} rounds of {AT_ONCE} threads at once under a long pin: +{kept} B kept; bound \
-         {EXITED_THREADS} B"
+         {EXITED_THREADS_AT_ONCE} B"
     );
     drop(reader);
     assert!(
-        kept <= EXITED_THREADS,
-        "{} exited threads keep {kept} B, past {EXITED_THREADS} B",
+        kept <= EXITED_THREADS_AT_ONCE,
+        "{} exited threads keep {kept} B, past {EXITED_THREADS_AT_ONCE} B",
         ROUNDS * AT_ONCE
     );
 }
