@@ -76,3 +76,60 @@ fn a_credited_sender_gets_nothing_through_to_a_plain_receiver() {
         "a plain endpoint keeps no credits"
     );
 }
+
+/// A window with a zero field, or a memory limit below one window's cost, is refused at `open`
+/// with an error naming the field; the largest values are accepted (their cost saturates, it
+/// does not wrap), and nothing opens on a refusal.
+#[test]
+fn windows_and_limits_at_their_edges() {
+    use dma_libfabric::ReceiveWindow;
+    let window = ReceiveWindow::default();
+    for (field, zero) in [
+        (
+            "messages",
+            ReceiveWindow {
+                messages: 0,
+                ..window
+            },
+        ),
+        ("bytes", ReceiveWindow { bytes: 0, ..window }),
+        (
+            "notifications",
+            ReceiveWindow {
+                notifications: 0,
+                ..window
+            },
+        ),
+    ] {
+        let configuration = Configuration {
+            receive_window: zero,
+            ..Configuration::default()
+        };
+        match LibfabricEndpoint::open(&configuration, Some("127.0.0.1")) {
+            Err(DmaError::InvalidArgument(reason)) => {
+                assert!(reason.contains(field), "{field}: {reason}");
+            }
+            other => panic!("{field} 0 opened: {other:?}"),
+        }
+    }
+    let too_small = Configuration {
+        receive_memory_limit: window.cost() - 1,
+        ..Configuration::default()
+    };
+    assert!(matches!(
+        LibfabricEndpoint::open(&too_small, Some("127.0.0.1")),
+        Err(DmaError::InvalidArgument(reason)) if reason.contains("receive_memory_limit")
+    ));
+    let largest = ReceiveWindow {
+        messages: u32::MAX,
+        bytes: u64::MAX,
+        notifications: u32::MAX,
+    };
+    assert_eq!(u64::MAX, largest.cost(), "saturates");
+    let configuration = Configuration {
+        receive_window: largest,
+        receive_memory_limit: u64::MAX,
+        ..Configuration::default()
+    };
+    LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("the largest window opens");
+}
