@@ -95,7 +95,7 @@ pub use configuration::{
 pub use endpoint::{Description, LibfabricEndpoint, RECEIVE_POST_PATIENCE};
 
 // Addresses, and the cache of them an endpoint keeps.
-pub use address::{AddressFormat, EFA_ADDRESS_LEN, EFA_IDENTITY_LEN, SOCKADDR_IN_LEN};
+pub use address::{AddressFormat, EFA_ADDRESS_LEN, EFA_IDENTITY_LEN, SEAL_LEN, SOCKADDR_IN_LEN};
 pub use av::{AvBackend, FabricAv};
 pub use cache::{AddressCache, CacheStats};
 

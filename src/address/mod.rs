@@ -3,6 +3,11 @@
 //! What a user relies on (which addresses are refused before any libfabric call, and what an
 //! efa address's identity is) is on [`AddressFormat`], where a user reads it.
 
+mod seal;
+
+pub use self::seal::SEAL_LEN;
+pub(crate) use self::seal::{SEALED_SECRET_MASK, seal, secret_of};
+
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
 
@@ -70,6 +75,22 @@ impl AddressFormat {
     /// # Errors
     /// [`DmaError::InvalidAddress`] for an empty address, one of any other length, or one of all
     /// zero bytes.
+    ///
+    /// An address may also be *sealed*: `address_len` bytes and a [`SEAL_LEN`]-byte seal, as a
+    /// credited endpoint advertises it. A sealed address's identity takes the seal in (every byte,
+    /// on an opaque format), so two processes that claim one port in turn are two peers; on efa
+    /// the identity stays the GID and QPN, the seal telling incarnations apart as the QKEY does.
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressFormat, SEAL_LEN};
+    ///
+    /// let mut sealed = vec![7_u8; 16 + SEAL_LEN];
+    /// sealed[16 + 7] = 1; // the seal's version
+    /// assert_eq!(16 + SEAL_LEN, AddressFormat::Opaque.identity(&sealed, 16)?.len());
+    /// sealed[16 + 7] = 9;
+    /// assert!(AddressFormat::Opaque.identity(&sealed, 16).is_err(), "an unknown seal");
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
     pub fn identity(self, address: &[u8], address_len: usize) -> Result<&[u8], DmaError> {
         let identity_len = self.identity_len(address, address_len)?;
         Ok(&address[..identity_len])
@@ -84,7 +105,8 @@ impl AddressFormat {
         address_len: usize,
     ) -> Result<usize, DmaError> {
         let identity_len = self.layout_identity_len(address, address_len)?;
-        refuse_unset(address)?;
+        refuse_unset(&address[..address_len])?;
+        secret_of(address, address_len)?;
         Ok(identity_len)
     }
 
@@ -98,10 +120,12 @@ impl AddressFormat {
         if address.is_empty() {
             return Err(DmaError::InvalidAddress("the address is empty".into()));
         }
-        if address.len() != address_len {
+        if address.len() != address_len && address.len() != address_len + SEAL_LEN {
             return Err(DmaError::InvalidAddress(format!(
-                "the address is {} bytes, and this provider's addresses are {address_len}",
-                address.len()
+                "the address is {} bytes, and this provider's addresses are {address_len} \
+                 ({} sealed)",
+                address.len(),
+                address_len + SEAL_LEN
             )));
         }
         match self {
@@ -109,7 +133,7 @@ impl AddressFormat {
                 "efa addresses are {EFA_ADDRESS_LEN} bytes, not {address_len}"
             ))),
             Self::Efa => Ok(EFA_IDENTITY_LEN),
-            Self::Opaque => Ok(address_len),
+            Self::Opaque => Ok(address.len()),
         }
     }
 }

@@ -8,6 +8,7 @@
 //!
 //! [`LibfabricEndpoint::lookup`]: crate::endpoint::LibfabricEndpoint::lookup
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -30,6 +31,18 @@ pub(crate) struct HandedOut {
     capacity: u64,
     /// Which indices the provider reported dead, per incarnation (the message path's).
     pub(crate) unreachable: Unreachable,
+    /// The secret each live index's address was sealed with, and how many inserts hold it: one
+    /// entry per live index, so at most the AV's capacity.
+    seals: Mutex<HashMap<sys::fi_addr_t, Sealed>>,
+}
+
+/// What holds one index: the secret its address was sealed with (`None`: bare), and how many
+/// inserts of it are live (libfabric's util AV counts an address inserted twice, by two caches on
+/// one AV, as one index used twice).
+#[derive(Debug, Clone, Copy)]
+struct Sealed {
+    secret: Option<u64>,
+    inserts: u32,
 }
 
 impl Default for HandedOut {
@@ -38,6 +51,7 @@ impl Default for HandedOut {
             mark: AtomicU64::new(0),
             capacity: u64::MAX,
             unreachable: Unreachable::default(),
+            seals: Mutex::default(),
         }
     }
 }
@@ -49,6 +63,51 @@ impl HandedOut {
         self.unreachable.inserted(fi_addr);
         self.mark
             .fetch_max(fi_addr.saturating_add(1), Ordering::Release);
+    }
+
+    /// Note that an insert of an address sealed with `secret` (`None`: bare) returned `fi_addr`.
+    /// Where `exclusive` (an opaque format, whose index is the whole provider address), refused,
+    /// answering the secret that holds it, while the index is live under another seal: a second
+    /// process claiming the port of a peer still in the AV under its own seal. Otherwise (efa,
+    /// where the seal tells incarnations of one slot apart) the newest seal holds the index.
+    fn hold(
+        &self,
+        fi_addr: sys::fi_addr_t,
+        secret: Option<u64>,
+        exclusive: bool,
+    ) -> Result<(), u64> {
+        let mut seals = crate::sync::lock(&self.seals);
+        let held = seals
+            .entry(fi_addr)
+            .or_insert(Sealed { secret, inserts: 0 });
+        match (held.secret, secret) {
+            (Some(holder), Some(newcomer)) if holder != newcomer && exclusive => {
+                return Err(holder);
+            }
+            (_, Some(_)) => held.secret = secret,
+            (_, None) => {}
+        }
+        held.inserts = held.inserts.saturating_add(1);
+        Ok(())
+    }
+
+    /// Note that one insert of `fi_addr` was removed.
+    fn let_go(&self, fi_addr: sys::fi_addr_t) {
+        let mut seals = crate::sync::lock(&self.seals);
+        if let Some(held) = seals.get_mut(&fi_addr) {
+            held.inserts = held.inserts.saturating_sub(1);
+            if 0 == held.inserts {
+                seals.remove(&fi_addr);
+            }
+        }
+    }
+
+    /// The secret the address at live index `fi_addr` was sealed with: what a peer there must
+    /// prove. `None` for a bare address, or an index not live.
+    pub(crate) fn secret_at(&self, fi_addr: sys::fi_addr_t) -> Option<u64> {
+        crate::sync::lock(&self.seals)
+            .get(&fi_addr)
+            .and_then(|held| held.secret)
     }
 
     /// Whether `fi_addr` is inside the AV's capacity and below the highest index handed out so
@@ -69,6 +128,7 @@ pub(crate) fn register(av: *mut sys::fid_av, capacity: usize) -> Arc<HandedOut> 
         mark: AtomicU64::new(0),
         capacity: u64::try_from(capacity).unwrap_or(u64::MAX),
         unreachable: Unreachable::with_capacity(capacity),
+        seals: Mutex::default(),
     });
     let mut records = crate::sync::lock(&RECORDS);
     records.retain(|(key, live)| *key != av as usize && live.strong_count() > 0);
@@ -169,7 +229,8 @@ impl AvBackend for FabricAv {
         // The cache checked this already; it is repeated here because a short slice would be a
         // read past its end inside libfabric.
         self.format.identity_len(address, self.address_len)?;
-        crate::address::check_sockaddr(self.addr_format, address)?;
+        crate::address::check_sockaddr(self.addr_format, &address[..self.address_len])?;
+        let secret = crate::address::secret_of(address, self.address_len)?;
         let mut fi_addr = sys::FI_ADDR_NOTAVAIL;
         // SAFETY: the AV is open (see `Send` above); `address` holds exactly the provider's
         // address length, which is all fi_av_insert reads for one address; `fi_addr` has room for
@@ -187,7 +248,22 @@ impl AvBackend for FabricAv {
         match inserted {
             1 if fi_addr != sys::FI_ADDR_NOTAVAIL => {
                 self.handed_out.note(fi_addr);
-                Ok(fi_addr)
+                match self
+                    .handed_out
+                    .hold(fi_addr, secret, AddressFormat::Opaque == self.format)
+                {
+                    Ok(()) => Ok(fi_addr),
+                    Err(holder) => {
+                        // Undo this insert: the util AV counted it as a second use of the index.
+                        let _ = self.remove_index(fi_addr);
+                        Err(DmaError::InvalidAddress(format!(
+                            "index {fi_addr} holds this provider address already, sealed by \
+                             another process (secret {holder:#x}): a peer that took the port of \
+                             one still in this address vector; release that one's clients \
+                             first (a restarted peer), or this one is not who it says"
+                        )))
+                    }
+                }
             }
             code if code < 0 => Err(DmaError::fabric("fi_av_insert", code.into())),
             _ => Err(DmaError::Fabric {
@@ -199,6 +275,15 @@ impl AvBackend for FabricAv {
     }
 
     fn remove(&mut self, fi_addr: sys::fi_addr_t) -> Result<(), DmaError> {
+        self.remove_index(fi_addr)?;
+        self.handed_out.let_go(fi_addr);
+        Ok(())
+    }
+}
+
+impl FabricAv {
+    /// `fi_av_remove` of one index.
+    fn remove_index(&mut self, fi_addr: sys::fi_addr_t) -> Result<(), DmaError> {
         let mut fi_addr = fi_addr;
         // SAFETY: the AV is open; `fi_addr` is one index this backend inserted and has not yet
         // removed (the writer removes each entry once).

@@ -61,6 +61,8 @@ struct ReaderSide {
     /// The identity's length for every address of `address_len` bytes; `None` if the format
     /// refuses that length (then every resolve is an `InvalidAddress`).
     identity_len: Option<usize>,
+    /// The same for every sealed address (`address_len` bytes and a seal).
+    sealed_identity_len: Option<usize>,
     /// The longest any call waits (see `blocking`).
     patience: Duration,
 }
@@ -143,7 +145,8 @@ impl ReaderSide {
     /// the writer's own check keeps it out of the index).
     fn stored(&self, address: &[u8]) -> Result<StoredAddress, DmaError> {
         let identity_len = self.identity_len(address)?;
-        crate::address::refuse_unset(address)?;
+        crate::address::refuse_unset(&address[..self.address_len.min(address.len())])?;
+        crate::address::secret_of(address, self.address_len)?;
         Ok(StoredAddress::new(address, identity_len))
     }
 
@@ -153,8 +156,13 @@ impl ReaderSide {
     /// format's own check, for its error.
     #[inline]
     fn identity_len(&self, address: &[u8]) -> Result<usize, DmaError> {
-        match self.identity_len {
-            Some(identity_len) if address.len() == self.address_len => Ok(identity_len),
+        match (self.identity_len, self.sealed_identity_len) {
+            (Some(identity_len), _) if address.len() == self.address_len => Ok(identity_len),
+            (_, Some(identity_len))
+                if address.len() == self.address_len + crate::address::SEAL_LEN =>
+            {
+                Ok(identity_len)
+            }
             _ => self.format.identity_len(address, self.address_len),
         }
     }
@@ -267,15 +275,16 @@ impl ReaderSide {
 /// thread's own pin (see its errors).
 ///
 /// ```
-/// use dma_libfabric::{Configuration, LibfabricEndpoint};
+/// use dma_libfabric::{Configuration, LibfabricEndpoint, SEAL_LEN};
 ///
 /// let server = LibfabricEndpoint::open(&Configuration::default(), None)?;
 /// let client = LibfabricEndpoint::open(&Configuration::default(), None)?;
-/// let address = client.local_address()?;
+/// let address = client.local_address()?; // the provider's name, then the seal
 ///
 /// let pinned = server.cache().pin();
 /// let peer = pinned.resolve(7, &address)?;
-/// assert_eq!(Some(address), server.lookup(peer.fi_addr())?);
+/// let provider_part = &address[..address.len() - SEAL_LEN];
+/// assert_eq!(Some(provider_part), server.lookup(peer.fi_addr())?.as_deref());
 /// drop(pinned);
 ///
 /// server.cache().release(7);
@@ -343,7 +352,12 @@ impl<B: AvBackend> AddressCache<B> {
                 epochs,
                 format,
                 address_len,
-                identity_len: identity_len_for(format, address_len),
+                identity_len: identity_len_for(format, address_len, address_len),
+                sealed_identity_len: identity_len_for(
+                    format,
+                    address_len,
+                    address_len + crate::address::SEAL_LEN,
+                ),
                 patience: Self::DEFAULT_PATIENCE,
             },
             writer,
@@ -525,10 +539,10 @@ impl<B: AvBackend> AddressCache<B> {
     pub const LEASE_LIMIT: u32 = lease_counts::LEASE_LIMIT;
 }
 
-/// The identity's length of every address of `address_len` bytes in `format`, if the format takes
-/// that length.
-fn identity_len_for(format: AddressFormat, address_len: usize) -> Option<usize> {
-    let probe = vec![0; address_len];
+/// The identity's length of every address of `len` bytes in `format`, where the provider's are
+/// `address_len`, if the format takes that length.
+fn identity_len_for(format: AddressFormat, address_len: usize, len: usize) -> Option<usize> {
+    let probe = vec![0; len];
     format.layout_identity_len(&probe, address_len).ok()
 }
 

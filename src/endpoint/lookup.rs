@@ -37,16 +37,47 @@ impl LibfabricEndpoint {
         &self.description
     }
 
-    /// This endpoint's own address, as a peer would pass it to `fi_av_insert`.
+    /// This endpoint's own address, to advertise to peers, which resolve it through their
+    /// caches.
     ///
-    /// The buffer is sized from what `fi_getname` reports: a provider whose name is longer than
-    /// `fi_info.src_addrlen` answers `-FI_ETOOSMALL` with the length it needs, and the call is
-    /// made once more with that much room.
+    /// On a credited endpoint (the default,
+    /// [`PeerProtocol::Credited`](crate::configuration::PeerProtocol::Credited)) the address is
+    /// *sealed*: the provider's name followed by [`SEAL_LEN`](crate::address::SEAL_LEN) bytes
+    /// carrying the secret this endpoint drew at `open`. A peer that resolves it takes nothing
+    /// from whoever answers at the provider's address until that one proves the secret (see
+    /// `docs/guarantees.md`: a peer is who its address says). On a plain endpoint it is the provider's name, as
+    /// `fi_getname` gives it.
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint, PeerProtocol, SEAL_LEN};
+    ///
+    /// let credited = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
+    /// let plain = LibfabricEndpoint::open(
+    ///     &Configuration { peer_protocol: PeerProtocol::Plain, ..Configuration::default() },
+    ///     Some("127.0.0.1"),
+    /// )?;
+    /// let sealed = credited.local_address()?;
+    /// assert_eq!(plain.local_address()?.len() + SEAL_LEN, sealed.len());
+    /// assert_eq!(sealed, credited.local_address()?, "drawn once, at open");
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
     ///
     /// # Errors
     /// [`DmaError::Fabric`] if `fi_getname` fails, or still finds its buffer too small the second
     /// time.
     pub fn local_address(&self) -> Result<Vec<u8>, DmaError> {
+        match self.credits.as_deref() {
+            Some(credits) => Ok(credits.address().to_vec()),
+            None => self.provider_name(),
+        }
+    }
+
+    /// The provider's name for this endpoint (`fi_getname`).
+    ///
+    /// The buffer is sized from what `fi_getname` reports: a provider whose name is longer than
+    /// `fi_info.src_addrlen` answers `-FI_ETOOSMALL` with the length it needs, and the call is
+    /// made once more with that much room.
+    pub(super) fn provider_name(&self) -> Result<Vec<u8>, DmaError> {
         sized_name(self.description.address_len, |buffer, len| {
             // SAFETY: the endpoint is open; `buffer` has room for `*len` bytes (`sized_name`
             // hands a slice of exactly that length) and fi_getname writes at most that many,
@@ -79,7 +110,7 @@ impl LibfabricEndpoint {
     /// through reuse instead: the table hands out the lowest free index first.
     ///
     /// ```
-    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint, SEAL_LEN};
     ///
     /// let endpoint = LibfabricEndpoint::open(&Configuration::default(), None)?;
     /// assert_eq!(None, endpoint.lookup(5)?, "nothing handed out yet");
@@ -87,7 +118,9 @@ impl LibfabricEndpoint {
     /// let address = endpoint.local_address()?;
     /// let pinned = endpoint.cache().pin();
     /// let peer = pinned.resolve(1, &address)?;
-    /// assert_eq!(Some(address), endpoint.lookup(peer.fi_addr())?);
+    /// // The AV holds the provider's name; the seal after it stays with the cache.
+    /// let provider_part = &address[..address.len() - SEAL_LEN];
+    /// assert_eq!(Some(provider_part), endpoint.lookup(peer.fi_addr())?.as_deref());
     /// # Ok::<(), dma_libfabric::DmaError>(())
     /// ```
     ///

@@ -130,11 +130,12 @@ pub const RECEIVE_POST_PATIENCE: Duration = Duration::from_secs(1);
 /// has no such lock yet, so it refuses that provider rather than be `Sync` over it.
 ///
 /// ```
-/// use dma_libfabric::{Configuration, LibfabricEndpoint};
+/// use dma_libfabric::{Configuration, LibfabricEndpoint, SEAL_LEN, SOCKADDR_IN_LEN};
 ///
 /// let endpoint = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
 /// assert_eq!("tcp;ofi_rxm", endpoint.describe().provider);
-/// assert_eq!(16, endpoint.local_address()?.len()); // a sockaddr_in
+/// // A sockaddr_in, sealed: credited endpoints (the default) prove who they are.
+/// assert_eq!(SOCKADDR_IN_LEN + SEAL_LEN, endpoint.local_address()?.len());
 /// # Ok::<(), dma_libfabric::DmaError>(())
 /// ```
 ///

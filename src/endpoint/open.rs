@@ -226,7 +226,8 @@ impl LibfabricEndpoint {
         if PeerProtocol::Plain == configuration.peer_protocol {
             return Ok(None);
         }
-        let address = self.local_address()?;
+        let secret = fresh_secret();
+        let address = crate::address::seal(&self.provider_name()?, secret);
         if address.len() > credits::wire::MAX_ADDRESS {
             return Err(DmaError::InvalidArgument(format!(
                 "the provider's addresses are {} bytes, longer than the {} an introduction of \
@@ -236,7 +237,7 @@ impl LibfabricEndpoint {
             )));
         }
         Ok(Some(Box::new(credits::Credits::new(
-            fresh_secret(),
+            secret & crate::address::SEALED_SECRET_MASK,
             address,
             configuration.receive_window,
             configuration.receive_memory_limit,

@@ -120,11 +120,14 @@ impl LibfabricEndpoint {
             return Arrival::Operation;
         }
         let foreign = self.foreign_version(entry.tag);
-        if foreign.is_none() {
+        let sender = if foreign.is_none() {
             // Off the provider's queue and into a buffer of the endpoint's (at most one per
-            // buffer waits there) or the application's: its sender's credit is paid back.
-            self.consumed(Some(entry.tag), sender, What::Message(entry.len));
-        }
+            // buffer waits there) or the application's: its sender's credit is paid back, and
+            // the sender is the one that proved the tag's secret.
+            self.consumed(Some(entry.tag), sender, What::Message(entry.len))
+        } else {
+            sender
+        };
         if self.operations.owns(entry.op_context) {
             let outcome = foreign.map_or(Ok(()), Err);
             self.operations

@@ -53,9 +53,15 @@ use dma_libfabric_sys as sys;
 pub struct Received {
     /// The message's bytes.
     pub message: Vec<u8>,
-    /// The sender's index in this endpoint's address vector, where the provider names it;
-    /// `None` otherwise. [`AddressCache::clients_at`](crate::cache::AddressCache::clients_at) says which
-    /// clients are registered on it.
+    /// The sender's index in this endpoint's address vector; `None` where it is not known.
+    /// [`AddressCache::clients_at`](crate::cache::AddressCache::clients_at) says which clients
+    /// are registered on it.
+    ///
+    /// On a credited endpoint (the default) it is the index of the sender that proved the
+    /// secret the message's tag carries: the one that introduced itself with that secret and an
+    /// address sealed with it. A message whose secret no introduced sender holds names nobody
+    /// (`None`), whatever index the provider reports. The rest of this note is about a plain
+    /// endpoint, where the provider's `FI_SOURCE` is all there is.
     ///
     /// tcp;ofi_rxm ([`Description::reports_senders`](super::Description::reports_senders))
     /// names a sender whose address is in this AV (resolved through this endpoint's cache), and

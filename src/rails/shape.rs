@@ -46,14 +46,16 @@ pub(crate) fn check_addresses(rails: &Shape, addresses: &[&[u8]]) -> Result<(), 
     }
     for (rail, &expected) in rails.address_lens[..rails.count].iter().enumerate() {
         let address = address_for(addresses, rail);
-        if address.len() != expected {
+        let sealed = expected + crate::address::SEAL_LEN;
+        if address.len() != expected && address.len() != sealed {
             return Err(DmaError::InvalidAddress(format!(
-                "rail {rail} takes {expected}-byte addresses; the peer's rail {} gave {}",
+                "rail {rail} takes {expected}-byte addresses ({sealed} sealed); the peer's rail \
+                 {} gave {}",
                 rail % addresses.len(),
                 address.len()
             )));
         }
-        if address.iter().all(|&byte| 0 == byte) {
+        if address[..expected].iter().all(|&byte| 0 == byte) {
             return Err(DmaError::InvalidAddress(format!(
                 "the peer's rail {} address is all zero bytes (advertised before it had one)",
                 rail % addresses.len()

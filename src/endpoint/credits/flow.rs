@@ -273,19 +273,23 @@ impl LibfabricEndpoint {
 
     /// The application read a message of `len` bytes whose tag is `tag` (or, `tag` `None`, a
     /// notification from the sender at `sender`): pay its credit back to the pool and send the
-    /// grants that are due.
+    /// grants that are due. Returns who sent it: on a credited endpoint the index of the sender
+    /// that proved the secret the tag carries (`None`: no introduced sender holds it), elsewhere
+    /// `sender` as the provider named it.
     pub(in crate::endpoint) fn consumed(
         &self,
         tag: Option<u64>,
         sender: Option<sys::fi_addr_t>,
         what: What,
-    ) {
+    ) -> Option<sys::fi_addr_t> {
         let Some(credits) = self.credits.as_deref() else {
-            return;
+            return sender;
         };
         let tagged = tag.map(wire::secret_of);
-        let grants = credits.consumed(tagged, sender.unwrap_or(sys::FI_ADDR_UNSPEC), what);
+        let (proven, grants) =
+            credits.consumed(tagged, sender.unwrap_or(sys::FI_ADDR_UNSPEC), what);
         self.send_grants(grants);
+        proven
     }
 
     /// The error a data message of another protocol version answers, where the endpoint is
@@ -332,11 +336,7 @@ impl LibfabricEndpoint {
                 secret,
                 reply_to,
                 granted,
-            })) => {
-                if let Some(credits) = self.credits.as_deref() {
-                    credits.granted(secret, reply_to, granted);
-                }
-            }
+            })) => self.grant_arrived(secret, reply_to, granted),
             Ok(Err(malformed)) => tracing::warn!(%malformed, "a control message was refused"),
             Err(error) => tracing::warn!(%error, "a control receive failed"),
         }
@@ -364,17 +364,54 @@ impl LibfabricEndpoint {
         }
     }
 
-    /// A sender introduced itself: resolve it under its client, grant it its first window, and
+    /// A grant arrived for the peer incarnation `reply_to` names: taken if its granter proved
+    /// the secret sealed in the address this endpoint resolved there (or that address was bare),
+    /// refused and counted otherwise.
+    fn grant_arrived(&self, secret: u64, reply_to: u64, granted: wire::Counts) {
+        let Some(credits) = self.credits.as_deref() else {
+            return;
+        };
+        let (fi_addr, _) = super::from_reply_to(reply_to);
+        match self.operations.peers.secret_at(fi_addr) {
+            Some(sealed) if sealed != wire::tagged_secret(secret) => {
+                if 0 == credits.refuse_grant() {
+                    tracing::warn!(
+                        peer = fi_addr,
+                        "a grant came from a peer that did not prove the secret sealed in the \
+                         address resolved at its index (another process at that port?): \
+                         refused, and nothing is sent to it (CreditStats::refused_grants)"
+                    );
+                }
+            }
+            _ => {
+                credits.granted(secret, reply_to, granted);
+            }
+        }
+    }
+
+    /// A sender introduced itself: check that its address is sealed with the secret it
+    /// introduced itself with, resolve it under its client, grant it its first window, and
     /// release the sender it replaced on that index.
     fn introduced(&self, secret: u64, reply_to: u64, address: &[u8]) {
         let Some(credits) = self.credits.as_deref() else {
             return;
         };
+        let sealed = crate::address::secret_of(address, self.peers.address_len());
+        if Ok(Some(wire::tagged_secret(secret))) != sealed {
+            if 0 == credits.refuse_introduction() {
+                tracing::warn!(
+                    "an introduction's address was not sealed with its secret: refused, no grant \
+                     (CreditStats::refused_introductions)"
+                );
+            }
+            return;
+        }
         let client = introduced_client(secret);
         let pinned = self.peers.pin();
         let fi_addr = match pinned.resolve(client, address) {
             Ok(peer) => peer.fi_addr(),
             Err(error) => {
+                credits.refuse_introduction();
                 tracing::warn!(%error, "an introduced sender could not be resolved: no grant");
                 return;
             }

@@ -94,6 +94,15 @@ pub struct CreditStats {
     /// Plain (untagged) messages that arrived, from peers that do not speak the credit protocol:
     /// each was dropped.
     pub stray_messages: u64,
+    /// Grants this endpoint, as a sender, refused: they came from a peer that did not prove the
+    /// secret sealed in the address this endpoint resolved (whoever answers at a port another
+    /// process advertised). Nothing is sent on them.
+    pub refused_grants: u64,
+    /// Introductions this endpoint, as a receiver, refused: the sender's address was not sealed
+    /// with the secret it introduced itself with, or its port is in this address vector already
+    /// under another process's seal. Such a sender is granted nothing, so nothing of it is
+    /// received.
+    pub refused_introductions: u64,
 }
 
 /// What a credit is for.
@@ -182,6 +191,9 @@ pub(crate) struct Credits {
     receiving: Mutex<Receiving>,
     /// Plain messages dropped.
     strays: std::sync::atomic::AtomicU64,
+    /// Grants and introductions refused for want of proof.
+    refused_grants: std::sync::atomic::AtomicU64,
+    refused_introductions: std::sync::atomic::AtomicU64,
 }
 
 impl Credits {
@@ -203,12 +215,19 @@ impl Credits {
             sending: (0..SHARDS).map(|_| Mutex::default()).collect(),
             receiving: Mutex::default(),
             strays: std::sync::atomic::AtomicU64::new(0),
+            refused_grants: std::sync::atomic::AtomicU64::new(0),
+            refused_introductions: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
     /// This endpoint's secret.
     pub(crate) fn secret(&self) -> u64 {
         self.secret
+    }
+
+    /// This endpoint's address, sealed with its secret.
+    pub(crate) fn address(&self) -> &[u8] {
+        &self.address
     }
 
     /// Take credit for `what` to `fi_addr` of `incarnation`.
@@ -359,20 +378,27 @@ impl Credits {
     }
 
     /// The application read a message of the sender whose tagged secret is `tagged`, or a
-    /// notification of the sender introduced at `fi_addr` (`tagged` `None`). Returns the grants
+    /// notification of the sender introduced at `fi_addr` (`tagged` `None`). Returns the index
+    /// of the sender that proved the secret (`None`: nobody introduced with it), and the grants
     /// now due: this sender's, once it consumed half a window, and those of waiting senders the
     /// freed pool now pays for.
-    pub(crate) fn consumed(&self, tagged: Option<u64>, fi_addr: u64, what: What) -> Vec<GrantDue> {
+    pub(crate) fn consumed(
+        &self,
+        tagged: Option<u64>,
+        fi_addr: u64,
+        what: What,
+    ) -> (Option<u64>, Vec<GrantDue>) {
         let mut receiving = lock(&self.receiving);
         let found = tagged
             .or_else(|| receiving.by_index.get(&fi_addr).copied())
             .or_else(|| (What::Notification == what).then(|| Self::most_notified(&receiving))?);
         let Some(tagged) = found else {
-            return Vec::new();
+            return (None, Vec::new());
         };
         let Some(peer) = receiving.peers.get_mut(&tagged) else {
-            return Vec::new();
+            return (None, Vec::new());
         };
+        let proven = peer.fi_addr;
         let before = self.owed(peer);
         match what {
             What::Message(len) => {
@@ -406,7 +432,7 @@ impl Credits {
         if due {
             grants.extend(self.extend(&mut receiving, tagged));
         }
-        grants
+        (Some(proven), grants)
     }
 
     /// The peer with the most notifications granted and not yet polled: whose a notification
@@ -453,6 +479,19 @@ impl Credits {
             .collect()
     }
 
+    /// Count a grant refused: its granter did not prove the secret sealed in the address it
+    /// was sent for. Returns how many there were before it.
+    pub(crate) fn refuse_grant(&self) -> u64 {
+        self.refused_grants
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Count an introduction refused; returns how many there were before it.
+    pub(crate) fn refuse_introduction(&self) -> u64 {
+        self.refused_introductions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Count a stray (plain) message; returns how many there were before it.
     pub(crate) fn stray(&self) -> u64 {
         self.strays
@@ -468,6 +507,12 @@ impl Credits {
             granted_notifications: receiving.notifications,
             waiting_grants: receiving.waiting.len(),
             stray_messages: self.strays.load(std::sync::atomic::Ordering::Relaxed),
+            refused_grants: self
+                .refused_grants
+                .load(std::sync::atomic::Ordering::Relaxed),
+            refused_introductions: self
+                .refused_introductions
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -584,7 +629,7 @@ fn reply_to(fi_addr: u64, incarnation: u32) -> u64 {
     (u64::from(incarnation) << 32) | (fi_addr & u64::from(u32::MAX))
 }
 
-fn from_reply_to(reply_to: u64) -> (u64, u32) {
+pub(crate) fn from_reply_to(reply_to: u64) -> (u64, u32) {
     (reply_to & u64::from(u32::MAX), (reply_to >> 32) as u32)
 }
 

@@ -69,7 +69,7 @@ fn a_sender_sends_its_window_and_no_more_until_the_receiver_reads() {
     }
     assert_eq!(Admission::Wait, sender.admit(3, 1, What::Message(10)));
     // The receiver reads one: half its (first) window is spent, so a whole window is granted.
-    let grants = receiver.consumed(Some(wire::tagged_secret(1)), 5, What::Message(10));
+    let (_, grants) = receiver.consumed(Some(wire::tagged_secret(1)), 5, What::Message(10));
     assert_eq!(1, grants.len());
     take(&sender, &grants[0]);
     assert_eq!((15, 8), sender.available(3, 1), "17 granted, 2 sent");
@@ -126,7 +126,11 @@ fn the_pool_pays_for_every_grant_and_waiting_peers_are_served_first() {
     let mut served = Vec::new();
     for peer in [1, 2] {
         for _ in 0..2 {
-            served.extend(receiver.consumed(Some(peer), peer, What::Message(1 << 16)));
+            served.extend(
+                receiver
+                    .consumed(Some(peer), peer, What::Message(1 << 16))
+                    .1,
+            );
         }
     }
     assert_eq!(introduced_client(3), served[0].client, "{served:?}");

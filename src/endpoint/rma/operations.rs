@@ -78,9 +78,9 @@ pub struct Completion {
     /// how many were received.
     pub len: usize,
     /// Who sent a [`receive_into`](LibfabricEndpoint::receive_into)'s message: the sender's index
-    /// in this endpoint's address vector where the provider names it (`FI_SOURCE`, see
-    /// [`receive_from`](LibfabricEndpoint::receive_from) for what it means and when it is `None`);
-    /// `None` for every other operation.
+    /// in this endpoint's address vector, as [`Received::sender`](crate::endpoint::Received::sender)
+    /// says (on a credited endpoint the sender that proved its secret, on a plain one the index
+    /// the provider names); `None` for every other operation.
     pub sender: Option<sys::fi_addr_t>,
     /// `Ok` when the transfer is complete: for a read, its bytes are here; for a write, the
     /// target holds them (under the default
