@@ -4,19 +4,20 @@
 //! The queue sizes ([`Configuration::tx_size`], [`Configuration::rx_size`],
 //! [`Configuration::cq_size`]) go to libfabric with each endpoint, as `fi_getinfo` hints and the
 //! `fi_cq_attr` size. rxm's buffers cannot: when and how they apply, and what they cost, is on
-//! [`RxmSizing`], where a user reads it; [`before_getinfo`] is the first open's part of it.
+//! [`RxmSizing`], where a user reads it; `initialisation::before_getinfo` is the first open's part of it.
 
 use std::ffi::CStr;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
 
 mod credits;
+mod initialisation;
 mod rxm;
 mod write_completion;
 pub use self::credits::{DEFAULT_RECEIVE_MEMORY_LIMIT, PeerProtocol, ReceiveWindow};
+pub(crate) use self::initialisation::{before_getinfo, rxm_eager_limit};
 pub use self::rxm::RxmSizing;
 pub use self::write_completion::WriteCompletion;
 
@@ -79,70 +80,6 @@ impl std::fmt::Display for Provider {
             None => formatter.write_str(self.name()),
         }
     }
-}
-
-/// Set once this process has called `fi_getinfo` through this crate: from then on rxm has read
-/// its environment variables and setting them no longer changes anything.
-static LIBFABRIC_INITIALISED: AtomicBool = AtomicBool::new(false);
-
-/// Called before every `fi_getinfo` of this crate, with the configuration it serves. The first
-/// call of the process applies `configuration`'s rxm sizing itself when that is safe, and says
-/// what it costs when it is not:
-/// - when this process has one thread, the caller's, no other thread can read or write the
-///   environment meanwhile (a thread is only made by a running thread), so setting the
-///   `FI_OFI_RXM_*` variables the environment does not hold is sound, and rxm reads them in the
-///   `fi_getinfo` that follows: an endpoint costs about 5 MiB instead of about 68 MiB;
-/// - otherwise nothing is set, and a warning says what rxm's own defaults cost and how to apply
-///   the sizing ([`Configuration::apply_rxm_environment`] at the start of `main`).
-///
-/// Later calls only record that libfabric has read its variables. Returns whether this call
-/// applied the sizing.
-pub(crate) fn before_getinfo(configuration: &Configuration) -> bool {
-    if LIBFABRIC_INITIALISED.swap(true, Ordering::AcqRel) {
-        return false;
-    }
-    let missing: Vec<(&'static str, String)> = configuration
-        .rxm_environment()
-        .into_iter()
-        .filter(|(name, _)| std::env::var_os(name).is_none())
-        .collect();
-    if missing.is_empty() {
-        return false;
-    }
-    match threads_in_this_process() {
-        Some(1) => {
-            for (name, value) in &missing {
-                // SAFETY: this process has one thread, this one (counted just above; only a
-                // running thread can start another, and this one is here), so nothing else
-                // reads or writes the environment during the call.
-                unsafe { std::env::set_var(name, value) };
-            }
-            tracing::debug!(
-                variables = ?missing,
-                "applied rxm's sizing before libfabric's initialisation (one thread in the process)"
-            );
-            true
-        }
-        threads => {
-            tracing::warn!(
-                threads = ?threads,
-                unset = ?missing,
-                "rxm's sizing was not applied: the process has other threads, so the crate \
-                 cannot set FI_OFI_RXM_* safely, and rxm's own defaults cost about 68 MiB per \
-                 endpoint on libfabric 1.17 (132 MiB on 2.6.0) against about 5 MiB; call \
-                 `unsafe {{ configuration.apply_rxm_environment() }}` at the start of main, \
-                 or set the variables in the environment"
-            );
-            false
-        }
-    }
-}
-
-/// How many threads this process has, from `/proc/self/task`; `None` where that cannot be read.
-pub(crate) fn threads_in_this_process() -> Option<usize> {
-    std::fs::read_dir("/proc/self/task")
-        .ok()
-        .map(|tasks| tasks.filter(Result::is_ok).count())
 }
 
 /// How to open a [`LibfabricEndpoint`](crate::endpoint::LibfabricEndpoint).
@@ -501,7 +438,7 @@ impl Configuration {
     /// [`DmaError::InvalidArgument`] when this process has already opened an endpoint: libfabric
     /// has read its variables then, and setting them would change nothing. Nothing is set.
     pub unsafe fn apply_rxm_environment(&self) -> Result<(), DmaError> {
-        if LIBFABRIC_INITIALISED.load(Ordering::Acquire) {
+        if initialisation::libfabric_initialised() {
             return Err(DmaError::InvalidArgument(
                 "rxm's sizing must be applied before the process's first endpoint opens: \
                  libfabric has read FI_OFI_RXM_* already"

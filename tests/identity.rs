@@ -66,7 +66,7 @@ fn be_the_client() -> ! {
 /// The impostor, at client 1's port: announce its address, read the server's, count what it
 /// receives on a thread, try its sends, say how many were accepted, and on `REPORT` say how many
 /// messages it received.
-fn be_theimpostor() -> ! {
+fn be_the_impostor() -> ! {
     let impostor = Arc::new(testkit::tcp());
     println!("ADDRESS {}", hex(&impostor.local_address().unwrap()));
     std::io::stdout().flush().unwrap();
@@ -107,7 +107,7 @@ fn be_theimpostor() -> ! {
 fn a_process_that_takes_a_clients_port_gets_nothing_of_it_and_is_not_it() {
     match std::env::var(ROLE).as_deref() {
         Ok("client") => be_the_client(),
-        Ok("impostor") => be_theimpostor(),
+        Ok("impostor") => be_the_impostor(),
         _ => {}
     }
     // Client 1 advertises its sealed address, and goes: its port is free for the next taker.

@@ -233,6 +233,72 @@ fn a_credited_sender_is_named_by_its_introduction_and_by_no_client() {
     assert_eq!(1, receiver.cache().stats().entries);
 }
 
+/// Index reuse at the default configuration (issue 40, item 4; the plain endpoint's outcome is
+/// the test above): a credited sender is named by the secret in its messages' tags, and its
+/// introduction holds its entry, so releasing the application's client does not hand its index
+/// to the next peer. The newcomer lands on another index, and 100 late messages of the leaving
+/// sender name its own index, where neither the newcomer's client nor the released one is.
+#[test]
+fn at_the_default_late_messages_of_a_released_sender_name_neither_client() {
+    let receiver = endpoint(false);
+    let leaving = endpoint(false);
+    let newcomer = endpoint(false);
+    let address = receiver.local_address().expect("address");
+    let pinned = receiver.cache().pin();
+    let index = pinned
+        .resolve(1, &leaving.local_address().expect("address"))
+        .expect("resolve")
+        .fi_addr();
+    drop(pinned);
+    let first = std::thread::scope(|scope| {
+        let receiving = scope.spawn(|| receive(&receiver, 1));
+        send_all(&leaving, &address, &[b"hello"]);
+        receiving.join().expect("the receiving thread")
+    });
+    assert_eq!(
+        Some(index),
+        first[0].sender,
+        "proved, on the client's index"
+    );
+    receiver.cache().release(1);
+    receiver.cache().quiesce();
+    let pinned = receiver.cache().pin();
+    let newcomers = pinned
+        .resolve(2, &newcomer.local_address().expect("address"))
+        .expect("resolve")
+        .fi_addr();
+    drop(pinned);
+    assert_ne!(index, newcomers, "the leaving sender's introduction holds its index");
+    let late: Vec<&[u8]> = vec![b"late"; 100];
+    let received = std::thread::scope(|scope| {
+        let receiving = scope.spawn(|| receive(&receiver, late.len()));
+        send_all(&leaving, &address, &late);
+        receiving.join().expect("the receiving thread")
+    });
+    let attributed = |client: u64| {
+        received
+            .iter()
+            .filter(|message| {
+                message
+                    .sender
+                    .is_some_and(|sender| receiver.cache().clients_at(sender).contains(&client))
+            })
+            .count()
+    };
+    assert_eq!(0, attributed(2), "attributed to the newcomer");
+    assert_eq!(0, attributed(1), "attributed to the released client");
+    assert!(
+        received
+            .iter()
+            .all(|message| message.sender.is_some() && message.sender != Some(newcomers)),
+        "every late message names the leaving sender: {:?}",
+        received
+            .iter()
+            .map(|message| message.sender)
+            .collect::<Vec<_>>()
+    );
+}
+
 /// The same on libfabric 2.x's native tcp (1.x has none).
 #[test]
 fn on_native_tcp_too_a_late_message_names_whoever_holds_the_index_now() {

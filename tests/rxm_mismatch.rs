@@ -1,12 +1,15 @@
 //! Peers whose rxm eager limits differ (issue 40, item 5), on real tcp;ofi_rxm endpoints in two
 //! processes: rxm refuses the connection (`rxm_verify_connreq`: "eager_limit mismatch", in its
-//! own log only), so every post answers `-FI_EAGAIN`. The first send answers `WouldBlock` after
-//! its patience (a second), and the error names the setting that differs.
+//! own log only), so every post would answer `-FI_EAGAIN`. A sealed address says its process's
+//! eager limit, so the first operation, the resolve, is refused at once with an error that
+//! names both limits and the setting, and nothing enters the AV. A bare address (a plain peer's)
+//! says nothing: its first send answers `WouldBlock` after its patience (a second), and that
+//! error names the setting too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::process::{Command, Stdio};
 
-use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
+use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, SEAL_LEN};
 
 /// Marks the child this test starts with an environment of its own.
 const CHILD: &str = "DMA_LIBFABRIC_RXM_MISMATCH_CHILD";
@@ -41,7 +44,22 @@ fn a_peer_with_another_eager_limit_is_refused_with_an_error_naming_the_setting()
     let (address, _stdin) = testkit::announced_address(&mut child.0);
     let server = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1")).unwrap();
     let pinned = server.cache().pin();
-    let peer = pinned.resolve(1, &address).expect("resolve");
+    match pinned.resolve(1, &address) {
+        Err(DmaError::InvalidAddress(why)) => {
+            for needle in [
+                CHILD_BUFFER_SIZE,
+                "FI_OFI_RXM_BUFFER_SIZE",
+                "RxmSizing::buffer_size",
+            ] {
+                assert!(why.contains(needle), "{needle:?} is not in {why:?}");
+            }
+        }
+        other => panic!("a sealed address of another eager limit was resolved: {other:?}"),
+    }
+    assert_eq!(None, server.lookup(0).unwrap(), "nothing entered the AV");
+    // The same peer's bare address, as a plain peer would give it: nothing to compare.
+    let bare = &address[..address.len() - SEAL_LEN];
+    let peer = pinned.resolve(2, bare).expect("resolve");
     let refused = server.send(peer, b"hello");
     assert_eq!(
         Err(DmaError::WouldBlock),

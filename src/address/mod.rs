@@ -6,7 +6,7 @@
 mod seal;
 
 pub use self::seal::SEAL_LEN;
-pub(crate) use self::seal::{SEALED_SECRET_MASK, seal, secret_of};
+pub(crate) use self::seal::{SEALED_SECRET_MASK, Seal, seal, seal_of, secret_of};
 
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;

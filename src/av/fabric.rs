@@ -9,7 +9,7 @@
 //! [`LibfabricEndpoint::lookup`]: crate::endpoint::LibfabricEndpoint::lookup
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::AvBackend;
@@ -34,6 +34,9 @@ pub(crate) struct HandedOut {
     /// The secret each live index's address was sealed with, and how many inserts hold it: one
     /// entry per live index, so at most the AV's capacity.
     seals: Mutex<HashMap<sys::fi_addr_t, Sealed>>,
+    /// The rxm eager limit of the process that owns the AV (0: none, or not known), which a
+    /// sealed address's must equal (see [`HandedOut::connectable`]).
+    eager_limit: AtomicU32,
 }
 
 /// What holds one index: the secret its address was sealed with (`None`: bare), and how many
@@ -52,11 +55,37 @@ impl Default for HandedOut {
             capacity: u64::MAX,
             unreachable: Unreachable::default(),
             seals: Mutex::default(),
+            eager_limit: AtomicU32::new(0),
         }
     }
 }
 
 impl HandedOut {
+    /// Note this process's rxm eager limit (0: none, or not known), the one its endpoint's
+    /// connections carry: from now on a sealed address of another is refused before it is
+    /// inserted.
+    pub(crate) fn expect_eager_limit(&self, limit: u32) {
+        self.eager_limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Whether a peer whose seal says `seal` can connect to this process: refused when both
+    /// know their rxm eager limits and they differ. rxm refuses such a connection
+    /// (`rxm_verify_connreq`: "eager_limit mismatch") and says so only in its log, so every
+    /// operation to the peer would answer `WouldBlock` and none would complete.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidAddress`] naming both limits and the setting that makes them.
+    fn connectable(&self, seal: crate::address::Seal) -> Result<(), DmaError> {
+        let ours = self.eager_limit.load(Ordering::Relaxed);
+        let theirs = seal.eager_limit;
+        if 0 == ours || 0 == theirs || ours == theirs {
+            return Ok(());
+        }
+        Err(DmaError::InvalidAddress(format!(
+            "the peer's rxm eager limit is {theirs} bytes and this process's {ours}: rxm              refuses a connection between processes whose FI_OFI_RXM_BUFFER_SIZE differ, so              nothing could reach it; give both the same RxmSizing::buffer_size (applied before              libfabric initialises: Configuration::apply_rxm_environment, or              FI_OFI_RXM_BUFFER_SIZE in the environment)"
+        )))
+    }
+
     /// Note that `fi_av_insert` returned `fi_addr`.
     fn note(&self, fi_addr: sys::fi_addr_t) {
         // Release: a reader that sees the new mark also sees the insert that allocated it.
@@ -129,6 +158,7 @@ pub(crate) fn register(av: *mut sys::fid_av, capacity: usize) -> Arc<HandedOut> 
         capacity: u64::try_from(capacity).unwrap_or(u64::MAX),
         unreachable: Unreachable::with_capacity(capacity),
         seals: Mutex::default(),
+        eager_limit: AtomicU32::new(0),
     });
     let mut records = crate::sync::lock(&RECORDS);
     records.retain(|(key, live)| *key != av as usize && live.strong_count() > 0);
@@ -230,7 +260,11 @@ impl AvBackend for FabricAv {
         // read past its end inside libfabric.
         self.format.identity_len(address, self.address_len)?;
         crate::address::check_sockaddr(self.addr_format, &address[..self.address_len])?;
-        let secret = crate::address::secret_of(address, self.address_len)?;
+        let seal = crate::address::seal_of(address, self.address_len)?;
+        if let Some(seal) = seal {
+            self.handed_out.connectable(seal)?;
+        }
+        let secret = seal.map(|seal| seal.secret);
         let mut fi_addr = sys::FI_ADDR_NOTAVAIL;
         // SAFETY: the AV is open (see `Send` above); `address` holds exactly the provider's
         // address length, which is all fi_av_insert reads for one address; `fi_addr` has room for

@@ -44,6 +44,16 @@ use crate::error::DmaError;
 /// was not applied, [`LibfabricEndpoint::open`](crate::endpoint::LibfabricEndpoint::open) still
 /// works, with rxm's defaults (and their cost).
 ///
+/// # Peers of another size
+///
+/// rxm refuses a connection between processes whose `buffer_size` (its eager limit) differ, and
+/// says so only in its own log. A credited endpoint's address says its process's eager limit
+/// (in the seal, [`SEAL_LEN`](crate::address::SEAL_LEN)), and resolving a sealed address whose
+/// limit differs from this process's answers [`DmaError::InvalidAddress`] at once, naming both
+/// limits and the setting, before anything enters the address vector. A bare address (a plain
+/// peer's) says nothing; a send to such a peer of another limit answers
+/// [`DmaError::WouldBlock`] after its patience, its text naming the setting.
+///
 /// What the sizing buys (`examples/open_cost`, tcp;ofi_rxm on 127.0.0.1, 16 endpoints held open,
 /// medians; `docs/providers.md`, "Endpoint sizing", has the table): on libfabric 1.17 an
 /// endpoint costs 5.3 MiB of resident memory instead of 68.5 MiB, on 2.6.0 21 MiB instead of
@@ -229,6 +239,29 @@ impl RxmSizing {
         Some(format!("the environment is out of bounds: {reason}"))
     }
 
+    /// rxm's eager limit as rxm reads it from this process's environment at its initialisation
+    /// (`FI_OFI_RXM_BUFFER_SIZE`, rxm's default 16,384 when unset), or 0 where this cannot say
+    /// what rxm makes of the text (not a decimal size from 256 to `i32::MAX`: rxm's `strtol`
+    /// takes hex and signs, and clamps small and large values).
+    pub(crate) fn eager_limit_in_environment() -> u32 {
+        Self::eager_limit_of(std::env::var_os("FI_OFI_RXM_BUFFER_SIZE").as_deref())
+    }
+
+    /// [`eager_limit_in_environment`](Self::eager_limit_in_environment) of a variable that
+    /// holds `variable`.
+    fn eager_limit_of(variable: Option<&std::ffi::OsStr>) -> u32 {
+        /// rxm's `rxm_buffer_size` when the variable is unset (libfabric 1.17 and 2.6.0).
+        const RXM_DEFAULT_BUFFER_SIZE: u32 = 16_384;
+        let Some(variable) = variable else {
+            return RXM_DEFAULT_BUFFER_SIZE;
+        };
+        variable
+            .to_str()
+            .and_then(|text| text.trim().parse::<u32>().ok())
+            .filter(|limit| (256..=i32::MAX.unsigned_abs()).contains(limit))
+            .unwrap_or(0)
+    }
+
     /// rxm's own defaults: no variable set.
     pub fn provider_defaults() -> Self {
         Self {
@@ -238,6 +271,34 @@ impl RxmSizing {
             msg_tx_size: None,
             msg_rx_size: None,
             use_srx: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RxmSizing;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn the_eager_limit_is_read_as_rxm_reads_it_or_not_at_all() {
+        let of = |text: &str| RxmSizing::eager_limit_of(Some(OsStr::new(text)));
+        assert_eq!(16_384, RxmSizing::eager_limit_of(None), "rxm's default");
+        assert_eq!(4096, of("4096"));
+        assert_eq!(4096, of(" 4096\n"));
+        assert_eq!(2_147_483_647, of("2147483647"));
+        // What rxm's strtol reads otherwise, or clamps: not known here.
+        for unknown in [
+            "0",
+            "255",
+            "0x1000",
+            "-1",
+            "2147483648",
+            "4294967296",
+            "",
+            "4 KiB",
+        ] {
+            assert_eq!(0, of(unknown), "{unknown:?}");
         }
     }
 }

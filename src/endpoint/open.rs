@@ -123,7 +123,15 @@ impl LibfabricEndpoint {
         let mut endpoint =
             unsafe { Self::assemble(configuration, handles, description, receives, queues) }?;
         endpoint.controls = controls;
-        endpoint.credits = endpoint.open_credits(configuration)?;
+        // rxm refuses connections between processes of other eager limits: the seal says this
+        // one's, and the AV refuses a sealed address of another (`av::fabric`).
+        let eager_limit = if endpoint.description.provider.ends_with("ofi_rxm") {
+            crate::configuration::rxm_eager_limit()
+        } else {
+            0
+        };
+        endpoint.handed_out.expect_eager_limit(eager_limit);
+        endpoint.credits = endpoint.open_credits(configuration, eager_limit)?;
         endpoint.post_receives()?;
         tracing::debug!(provider = %endpoint.description.provider, fabric = %endpoint.description.fabric, "endpoint open");
         Ok(endpoint)
@@ -214,7 +222,8 @@ impl LibfabricEndpoint {
     }
 
     /// The credit protocol's state for a credited endpoint (a fresh secret, the endpoint's own
-    /// address for its introductions), `None` for a plain one.
+    /// address for its introductions, sealed with the secret and `eager_limit`, the process's
+    /// rxm eager limit or 0), `None` for a plain one.
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] for an address longer than an introduction carries;
@@ -222,12 +231,17 @@ impl LibfabricEndpoint {
     fn open_credits(
         &self,
         configuration: &Configuration,
+        eager_limit: u32,
     ) -> Result<Option<Box<credits::Credits>>, DmaError> {
         if PeerProtocol::Plain == configuration.peer_protocol {
             return Ok(None);
         }
         let secret = fresh_secret();
-        let address = crate::address::seal(&self.provider_name()?, secret);
+        let seal = crate::address::Seal {
+            secret,
+            eager_limit,
+        };
+        let address = crate::address::seal(&self.provider_name()?, seal);
         if address.len() > credits::wire::MAX_ADDRESS {
             return Err(DmaError::InvalidArgument(format!(
                 "the provider's addresses are {} bytes, longer than the {} an introduction of \
