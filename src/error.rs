@@ -104,10 +104,14 @@ pub enum DmaError {
     /// The provider reported the peer's connection refused, reset or otherwise given up, so the
     /// operation was not (or will never be) delivered. Returned at once, not after a retry
     /// budget, and by every later operation to the same peer until it is resolved anew.
-    #[error("peer {peer:#x} is unreachable: {reason}")]
+    #[error("peer {peer:#x}{} is unreachable: {reason}", client_text(*.client))]
     PeerUnreachable {
         /// The peer's `fi_addr_t`, as the operation was posted against it.
         peer: u64,
+        /// The client the operation was posted for ([`Peer::client`](crate::cache::Peer::client),
+        /// [`Lease::client`](crate::cache::Lease::client)); `None` for a post to a raw
+        /// `fi_addr_t` (`send_raw` and friends), which names no client.
+        client: Option<u64>,
         /// What the provider said (its error text and code).
         reason: String,
     },
@@ -160,4 +164,28 @@ pub(crate) fn strerror(code: i64) -> String {
     unsafe { CStr::from_ptr(text) }
         .to_string_lossy()
         .into_owned()
+}
+
+impl DmaError {
+    /// This error, naming `client` if it is a [`DmaError::PeerUnreachable`] that names none: for
+    /// the paths that post to a `Peer` through its raw index.
+    pub(crate) fn for_client(self, client: u64) -> Self {
+        match self {
+            Self::PeerUnreachable {
+                peer,
+                client: None,
+                reason,
+            } => Self::PeerUnreachable {
+                peer,
+                client: Some(client),
+                reason,
+            },
+            other => other,
+        }
+    }
+}
+
+/// `PeerUnreachable`'s words for its client: " (client N)", or nothing for a raw post.
+fn client_text(client: Option<u64>) -> String {
+    client.map_or_else(String::new, |client| format!(" (client {client})"))
 }

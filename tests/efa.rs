@@ -19,7 +19,7 @@ fn addresses_differing_only_in_qkey_are_one_slot() {
     let two = pinned
         .resolve(2, &efa(1, 7, 0x9bce_1061))
         .expect("same bytes, shared");
-    assert_eq!(one, two);
+    assert_eq!(one.fi_addr(), two.fi_addr());
     assert_eq!(1, av.inserts());
     assert!(av.violations().is_empty(), "{:?}", av.violations());
 }

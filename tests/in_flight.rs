@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use dma_libfabric::{Completion, LibfabricEndpoint, MemoryRegion, OverdueOperation, RemoteRegion};
+use dma_libfabric::{
+    Completion, LibfabricEndpoint, MemoryRegion, Operation, OverdueOperation, RemoteRegion,
+};
 use testkit::{PATIENCE, rma_tcp, with_progress};
 
 /// Large enough that a few writes of it cannot all fit in loopback's socket buffers.
@@ -46,6 +48,9 @@ fn an_endpoint_with_nothing_in_flight_has_no_age_and_nothing_overdue() {
     let mut overdue = vec![OverdueOperation {
         id: 7,
         age: Duration::ZERO,
+        operation: Operation::Write,
+        peer: 0,
+        client: Some(1),
     }];
     assert_eq!(0, endpoint.overdue_operations(Duration::ZERO, &mut overdue));
     assert_eq!(1, overdue.len(), "appends, never clears what was there");
@@ -89,10 +94,19 @@ fn writes_to_a_peer_that_stops_progressing_grow_old_and_complete_once_it_progres
         server.overdue_operations(Duration::ZERO, &mut overdue),
         "every operation in flight is at least zero old: {overdue:?}"
     );
+    let pinned = server.cache().pin();
+    let peer = pinned.resolve(1, &address).expect("resolved");
     for operation in &overdue {
         assert!((1..=WRITES).contains(&operation.id), "{operation:?}");
         assert!(operation.age <= server.oldest_operation_age().expect("still in flight"));
+        let named = (operation.operation, operation.peer, operation.client);
+        assert_eq!(
+            (Operation::Write, peer.fi_addr(), Some(1)),
+            named,
+            "names what and whom"
+        );
     }
+    drop(pinned);
     let mut none = Vec::new();
     assert_eq!(
         0,

@@ -213,12 +213,13 @@ fn sends_to_a_killed_peer_are_reported_and_then_refused() {
     };
     let DmaError::PeerUnreachable {
         peer: fi_addr,
+        client,
         reason,
     } = &refusal
     else {
         panic!("expected PeerUnreachable, got {refusal}");
     };
-    assert_eq!(peer.fi_addr(), *fi_addr);
+    assert_eq!((peer.fi_addr(), Some(peer.client())), (*fi_addr, *client));
     eprintln!("refused after {accepted} sends: {reason}");
     // Every send that answered Ok completes, and since the peer is dead, with an error.
     while 0 < endpoint.sends_in_flight() {

@@ -64,8 +64,16 @@ fn writes_to_a_peer_that_closed_complete_with_peer_unreachable() {
         let done = server.wait_for(id, PATIENCE).expect("every write resolves");
         match done.result {
             Ok(()) => {}
-            Err(DmaError::PeerUnreachable { peer, reason }) => {
-                assert_eq!(fi_addr, peer);
+            Err(DmaError::PeerUnreachable {
+                peer,
+                client,
+                reason,
+            }) => {
+                assert_eq!(
+                    (fi_addr, Some(1)),
+                    (peer, client),
+                    "the peer and its client"
+                );
                 assert!(reason.starts_with("fi_write"), "{reason}");
                 unreachable += 1;
             }
@@ -228,10 +236,20 @@ fn rma_to_a_killed_peer_is_refused_after_its_first_failed_completion() {
         region.slice(0, 8).expect("slice"),
         200,
     );
-    let Err(DmaError::PeerUnreachable { peer, reason }) = refused else {
+    let Err(DmaError::PeerUnreachable {
+        peer,
+        client,
+        reason,
+    }) = &refused
+    else {
         panic!("expected PeerUnreachable, got {refused:?}");
     };
-    assert_eq!(dead_index, peer);
+    assert_eq!((dead_index, Some(1)), (*peer, *client));
+    let text = refused.as_ref().unwrap_err().to_string();
+    assert!(
+        text.contains("(client 1)"),
+        "the error names the client: {text}"
+    );
     eprintln!("refused: {reason}");
     let lease = server
         .cache()

@@ -273,8 +273,13 @@ fn cut(error: DmaError) -> DmaError {
         DmaError::InvalidAddress(why) => DmaError::InvalidAddress(short(why)),
         DmaError::Unsupported(why) => DmaError::Unsupported(short(why)),
         DmaError::InvalidArgument(why) => DmaError::InvalidArgument(short(why)),
-        DmaError::PeerUnreachable { peer, reason } => DmaError::PeerUnreachable {
+        DmaError::PeerUnreachable {
             peer,
+            client,
+            reason,
+        } => DmaError::PeerUnreachable {
+            peer,
+            client,
             reason: short(reason),
         },
         other => other,

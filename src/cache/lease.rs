@@ -140,15 +140,23 @@ use dma_libfabric_sys::fi_addr_t;
 pub struct Lease<'cache> {
     fi_addr: fi_addr_t,
     cache: u64,
+    /// The client it was taken for.
+    client: u64,
     shared: &'cache SharedState,
 }
 
 impl<'cache> Lease<'cache> {
     /// A lease on `fi_addr`, whose counter the caller has just incremented.
-    pub(crate) fn new(fi_addr: fi_addr_t, cache: u64, shared: &'cache SharedState) -> Self {
+    pub(crate) fn new(
+        fi_addr: fi_addr_t,
+        cache: u64,
+        client: u64,
+        shared: &'cache SharedState,
+    ) -> Self {
         Self {
             fi_addr,
             cache,
+            client,
             shared,
         }
     }
@@ -162,7 +170,13 @@ impl<'cache> Lease<'cache> {
     /// The leased entry as a [`Peer`], to post against: valid while this lease lives.
     #[inline]
     pub fn peer(&self) -> Peer<'_> {
-        Peer::new(self.fi_addr, self.cache)
+        Peer::new(self.fi_addr, self.cache, self.client)
+    }
+
+    /// The client it was taken for (see [`Peer::client`]).
+    #[inline]
+    pub fn client(&self) -> u64 {
+        self.client
     }
 }
 
@@ -175,7 +189,7 @@ impl Clone for Lease<'_> {
     /// zero under a live lease.
     fn clone(&self) -> Self {
         self.shared.leases.add(self.fi_addr);
-        Self::new(self.fi_addr, self.cache, self.shared)
+        Self::new(self.fi_addr, self.cache, self.client, self.shared)
     }
 }
 

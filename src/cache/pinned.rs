@@ -100,7 +100,7 @@ impl<'cache> Pinned<'cache> {
             None,
             &self.reader_side.shared.doorbell,
         ) {
-            Outcome::Answered(fi_addr) => Ok(self.peer(fi_addr?)),
+            Outcome::Answered(fi_addr) => Ok(self.peer(fi_addr?, client)),
             // Without a deadline the answer always comes.
             Outcome::TimedOut => Err(DmaError::WouldBlock),
         }
@@ -174,8 +174,10 @@ impl<'cache> Pinned<'cache> {
             });
         }
         for (position, answer) in positions.iter().zip(self.reader_side.ask_chunks(&misses)) {
-            if let Some(slot) = results.get_mut(*position) {
-                *slot = answer.map(|fi_addr| self.peer(fi_addr));
+            if let (Some(slot), Some(&(client, _))) =
+                (results.get_mut(*position), requests.get(*position))
+            {
+                *slot = answer.map(|fi_addr| self.peer(fi_addr, client));
             }
         }
         results
@@ -269,6 +271,7 @@ impl<'cache> Pinned<'cache> {
         Ok(Lease::new(
             peer.fi_addr,
             self.reader_side.id,
+            peer.client,
             &self.reader_side.shared,
         ))
     }
@@ -298,11 +301,11 @@ impl<'cache> Pinned<'cache> {
         // SAFETY: this thread is pinned on the cache's epoch (`self.epoch`) until the reader is
         // dropped, which it is before the pin (the fields' order).
         let found = unsafe { self.registrations.probe(reader, client, address) };
-        Ok(found.map(|fi_addr| self.peer(fi_addr)))
+        Ok(found.map(|fi_addr| self.peer(fi_addr, client)))
     }
 
-    fn peer(&self, fi_addr: fi_addr_t) -> Peer<'_> {
-        Peer::new(fi_addr, self.reader_side.id)
+    fn peer(&self, fi_addr: fi_addr_t, client: u64) -> Peer<'_> {
+        Peer::new(fi_addr, self.reader_side.id, client)
     }
 
     /// The peer at `fi_addr` as this pin sees it: for the fuzz driver (`testkit`), which
@@ -314,8 +317,8 @@ impl<'cache> Pinned<'cache> {
     /// handed to another peer, and posting to it writes into someone else's memory.
     #[cfg(feature = "model")]
     #[doc(hidden)]
-    pub unsafe fn peer_unchecked(&self, fi_addr: fi_addr_t) -> Peer<'_> {
-        self.peer(fi_addr)
+    pub unsafe fn peer_unchecked(&self, client: u64, fi_addr: fi_addr_t) -> Peer<'_> {
+        self.peer(fi_addr, client)
     }
 }
 
@@ -336,14 +339,17 @@ pub struct Peer<'pin> {
     fi_addr: fi_addr_t,
     /// The id of the cache that resolved it.
     pub(super) cache: u64,
+    /// The client it was resolved for: what errors about it name.
+    client: u64,
     pin: PhantomData<&'pin ()>,
 }
 
 impl Peer<'_> {
-    pub(crate) fn new(fi_addr: fi_addr_t, cache: u64) -> Self {
+    pub(crate) fn new(fi_addr: fi_addr_t, cache: u64, client: u64) -> Self {
         Self {
             fi_addr,
             cache,
+            client,
             pin: PhantomData,
         }
     }
@@ -352,5 +358,24 @@ impl Peer<'_> {
     #[inline]
     pub fn fi_addr(self) -> fi_addr_t {
         self.fi_addr
+    }
+
+    /// The client it was resolved (or leased) for: the id an operation's
+    /// [`DmaError::PeerUnreachable`] and [`OverdueOperation`](crate::endpoint::OverdueOperation)
+    /// name. Two clients of one address get equal `fi_addr`s and unequal peers.
+    ///
+    /// ```
+    /// use dma_libfabric::{AddressCache, AddressFormat, DmaError, ModelAv};
+    ///
+    /// let cache = AddressCache::with_backend(ModelAv::new(AddressFormat::Opaque));
+    /// let pinned = cache.pin();
+    /// let (one, two) = (pinned.resolve(1, &[1; 16])?, pinned.resolve(2, &[1; 16])?);
+    /// assert_eq!((1, 2), (one.client(), two.client()));
+    /// assert_eq!(one.fi_addr(), two.fi_addr());
+    /// # Ok::<(), DmaError>(())
+    /// ```
+    #[inline]
+    pub fn client(self) -> u64 {
+        self.client
     }
 }

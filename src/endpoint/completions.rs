@@ -191,6 +191,7 @@ impl Operations {
                 );
                 DmaError::PeerUnreachable {
                     peer: operation.fi_addr,
+                    client: operation.client,
                     reason: format!("{call}: {}", fabric_text(&error)),
                 }
             }

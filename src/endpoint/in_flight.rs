@@ -2,16 +2,19 @@
 //! operations older than a deadline.
 //!
 //! Why a server watches the ages, and what reading them guarantees, is on [`OverdueOperation`].
-//! How: each slot of the operation slab carries its post time and id in atomics of its own
-//! ([`PostedAt`]), written by the posting thread before the operation is handed to the provider
-//! (the id, then the time with `Release`) and cleared by the thread that reads its completion,
-//! before the slot is free again. A reader reads the time, the id, and the time again, and skips
-//! the slot if the two times differ: a reuse in between changes the time or clears it.
+//! How: each slot of the operation slab carries its post time, id, operation, peer and client in
+//! atomics of its own ([`PostedAt`]), written by the posting thread before the operation is
+//! handed to the provider (the rest, then the time with `Release`) and cleared by the thread that
+//! reads its completion, before the slot is free again. A reader reads the time, the rest, and
+//! the time again, and skips the slot if the two times differ: a reuse in between changes the
+//! time or clears it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use super::LibfabricEndpoint;
+use super::rma::Operation;
+use dma_libfabric_sys as sys;
 
 /// An RMA operation in flight for longer than a deadline
 /// ([`LibfabricEndpoint::overdue_operations`]).
@@ -42,27 +45,75 @@ use super::LibfabricEndpoint;
 ///   and fault, and the knobs that bound it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverdueOperation {
-    /// The id it was posted with.
+    /// The id it was posted with (for an operation of the async face or a rail set, the crate's
+    /// own token: [`operation`](Self::operation), [`peer`](Self::peer) and
+    /// [`client`](Self::client) say what it is).
     pub id: u64,
     /// How long it has been in flight.
     pub age: Duration,
+    /// What was posted.
+    pub operation: Operation,
+    /// The peer's `fi_addr_t` it was posted against; `FI_ADDR_UNSPEC` for a
+    /// [`receive_into`](LibfabricEndpoint::receive_into), which names no peer.
+    pub peer: u64,
+    /// The client its peer was resolved or leased for ([`Peer::client`](crate::cache::Peer::client));
+    /// `None` for a receive.
+    pub client: Option<u64>,
 }
 
-/// A slot's post time and id, readable by any thread.
+/// A slot's post time and what was posted, readable by any thread.
 #[derive(Debug, Default)]
 pub(super) struct PostedAt {
     /// Nanoseconds from the slab's `born` to the post, plus one; 0 while the slot is free.
     nanos: AtomicU64,
     id: AtomicU64,
+    peer: AtomicU64,
+    client: AtomicU64,
+    /// The operation ([`Operation`]'s code), and [`HAS_CLIENT`] when `client` holds one.
+    operation: AtomicU8,
+}
+
+/// In [`PostedAt::operation`]: the slot's `client` is one.
+const HAS_CLIENT: u8 = 0x80;
+
+/// What [`PostedAt::read`] gives: the operation's id, the nanoseconds from `born` to its post,
+/// and what was posted.
+struct Posted {
+    id: u64,
+    nanos: u64,
+    operation: Operation,
+    peer: u64,
+    client: Option<u64>,
 }
 
 impl PostedAt {
-    /// The slot's operation `id` is handed to the provider now (called by its posting thread,
-    /// which owns the slot).
-    pub(super) fn set(&self, born: Instant, id: u64) {
+    /// The slot's operation `id` (an `operation` to `peer` for `client`) is handed to the
+    /// provider now (called by its posting thread, which owns the slot).
+    pub(super) fn set(
+        &self,
+        born: Instant,
+        id: u64,
+        operation: Operation,
+        peer: sys::fi_addr_t,
+        client: Option<u64>,
+    ) {
         let nanos = u64::try_from(born.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        let code = match operation {
+            Operation::Write => 0,
+            Operation::Read => 1,
+            Operation::Send => 2,
+            Operation::Receive => 3,
+        };
+        // Release fence: a reader whose loads see any of the stores below sees, after its
+        // acquire fence, this slot's `clear` (which happened before this post: the slot came
+        // off the free list after it), so it does not mix them with the last operation's time.
+        fence(Ordering::Release);
         self.id.store(id, Ordering::Relaxed);
-        // Release: a reader that sees the time sees the id stored before it.
+        self.peer.store(peer, Ordering::Relaxed);
+        self.client.store(client.unwrap_or(0), Ordering::Relaxed);
+        let flag = if client.is_some() { HAS_CLIENT } else { 0 };
+        self.operation.store(code | flag, Ordering::Relaxed);
+        // Release: a reader that sees the time sees what was stored before it.
         self.nanos.store(nanos + 1, Ordering::Release);
     }
 
@@ -71,16 +122,37 @@ impl PostedAt {
         self.nanos.store(0, Ordering::Release);
     }
 
-    /// `(id, nanoseconds from born to the post)` of the operation in this slot, if any; `None`
-    /// too when the slot was reused while it was read.
-    fn read(&self) -> Option<(u64, u64)> {
+    /// The operation in this slot, if any; `None` too when the slot was reused while it was
+    /// read.
+    fn read(&self) -> Option<Posted> {
         let before = self.nanos.load(Ordering::Acquire);
         if 0 == before {
             return None;
         }
         let id = self.id.load(Ordering::Relaxed);
-        // A reuse in between changes the time (a later post), or clears it.
-        (before == self.nanos.load(Ordering::Acquire)).then_some((id, before - 1))
+        let peer = self.peer.load(Ordering::Relaxed);
+        let client = self.client.load(Ordering::Relaxed);
+        let code = self.operation.load(Ordering::Relaxed);
+        // A reuse in between changes the time (a later post), or clears it. The fence pairs with
+        // `set`'s: if a load above saw a later post's store, this load sees its `clear` or its
+        // time (a seqlock's read).
+        fence(Ordering::Acquire);
+        if before != self.nanos.load(Ordering::Relaxed) {
+            return None;
+        }
+        let operation = match code & !HAS_CLIENT {
+            0 => Operation::Write,
+            1 => Operation::Read,
+            2 => Operation::Send,
+            _ => Operation::Receive,
+        };
+        Some(Posted {
+            id,
+            nanos: before - 1,
+            operation,
+            peer,
+            client: (0 != code & HAS_CLIENT).then_some(client),
+        })
     }
 }
 
@@ -102,7 +174,7 @@ impl LibfabricEndpoint {
         operations
             .posted_at()
             .filter_map(PostedAt::read)
-            .map(|(_, posted)| posted)
+            .map(|posted| posted.nanos)
             .min()
             .map(|posted| {
                 Duration::from_nanos(
@@ -124,7 +196,10 @@ impl LibfabricEndpoint {
     /// let mut overdue = Vec::new();
     /// endpoint.overdue_operations(Duration::from_secs(5), &mut overdue);
     /// for operation in &overdue {
-    ///     println!("operation {} in flight for {:?}", operation.id, operation.age);
+    ///     println!(
+    ///         "{:?} {} to client {:?} (peer {:#x}) in flight for {:?}",
+    ///         operation.operation, operation.id, operation.client, operation.peer, operation.age
+    ///     );
     /// }
     /// # Ok::<(), dma_libfabric::DmaError>(())
     /// ```
@@ -136,10 +211,16 @@ impl LibfabricEndpoint {
             operations
                 .posted_at()
                 .filter_map(PostedAt::read)
-                .filter_map(|(id, posted)| {
-                    let age = u64::try_from(now.saturating_sub(u128::from(posted))).ok()?;
+                .filter_map(|posted| {
+                    let age = u64::try_from(now.saturating_sub(u128::from(posted.nanos))).ok()?;
                     let age = Duration::from_nanos(age);
-                    (age >= deadline).then_some(OverdueOperation { id, age })
+                    (age >= deadline).then_some(OverdueOperation {
+                        id: posted.id,
+                        age,
+                        operation: posted.operation,
+                        peer: posted.peer,
+                        client: posted.client,
+                    })
                 }),
         );
         out.len() - before
@@ -151,13 +232,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_free_slot_reads_nothing_and_a_posted_one_its_id() {
+    fn a_free_slot_reads_nothing_and_a_posted_one_what_was_posted() {
         let born = Instant::now();
         let slot = PostedAt::default();
-        assert_eq!(None, slot.read());
-        slot.set(born, 42);
-        assert_eq!(Some(42), slot.read().map(|(id, _)| id));
+        assert!(slot.read().is_none());
+        for (operation, client) in [
+            (Operation::Write, Some(u64::MAX)),
+            (Operation::Read, Some(0)),
+            (Operation::Send, Some(7)),
+            (Operation::Receive, None),
+        ] {
+            slot.set(born, 42, operation, 9, client);
+            let read = slot.read().expect("posted");
+            assert_eq!(
+                (42, operation, 9, client),
+                (read.id, read.operation, read.peer, read.client)
+            );
+        }
         slot.clear();
-        assert_eq!(None, slot.read());
+        assert!(slot.read().is_none());
     }
 }

@@ -140,6 +140,7 @@ impl LibfabricEndpoint {
         // still alive (it borrows it), so its index is in this AV, mapped to the peer it was
         // resolved for, and not removed before the pin drops, which is after this call.
         unsafe { self.send_raw_within(peer.fi_addr(), message, timeout) }
+            .map_err(|error| error.for_client(peer.client()))
     }
 
     /// One attempt to send a copy of `message` to `peer`: [`DmaError::WouldBlock`] when every
@@ -151,6 +152,7 @@ impl LibfabricEndpoint {
         self.check_peer(peer)?;
         // SAFETY: as in `send_within`.
         unsafe { self.try_send_raw(peer.fi_addr(), message) }
+            .map_err(|error| error.for_client(peer.client()))
     }
 
     /// [`send`](Self::send) to a raw `fi_addr_t`, for code that inserts into
@@ -225,7 +227,7 @@ impl LibfabricEndpoint {
             )));
         }
         if let Some(code) = sends.dead(fi_addr) {
-            return Err(sends::unreachable(fi_addr, code));
+            return Err(sends::unreachable(fi_addr, None, code));
         }
         // Credit first (a credited endpoint's peer must have granted room for it); given back
         // if nothing is posted.
@@ -263,7 +265,7 @@ impl LibfabricEndpoint {
         let positive = u32::try_from(code.unsigned_abs()).unwrap_or(0);
         if crate::av::unreachable::says_peer_is_gone(positive) {
             sends.mark_dead(fi_addr, positive);
-            return Err(sends::unreachable(fi_addr, positive));
+            return Err(sends::unreachable(fi_addr, None, positive));
         }
         Err(DmaError::fabric("fi_send", code as i64))
     }

@@ -105,7 +105,12 @@ pub(super) enum Posted {
 pub(super) enum Target<'lease> {
     Leased(Lease<'lease>),
     /// The caller promised the entry outlives the operation.
-    Unleased(sys::fi_addr_t),
+    Unleased {
+        /// The index posted against.
+        fi_addr: sys::fi_addr_t,
+        /// The client its peer was resolved for.
+        client: u64,
+    },
 }
 
 impl LibfabricEndpoint {
@@ -196,7 +201,10 @@ impl LibfabricEndpoint {
         }
         let call = RmaCall {
             operation: Operation::Write,
-            lease: Target::Unleased(peer.fi_addr()),
+            lease: Target::Unleased {
+                fi_addr: peer.fi_addr(),
+                client: peer.client(),
+            },
             local: source,
             remote: target,
             id,
@@ -423,7 +431,7 @@ impl LibfabricEndpoint {
             slot: reserved,
             owner,
         } = submission;
-        let (fi_addr, lease) = self.stored_target(target)?;
+        let (fi_addr, client, lease) = self.stored_target(target)?;
         // A peer an earlier completion reported gone (this incarnation of its index): refused
         // at once, nothing posted, rather than retried into `WouldBlock` for the whole timeout.
         // A later part of a joined transfer is not checked: its first part was, for the same
@@ -434,7 +442,7 @@ impl LibfabricEndpoint {
                 if let Some(index) = reserved {
                     self.release_slots([index]);
                 }
-                return Err(super::sends::unreachable(fi_addr, code));
+                return Err(super::sends::unreachable(fi_addr, Some(client), code));
             }
         }
         let incarnation = self.operations.peers.unreachable.incarnation(fi_addr);
@@ -451,12 +459,14 @@ impl LibfabricEndpoint {
                 lease,
                 region: hold,
                 fi_addr,
+                client: Some(client),
                 incarnation,
                 owner,
                 join: part,
             });
         }
-        slot.posted_at.set(self.operations.born, id);
+        slot.posted_at
+            .set(self.operations.born, id, operation, fi_addr, Some(client));
         self.operations.in_flight.fetch_add(1, Ordering::AcqRel);
         // `-FI_EAGAIN` (a full transmit queue, a connection being set up) is retried after
         // progress, sleeping between attempts: short ones, since the post that was refused is
@@ -525,7 +535,7 @@ impl LibfabricEndpoint {
     fn stored_target(
         &self,
         target: Target<'_>,
-    ) -> Result<(sys::fi_addr_t, Option<Lease<'static>>), DmaError> {
+    ) -> Result<(sys::fi_addr_t, u64, Option<Lease<'static>>), DmaError> {
         match target {
             Target::Leased(lease) => {
                 if !self.peers.owns(lease.peer()) {
@@ -537,9 +547,9 @@ impl LibfabricEndpoint {
                 // every stored lease is dropped before the endpoint drops that cache (module
                 // docs, "Lifetime erasure"), so the counter it points into outlives it.
                 let lease = unsafe { std::mem::transmute::<Lease<'_>, Lease<'static>>(lease) };
-                Ok((lease.fi_addr(), Some(lease)))
+                Ok((lease.fi_addr(), lease.client(), Some(lease)))
             }
-            Target::Unleased(fi_addr) => Ok((fi_addr, None)),
+            Target::Unleased { fi_addr, client } => Ok((fi_addr, client, None)),
         }
     }
 

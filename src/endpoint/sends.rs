@@ -303,10 +303,12 @@ impl Sends {
     }
 }
 
-/// The error a send to `fi_addr`, marked dead with `code`, answers.
-pub(super) fn unreachable(fi_addr: sys::fi_addr_t, code: u32) -> DmaError {
+/// The error a send to `fi_addr` (for `client`, if a peer named one), marked dead with `code`,
+/// answers.
+pub(super) fn unreachable(fi_addr: sys::fi_addr_t, client: Option<u64>, code: u32) -> DmaError {
     DmaError::PeerUnreachable {
         peer: fi_addr,
+        client,
         reason: format!(
             "the provider reported {} (error {code}) for an earlier transmit to it; it is \
              reachable again once resolved anew",

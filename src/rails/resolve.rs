@@ -94,7 +94,7 @@ impl<'rails> RailPinned<'rails> {
     pub fn resolve(&self, client: u64, addresses: &[&[u8]]) -> Result<RailPeers<'_>, DmaError> {
         check_addresses(self.rails.shape(), addresses)?;
         let mut peers = RailPeers {
-            peers: [Peer::new(0, 0); MAX_RAILS],
+            peers: [Peer::new(0, 0, client); MAX_RAILS],
             len: 0,
             remote: addresses.len(),
         };

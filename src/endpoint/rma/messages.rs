@@ -230,12 +230,15 @@ impl LibfabricEndpoint {
                 lease: None,
                 region: hold,
                 fi_addr: sys::FI_ADDR_UNSPEC,
+                client: None,
                 incarnation: 0,
                 owner,
                 join: None,
             });
         }
-        slot.posted_at.set(operations.born, id);
+        let posted = (Operation::Receive, sys::FI_ADDR_UNSPEC, None);
+        slot.posted_at
+            .set(operations.born, id, posted.0, posted.1, posted.2);
         operations.in_flight.fetch_add(1, Ordering::AcqRel);
         operations.receives_into.fetch_add(1, Ordering::AcqRel);
         // SAFETY: the endpoint is open; `buffer` is `destination.len` bytes inside a registered

@@ -107,6 +107,9 @@ pub(in crate::endpoint) struct InFlight {
     pub(in crate::endpoint) region: OperationHold,
     /// The peer it was posted to, for [`DmaError::PeerUnreachable`].
     pub(in crate::endpoint) fi_addr: sys::fi_addr_t,
+    /// The client its peer was resolved for, for [`DmaError::PeerUnreachable`]; `None` for a
+    /// post to a raw index.
+    pub(in crate::endpoint) client: Option<u64>,
     /// `fi_addr`'s incarnation when it was posted: a connection-lost completion marks the peer
     /// dead only if the index still holds it (see `av::unreachable`).
     pub(in crate::endpoint) incarnation: u32,

@@ -234,7 +234,7 @@ impl<'c, B: AvBackend, O: Observer> Driver<'c, B, O> {
             self.fail("a held peer whose pin is gone");
         };
         // SAFETY: `held.fi_addr` was resolved under `pinned`, which is still held.
-        let peer = unsafe { pinned.peer_unchecked(held.fi_addr) };
+        let peer = unsafe { pinned.peer_unchecked(0, held.fi_addr) };
         let lease = match pinned.lease(peer) {
             Ok(lease) => lease,
             Err(error) => self.fail(&format!("a lease on {} refused: {error}", held.fi_addr)),
