@@ -269,8 +269,11 @@ impl LibfabricEndpoint {
             timeout,
         } = call;
         self.check_transfer(&local, &remote)?;
-        // Before the slot: a region lending a slice answers Busy, and nothing is taken.
-        let hold = local.region.hold()?;
+        // Before the slot: a region lending a slice is waited for within the patience (then
+        // Busy), and nothing is taken meanwhile.
+        let deadline = Deadline::after(timeout);
+        let hold = local.region.hold(deadline)?;
+        let timeout = deadline.remaining().unwrap_or(timeout);
         let buffer = local.region.at(local.offset);
         let desc = local.region.desc();
         let submission = Submission {

@@ -106,13 +106,14 @@ impl LibfabricEndpoint {
             ));
         }
         // A peer reported gone is refused by `submit`, before anything is posted.
-        // Before the slot: a region lending a slice answers Busy, and nothing is taken.
-        let hold = source.region.hold()?;
+        // Before the slot: a region lending a slice is waited for within the patience (then
+        // Busy), and nothing is taken meanwhile.
+        let deadline = Deadline::after(timeout);
+        let hold = source.region.hold(deadline)?;
         let buffer = source.region.at(source.offset);
         let desc = source.region.desc();
         let len = source.len;
-        // The receiver's credit first, within the same timeout; given back if nothing is posted.
-        let deadline = Deadline::after(timeout);
+        // The receiver's credit next, within the same timeout; given back if nothing is posted.
         let fi_addr = lease.peer().fi_addr();
         let credit = self.wait_for_credit(fi_addr, What::Message(len), deadline)?;
         let timeout = deadline.remaining().unwrap_or(timeout);
@@ -212,8 +213,9 @@ impl LibfabricEndpoint {
                 "the destination segment is memory of another endpoint".into(),
             ));
         }
-        // Before the slot: a region lending a slice answers Busy, and nothing is taken.
-        let hold = destination.region.hold()?;
+        // Before the slot: a region lending a slice answers Busy at once (a receive has no
+        // patience: it answers WouldBlock at once for want of a slot too), and nothing is taken.
+        let hold = destination.region.hold(Deadline::after(Duration::ZERO))?;
         let operations = &self.operations;
         let Some(index) = lock(&operations.free).pop() else {
             return Err(DmaError::WouldBlock);
