@@ -268,10 +268,7 @@ fn at_the_default_late_messages_of_a_released_sender_name_neither_client() {
         .expect("resolve")
         .fi_addr();
     drop(pinned);
-    assert_ne!(
-        index, newcomers,
-        "the leaving sender's introduction holds its index"
-    );
+    assert_ne!(index, newcomers, "the leaving sender's introduction holds its index");
     let late: Vec<&[u8]> = vec![b"late"; 100];
     let received = std::thread::scope(|scope| {
         let receiving = scope.spawn(|| receive(&receiver, late.len()));
