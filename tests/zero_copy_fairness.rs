@@ -16,6 +16,9 @@ const LEN: usize = 4096;
 const ROUNDS: u64 = 20;
 /// How many threads borrow slices back to back, besides the holder.
 const BORROWERS: usize = 2;
+/// How many more slices the holder asks for once it has met the waiting poster, its own still
+/// lent.
+const BEHIND: u64 = 100;
 
 /// Sets its flag when dropped, unwinding included.
 struct SetOnDrop<'flag>(&'flag AtomicBool);
@@ -31,6 +34,8 @@ impl Drop for SetOnDrop<'_> {
 struct Borrowed {
     lent: u64,
     refused: u64,
+    /// The holder's: of its `BEHIND` borrows each round after meeting the poster, those lent.
+    overtaken: u64,
 }
 
 /// One borrow: a slice, read once and given back at once.
@@ -52,7 +57,9 @@ fn borrow(region: &MemoryRegion<'_, impl StableBuffer>, seen: &mut Borrowed) -> 
 /// Each round the holder lends a slice, tells the poster to post, and keeps borrowing more
 /// slices meanwhile: while its own slice is lent no operation can hold the region, so the first
 /// `Busy` it meets is the poster announced and waiting (the proof that the poster waited, with
-/// no clock). Only then does it return its slice. Answers the extra slices it got meanwhile.
+/// no clock: a poster that sees a loan announces itself before it tries to hold), then asks for
+/// `BEHIND` more, each refused, since the announcement stands until the poster holds the region,
+/// which it cannot while the holder's slice is lent. Only then does it return its slice.
 fn hold_each_round(
     region: &MemoryRegion<'_, impl StableBuffer>,
     go: mpsc::Sender<u64>,
@@ -68,6 +75,11 @@ fn hold_each_round(
                 return seen;
             }
         }
+        for _ in 0..BEHIND {
+            if borrow(region, &mut seen) {
+                seen.overtaken += 1;
+            }
+        }
         drop(held);
         if posted.recv() != Ok(round) {
             return seen;
@@ -79,11 +91,14 @@ fn hold_each_round(
 /// Several threads keep borrowing slices of a `Local` region back to back while another posts
 /// `ROUNDS` RMA writes from it with `testkit::PATIENCE`, each while a slice is lent: every post
 /// is accepted and completes, and every round a borrower was refused while its post waited (the
-/// holder's slice keeps operations out, so its `Busy` can only be the waiting poster's). No
-/// clock decides anything. With the wait removed (`Registration::hold` answering `Busy` as soon
-/// as a slice is lent, as before), the first post answers `Busy`; with `AccessWord::try_lend`
-/// ignoring the waiting posters, the holder's borrows never stop and each post answers `Busy`
-/// after its patience.
+/// holder's slice keeps operations out, so its `Busy` can only be the waiting poster's), and
+/// none of the holder's later borrows overtook it. No clock decides anything. With the wait
+/// removed (`Registration::hold` answering `Busy` as soon as a slice is lent, as before):
+/// `round 0: the post answered Busy`. With `AccessWord::try_lend` ignoring the waiting posters:
+/// the posts still got in (a waiting poster's own `try_hold` adds and backs out an operation,
+/// which refuses a borrow for an instant, and the borrowers leave gaps), in 19 s to 52 s rather
+/// than under 1 s, and the test fails on all 2,000 of the holder's later borrows overtaking the
+/// poster.
 #[test]
 fn a_post_waiting_for_slices_gets_in_while_threads_keep_borrowing() {
     let server = rma_tcp();
@@ -144,8 +159,9 @@ fn a_post_waiting_for_slices_gets_in_while_threads_keep_borrowing() {
     );
     wait_for_bytes(&target, 0, &[0x5a; LEN]);
     assert_eq!(
-        ROUNDS, holder.refused,
-        "each round the holder met the waiting poster"
+        (ROUNDS * (1 + BEHIND), 0),
+        (holder.refused, holder.overtaken),
+        "each round the holder met the waiting poster, and no borrow overtook it: {holder:?}"
     );
     for borrower in &borrowers {
         assert!(0 < borrower.lent + borrower.refused, "{borrower:?}");

@@ -92,7 +92,7 @@ fn a_lend_after_a_posters_announcement_waits_behind_it() {
             let (word, bytes) = (Arc::clone(&word), Arc::clone(&bytes));
             let (announced, done) = (Arc::clone(&announced), Arc::clone(&done));
             loom::thread::spawn(move || {
-                if !word.try_hold() {
+                if word.lent() || !word.try_hold() {
                     assert!(word.try_announce());
                     announced.store(true, Ordering::Release);
                     while !word.try_hold() {

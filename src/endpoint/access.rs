@@ -138,6 +138,13 @@ impl AccessWord {
         self.0.fetch_sub(WAITER, Ordering::Release);
     }
 
+    /// Whether a slice or copy is lent now (Acquire). A poster that sees one announces itself
+    /// before its first [`try_hold`](Self::try_hold), whose add and back-out would otherwise
+    /// refuse a lend for an instant before it announced.
+    pub fn lent(&self) -> bool {
+        0 != self.0.load(Ordering::Acquire) & SLICES
+    }
+
     /// Whether an operation holds the memory now. When it answers `false`, every operation that
     /// held it before has been released, and what it did is visible (Acquire).
     pub fn held(&self) -> bool {

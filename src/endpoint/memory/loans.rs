@@ -42,8 +42,9 @@ impl Registration {
     /// tries once.
     pub(crate) fn hold(self: &Arc<Self>, deadline: Deadline) -> Result<OperationHold, DmaError> {
         let counted = self.lends_slices();
-        if counted && !self.keeper().access.try_hold() {
-            wait_out_loans(&self.keeper().access, deadline)?;
+        let access = &self.keeper().access;
+        if counted && (access.lent() || !access.try_hold()) {
+            wait_out_loans(access, deadline)?;
         }
         Ok(OperationHold {
             region: Arc::clone(self),
