@@ -13,7 +13,8 @@
 //! released) happens before a loan made after it, and a loan's reads happen before an operation
 //! posted after it is returned.
 //!
-//! Fairness: a poster that finds loans out announces itself ([`AccessWord::try_announce`], a
+//! Fairness: a poster that finds loans out ([`AccessWord::lent`], or its first
+//! [`AccessWord::try_hold`] backing out) announces itself ([`AccessWord::try_announce`], a
 //! compare-exchange onto the waiting field) and retries its hold until they are returned. A loan
 //! whose compare-exchange comes after the announcement in the word's order reads a non-zero
 //! waiting field and is refused, so from the announcement on the loans only decrease: the poster

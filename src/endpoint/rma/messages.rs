@@ -72,7 +72,9 @@ impl LibfabricEndpoint {
     /// another endpoint's cache or a segment of another endpoint's memory;
     /// [`DmaError::PeerUnreachable`] when the provider has reported the peer gone (an earlier
     /// send's completion, see [`send`](Self::send)); [`DmaError::WouldBlock`] when the provider or
-    /// the slab still pushed back after `timeout` (nothing posted); [`DmaError::Fabric`] when
+    /// the slab still pushed back after `timeout` (nothing posted); [`DmaError::Busy`] when a
+    /// slice or copy of a `Local` source region stayed lent for the whole `timeout` (the post
+    /// waits for them, refusing new ones meanwhile; nothing posted); [`DmaError::Fabric`] when
     /// `fi_send` failed (a message past the provider's `max_msg_size` included).
     pub fn send_from_within(
         &self,
@@ -193,8 +195,9 @@ impl LibfabricEndpoint {
     /// # Errors
     /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA or a segment of
     /// another endpoint's memory; [`DmaError::WouldBlock`] when every operation slot is in flight
-    /// or the provider asks to retry (nothing posted); [`DmaError::Fabric`] when `fi_recv`
-    /// failed.
+    /// or the provider asks to retry (nothing posted); [`DmaError::Busy`], at once, while a
+    /// slice or copy of a `Local` destination region is lent (a receive has no patience to wait
+    /// for it; nothing posted); [`DmaError::Fabric`] when `fi_recv` failed.
     pub fn receive_into(&self, destination: Segment<'_>, id: u64) -> Result<(), DmaError> {
         self.receive_into_to(destination, id, None)
     }
