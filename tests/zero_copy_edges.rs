@@ -357,7 +357,8 @@ unsafe impl dma_libfabric::StableBuffer for Claims {
 
 /// Lengths past the bound (`usize::MAX`, `MAX_REGION_LEN + 1`) and 0 are refused before
 /// libfabric sees them, the buffer dropped and nothing parked; a lent slice moved to another
-/// thread keeps posts out until it is dropped there; a gather with `Duration::MAX` posts.
+/// thread keeps posts out until it is dropped there (a post with no patience answers `Busy`);
+/// a gather with `Duration::MAX` posts.
 #[test]
 fn bounds_threads_and_durations_at_their_edges() {
     let server = rma_tcp();
