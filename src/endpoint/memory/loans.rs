@@ -1,7 +1,7 @@
 //! Who may touch a `Local` region's bytes now: the holds of this endpoint's operations, the
-//! slices lent out ([`MemoryRegion::as_slice`]) and the copies (`read_bytes`), kept in the
-//! memory's access word (`access.rs`) and two counters beside it, on the registration that owns
-//! the memory (its keeper).
+//! slices lent out ([`MemoryRegion::as_slice`]), the copies (`read_bytes`) and the posters
+//! waiting for them, all kept in the memory's access word (`access.rs`) on the registration that
+//! owns the memory (its keeper).
 //!
 //! Fairness (`access.rs`): a post that finds slices or copies lent announces itself in the
 //! access word and waits for them, within its patience, while new loans are refused, so threads
