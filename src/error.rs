@@ -94,8 +94,9 @@ pub enum DmaError {
     ///   `try_resolve` queues the miss once the writer has made room, or
     ///   [`Pinned::resolve`](crate::cache::Pinned::resolve) waits for room).
     /// - A [`MemoryRegion`](crate::endpoint::MemoryRegion) of the application's memory is in use: an
-    ///   operation holds it (so it lends no slice and gives no buffer back), or a slice of it is
-    ///   lent (so no operation is posted on it). See [`StableBuffer`](crate::endpoint::StableBuffer).
+    ///   operation holds it or a post waits for it (so it lends no slice and gives no buffer
+    ///   back), or a slice of it stayed lent for the whole of a post's patience (so the operation
+    ///   was not posted). See [`StableBuffer`](crate::endpoint::StableBuffer).
     #[error(
         "busy: the address cache's writer's inbox is full, or the memory region is held by an \
          operation or a lent slice; nothing was queued or changed; try again"

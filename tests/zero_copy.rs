@@ -186,9 +186,10 @@ fn the_source_of_a_write_in_flight_cannot_be_mutated() {
     assert_eq!(b'B', source.as_slice().expect("idle")[0]);
 }
 
-/// Reading into a region while a slice of it is lent out: the read answers `Busy` and nothing is
-/// posted (the `compile_fail` example in `endpoint::buffer` shows the `&mut` case). Fails if
-/// posting stops checking the slices lent.
+/// Reading into a region while a slice of it is lent out: the read waits its patience (a second)
+/// for the slice, which this thread keeps, then answers `Busy`, and nothing is posted (the
+/// `compile_fail` example in `endpoint::buffer` shows the `&mut` case). Fails if posting stops
+/// checking the slices lent.
 #[test]
 fn a_read_into_a_region_whose_slice_is_lent_is_refused() {
     let server = rma_tcp();

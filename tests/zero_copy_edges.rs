@@ -357,7 +357,8 @@ unsafe impl dma_libfabric::StableBuffer for Claims {
 
 /// Lengths past the bound (`usize::MAX`, `MAX_REGION_LEN + 1`) and 0 are refused before
 /// libfabric sees them, the buffer dropped and nothing parked; a lent slice moved to another
-/// thread keeps posts out until it is dropped there; a gather with `Duration::MAX` posts.
+/// thread keeps posts out until it is dropped there (a post with no patience answers `Busy`);
+/// a gather with `Duration::MAX` posts.
 #[test]
 fn bounds_threads_and_durations_at_their_edges() {
     let server = rma_tcp();
@@ -395,7 +396,15 @@ fn bounds_threads_and_durations_at_their_edges() {
         let lease = server.cache().lease(1, &address).expect("a lease");
         let piece = [pool.segment(0, PAGE).unwrap()];
         assert!(matches!(
-            server.write_gather_within(lease, &piece, target.remote(), 1, std::time::Duration::MAX),
+            // Not `Duration::MAX`: a post waits for the slices lent (this thread's own) within
+            // its patience; none answers Busy once tried.
+            server.write_gather_within(
+                lease,
+                &piece,
+                target.remote(),
+                1,
+                std::time::Duration::ZERO
+            ),
             Err(DmaError::Busy)
         ));
         drop(slice);

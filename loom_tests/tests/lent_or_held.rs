@@ -1,12 +1,14 @@
 //! A `Local` region's access word (`src/endpoint/access.rs`): a slice lent and an operation
 //! holding the memory never overlap, and what an operation wrote is what a slice lent after it
-//! reads. The region's bytes are a loom `UnsafeCell`: loom fails the model on any read that
-//! overlaps a write, or that does not happen after it.
+//! reads; and a poster waiting for the loans to end is never overtaken by a lend made after it
+//! announced itself (fairness). The region's bytes are a loom `UnsafeCell`: loom fails the model
+//! on any read that overlaps a write, or that does not happen after it.
 #![cfg(dma_loom)]
 
 use dma_libfabric::AccessWord;
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
+use loom::sync::atomic::{AtomicBool, Ordering};
 
 #[test]
 fn a_slice_and_an_operation_never_touch_the_bytes_at_once() {
@@ -71,5 +73,88 @@ fn an_as_mut_slice_after_held_reads_false_sees_the_operations_bytes() {
             assert_eq!(9, seen, "the operation's write happens before");
         }
         completion.join().expect("the completion thread");
+    });
+}
+
+#[test]
+fn a_lend_after_a_posters_announcement_waits_behind_it() {
+    loom::model(|| {
+        let word = Arc::new(AccessWord::new());
+        let bytes = Arc::new(UnsafeCell::new(0_u8));
+        let announced = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
+        // A slice lent before the poster arrives: the poster must wait for it.
+        assert!(word.try_lend());
+        // The poster (`Registration::hold`, `loans::wait_out_loans`): finding a loan out, it
+        // announces itself, retries its hold until the loans are returned and withdraws; then
+        // it writes, and its completion is read.
+        let poster = {
+            let (word, bytes) = (Arc::clone(&word), Arc::clone(&bytes));
+            let (announced, done) = (Arc::clone(&announced), Arc::clone(&done));
+            loom::thread::spawn(move || {
+                if word.lent() || !word.try_hold() {
+                    assert!(word.try_announce());
+                    announced.store(true, Ordering::Release);
+                    while !word.try_hold() {
+                        loom::thread::yield_now();
+                    }
+                    word.withdraw();
+                }
+                // SAFETY: the hold keeps loans out (what the model checks).
+                bytes.with_mut(|byte| unsafe { *byte = 7 });
+                done.store(true, Ordering::Release);
+                word.release_hold();
+            })
+        };
+        // The borrower keeps borrowing: returns its slice and lends again, twice. A lend made
+        // after it saw the announcement gets in only once the poster is done.
+        word.return_lend();
+        for _ in 0..2 {
+            let saw = announced.load(Ordering::Acquire);
+            if word.try_lend() {
+                assert!(
+                    !saw || done.load(Ordering::Acquire),
+                    "a lend made after the poster announced itself got in while it waited"
+                );
+                // SAFETY: the loan keeps operations out (what the model checks).
+                let seen = bytes.with(|byte| unsafe { *byte });
+                assert!(0 == seen || 7 == seen);
+                word.return_lend();
+            }
+        }
+        poster.join().expect("the poster thread");
+        assert!(!word.held());
+        assert!(word.try_lend(), "the announcement was withdrawn");
+        word.return_lend();
+    });
+}
+
+#[test]
+fn a_poster_out_of_patience_withdraws_and_lends_resume() {
+    loom::model(|| {
+        let word = Arc::new(AccessWord::new());
+        assert!(word.try_lend());
+        // A poster whose patience runs out after one more try: it withdraws, holding nothing.
+        let poster = {
+            let word = Arc::clone(&word);
+            loom::thread::spawn(move || {
+                assert!(word.try_announce());
+                let held = word.try_hold();
+                word.withdraw();
+                if held {
+                    word.release_hold();
+                }
+                held
+            })
+        };
+        word.return_lend();
+        let lent = word.try_lend();
+        if lent {
+            word.return_lend();
+        }
+        poster.join().expect("the poster thread");
+        assert!(!word.held());
+        assert!(word.try_lend(), "nothing waits or holds: lends resume");
+        word.return_lend();
     });
 }

@@ -32,7 +32,7 @@ use dma_libfabric_sys as sys;
 /// | access flags | `FI_READ`, `FI_WRITE` (not `FI_SEND`/`FI_RECV`: rxm's rendezvous turns them into remote access) | those and `FI_REMOTE_READ`, `FI_REMOTE_WRITE` |
 /// | [`remote`](MemoryRegion::remote)'s key | none (`FI_KEY_NOTAVAIL`, `u64::MAX`) | the registration's |
 /// | a peer's transfer under its key | refused by the provider | admitted |
-/// | [`as_slice`](MemoryRegion::as_slice), [`as_mut_slice`](MemoryRegion::as_mut_slice) | when no operation holds it, else [`DmaError::Busy`] | refused: copies only, or the `unsafe` [`as_slice_unchecked`](MemoryRegion::as_slice_unchecked) |
+/// | [`as_slice`](MemoryRegion::as_slice), [`as_mut_slice`](MemoryRegion::as_mut_slice) | when no operation holds it and no post waits for it, else [`DmaError::Busy`] | refused: copies only, or the `unsafe` [`as_slice_unchecked`](MemoryRegion::as_slice_unchecked) |
 /// | [`read_bytes`](MemoryRegion::read_bytes) | copies when no operation holds it, else [`DmaError::Busy`]; never torn | copies with atomic byte loads at any time; torn if a transfer lands meanwhile |
 /// | [`write_bytes`](MemoryRegion::write_bytes) | refused (write through `as_mut_slice`) | copies (atomic byte stores) |
 /// | reading in place | `as_slice` | [`view`](MemoryRegion::view): atomic loads where the bytes lie, never a `&[u8]` |
@@ -47,8 +47,9 @@ use dma_libfabric_sys as sys;
 ///   and every operation holds the memory (`OperationHold`) until its completion has been read.
 ///   The region counts its slices lent and its operations held in one atomic word: a slice is
 ///   lent only while no operation holds the memory, and an operation is posted only while no
-///   slice is lent; of two that start at once, the later sees the earlier and answers
-///   [`DmaError::Busy`]. A `&mut` slice borrows the region mutably, so no
+///   slice is lent; of two that start at once, the later sees the earlier and backs out: a slice
+///   answers [`DmaError::Busy`], a post waits for the slices within its patience (refusing new
+///   ones meanwhile) and answers `Busy` only if one outlives it. A `&mut` slice borrows the region mutably, so no
 ///   [`segment`](MemoryRegion::segment) (and so no operation) can be taken while it lives, and
 ///   the borrow checker refuses the program that tries:
 ///
@@ -64,7 +65,8 @@ use dma_libfabric_sys as sys;
 ///   ```
 ///
 ///   A shared slice ([`RegionSlice`]) is counted while it lives, so a read posted into the
-///   region meanwhile answers `Busy` rather than write under it.
+///   region meanwhile waits for it (within its patience, then `Busy`) rather than write under
+///   it.
 /// - **The buffer comes back only when nothing can touch it.**
 ///   [`into_buffer`](MemoryRegion::into_buffer) consumes the region, so no segment of it can be
 ///   alive, and succeeds only when it is the registration's last holder (no operation, no rail's
@@ -233,8 +235,9 @@ unsafe impl StableBuffer for memmap2::MmapMut {
 }
 
 /// A shared slice of a [`Exposure::Local`] region's bytes, from
-/// [`MemoryRegion::as_slice`]. While it lives, no operation can be posted on the region (it
-/// answers [`DmaError::Busy`]).
+/// [`MemoryRegion::as_slice`]. While it lives, no operation can be posted on the region: a post
+/// waits for it within its patience, refusing new slices meanwhile, and answers
+/// [`DmaError::Busy`] if it is still lent then.
 pub struct RegionSlice<'region> {
     bytes: &'region [u8],
     registration: &'region Registration,
@@ -356,12 +359,15 @@ impl LibfabricEndpoint {
 
 impl<B> MemoryRegion<'_, B> {
     /// The region's bytes, shared: for a [`Exposure::Local`] region of host memory. While the
-    /// returned slice lives, posting an operation on the region answers [`DmaError::Busy`].
+    /// returned slice lives, no operation is posted on the region: a post waits for it (and for
+    /// every other slice and copy lent) within its patience, and answers [`DmaError::Busy`] if
+    /// it is still lent then. Drop slices before posting from the thread that holds them: a post
+    /// there waits its whole patience for its own slice.
     ///
     /// # Errors
-    /// [`DmaError::Busy`] while an operation of this endpoint holds the region (posted, its
-    /// completion not yet read) or a post waits for `read_bytes` copies to end (see
-    /// [`read_bytes`](Self::read_bytes)); [`DmaError::InvalidArgument`] for a `Remote` region (a peer may
+    /// [`DmaError::Busy`], at once, while an operation of this endpoint holds the region
+    /// (posted, its completion not yet read) or a post waits for the slices and copies lent to
+    /// be returned (fairness: borrowers that arrive after a waiting poster never keep it out); [`DmaError::InvalidArgument`] for a `Remote` region (a peer may
     /// write it at any moment: copy with [`read_bytes`](Self::read_bytes), or see
     /// [`as_slice_unchecked`](Self::as_slice_unchecked)) and for device memory.
     pub fn as_slice(&self) -> Result<RegionSlice<'_>, DmaError> {

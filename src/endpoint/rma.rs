@@ -158,8 +158,11 @@ impl LibfabricEndpoint {
         /// than the source; [`DmaError::PeerUnreachable`] (nothing posted, at once) when an earlier
         /// operation's or send's completion reported the peer's connection gone, until its index is
         /// inserted anew; [`DmaError::WouldBlock`] when the provider, the slab or the peer's budget
-        /// still pushed back after `timeout` (nothing posted); [`DmaError::Fabric`] when `fi_write`
-        /// failed.
+        /// still pushed back after `timeout` (nothing posted); [`DmaError::Busy`] when a slice or
+        /// copy of a [`Local`](crate::endpoint::Exposure::Local) region stayed lent for the
+        /// whole `timeout` (the post waits for them, and refuses new ones meanwhile, so threads
+        /// that keep borrowing cannot keep it out; nothing posted); [`DmaError::Fabric`] when
+        /// `fi_write` failed.
         fn write_within;
         /// `fi_read` of the peer's `source` into `destination`, against `lease`; otherwise as
         /// [`write`](Self::write). Read the destination after the completion.
@@ -277,8 +280,11 @@ impl LibfabricEndpoint {
             timeout,
         } = call;
         self.check_transfer(&local, &remote)?;
-        // Before the slot: a region lending a slice answers Busy, and nothing is taken.
-        let hold = local.region.hold()?;
+        // Before the slot: a region lending a slice is waited for within the patience (then
+        // Busy), and nothing is taken meanwhile.
+        let deadline = Deadline::after(timeout);
+        let hold = local.region.hold(deadline)?;
+        let timeout = deadline.remaining().unwrap_or(timeout);
         let buffer = local.region.at(local.offset);
         let desc = local.region.desc();
         let submission = Submission {

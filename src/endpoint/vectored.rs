@@ -114,7 +114,8 @@ impl LibfabricEndpoint {
     /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA, no sources,
     /// sources of more than one region or of another endpoint's memory, a lease of another
     /// endpoint's cache, sources longer together than the target, or a target whose end
-    /// overflows; [`DmaError::Busy`] while a slice of the region is lent;
+    /// overflows; [`DmaError::Busy`] when a slice of the region stayed lent for the whole
+    /// `timeout` (the post waits for slices lent, refusing new ones meanwhile);
     /// [`DmaError::WouldBlock`] or [`DmaError::Fabric`] when the first message could not be
     /// posted (nothing posted). A later message that fails to post fails the joined completion
     /// instead.
@@ -248,7 +249,11 @@ impl LibfabricEndpoint {
                 "the lease is on another endpoint's cache".into(),
             ));
         }
-        let first_hold = first.region.hold()?;
+        // A region lending a slice is waited for within the patience (then Busy); what is left
+        // of it bounds the rest.
+        let deadline = Deadline::after(timeout);
+        let first_hold = first.region.hold(deadline)?;
+        let timeout = deadline.remaining().unwrap_or(timeout);
         let per_message = self.pieces_per_message();
         let parts = pieces.len().div_ceil(per_message);
         if 1 == parts {
@@ -459,10 +464,11 @@ impl LibfabricEndpoint {
                 source.len, target.len, target.address
             )));
         }
-        let hold = source.region.hold()?;
-        // The target's notification credit first, within the same timeout; given back if
-        // nothing is posted.
+        // A region lending a slice is waited for within the patience (then Busy).
         let deadline = Deadline::after(timeout);
+        let hold = source.region.hold(deadline)?;
+        // The target's notification credit next, within the same timeout; given back if
+        // nothing is posted.
         let credit = self.wait_for_credit(lease.peer().fi_addr(), What::Notification, deadline)?;
         let submission = Submission {
             operation: Operation::Write,

@@ -58,11 +58,11 @@ impl<B> MemoryRegion<'_, B> {
     ///   application's own writes. While an operation of this endpoint holds the region (posted,
     ///   its completion not yet read: a `read` or `read_scatter` landing into it, or a write
     ///   reading from it), the copy is refused with [`DmaError::Busy`] rather than copying bytes
-    ///   in flight, and so is it while a post on the region waits for copies to end. A post that
-    ///   arrives during a copy waits for the copies running then (each a `memcpy`), and new
-    ///   copies and slices are refused meanwhile, so a thread that keeps copying never keeps an
-    ///   operation out (unlike a slice lent by [`as_slice`](Self::as_slice), which makes posting
-    ///   answer `Busy` at once). Never torn.
+    ///   in flight, and so is it while a post on the region waits for loans to end. A post that
+    ///   arrives during a copy waits for the copies and slices lent then (a copy is a `memcpy`;
+    ///   a slice, from [`as_slice`](Self::as_slice), lives as long as its holder keeps it, and
+    ///   the post waits for it within its patience), and new copies and slices are refused
+    ///   meanwhile, so a thread that keeps copying never keeps an operation out. Never torn.
     /// - **[`Exposure::Remote`]** (and every region of
     ///   [`register`](LibfabricEndpoint::register)): a peer may write any byte at any moment,
     ///   and this endpoint's own reads into the region land without asking it, so the copy is

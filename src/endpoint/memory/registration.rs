@@ -22,7 +22,7 @@ use std::ptr;
 use std::sync::Arc;
 #[cfg(test)]
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 #[cfg(doc)] // for the docs' links
 use super::MemoryRegion;
@@ -193,18 +193,11 @@ pub(crate) struct Registration {
     pub(super) exposure: Exposure,
     /// Where the memory lives: host, or a device.
     pub(super) interface: MemoryInterface,
-    /// For memory that lends slices (`Local` host memory): the slices lent and the operations
-    /// holding the memory, in one word so that neither can start while the other is there (see
-    /// `access`). Kept by the registration that owns the memory, and reached through `shares`
+    /// For memory that lends slices (`Local` host memory): the slices and copies lent, the
+    /// posters waiting for them and the operations holding the memory, in one word so that
+    /// neither loans nor operations can start while the other is there (see `access`). Kept by the registration that owns the memory, and reached through `shares`
     /// from one that registers it again.
     pub(super) access: AccessWord,
-    /// Of the loans in `access`, how many are slices ([`MemoryRegion::as_slice`], which may live
-    /// as long as the application keeps them) rather than copies (`read_bytes`, which end once
-    /// their bytes are copied): a poster waits out copies, never slices. Kept by the keeper.
-    pub(super) slices: AtomicUsize,
-    /// Posters waiting for copies to end: while one waits, new loans are refused, so readers
-    /// that keep copying cannot keep it out. Kept by the keeper.
-    pub(super) posters_waiting: AtomicUsize,
     /// The registration whose memory this one registers again in another domain (a rail set's
     /// region), held for as long as this one lives.
     shares: Option<Arc<Registration>>,
@@ -266,8 +259,6 @@ impl Registration {
             exposure: Exposure::Remote,
             interface: MemoryInterface::Host,
             access: AccessWord::new(),
-            slices: AtomicUsize::new(0),
-            posters_waiting: AtomicUsize::new(0),
             shares: None,
             pool: Arc::clone(pool),
             domain,
@@ -323,8 +314,6 @@ impl Registration {
             exposure,
             interface,
             access: AccessWord::new(),
-            slices: AtomicUsize::new(0),
-            posters_waiting: AtomicUsize::new(0),
             shares: None,
             pool: Arc::clone(pool),
             domain,
@@ -363,8 +352,6 @@ impl Registration {
             exposure: primary.exposure,
             interface: primary.interface,
             access: AccessWord::new(),
-            slices: AtomicUsize::new(0),
-            posters_waiting: AtomicUsize::new(0),
             shares: Some(Arc::clone(primary)),
             pool: Arc::clone(pool),
             domain,

@@ -108,7 +108,12 @@ mod tests {
         let other = super::super::tests::endpoint();
         let mut region = endpoint.register(64).expect("registered");
         let key = region.remote().key;
-        let hold = region.inner.hold().expect("held");
+        let hold = region
+            .inner
+            .hold(crate::endpoint::deadline::Deadline::after(
+                std::time::Duration::ZERO,
+            ))
+            .expect("held");
         assert!(matches!(endpoint.rekey(&mut region), Err(DmaError::Busy)));
         drop(hold);
         assert!(matches!(

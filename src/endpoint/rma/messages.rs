@@ -72,7 +72,9 @@ impl LibfabricEndpoint {
     /// another endpoint's cache or a segment of another endpoint's memory;
     /// [`DmaError::PeerUnreachable`] when the provider has reported the peer gone (an earlier
     /// send's completion, see [`send`](Self::send)); [`DmaError::WouldBlock`] when the provider or
-    /// the slab still pushed back after `timeout` (nothing posted); [`DmaError::Fabric`] when
+    /// the slab still pushed back after `timeout` (nothing posted); [`DmaError::Busy`] when a
+    /// slice or copy of a `Local` source region stayed lent for the whole `timeout` (the post
+    /// waits for them, refusing new ones meanwhile; nothing posted); [`DmaError::Fabric`] when
     /// `fi_send` failed (a message past the provider's `max_msg_size` included).
     pub fn send_from_within(
         &self,
@@ -106,13 +108,14 @@ impl LibfabricEndpoint {
             ));
         }
         // A peer reported gone is refused by `submit`, before anything is posted.
-        // Before the slot: a region lending a slice answers Busy, and nothing is taken.
-        let hold = source.region.hold()?;
+        // Before the slot: a region lending a slice is waited for within the patience (then
+        // Busy), and nothing is taken meanwhile.
+        let deadline = Deadline::after(timeout);
+        let hold = source.region.hold(deadline)?;
         let buffer = source.region.at(source.offset);
         let desc = source.region.desc();
         let len = source.len;
-        // The receiver's credit first, within the same timeout; given back if nothing is posted.
-        let deadline = Deadline::after(timeout);
+        // The receiver's credit next, within the same timeout; given back if nothing is posted.
         let fi_addr = lease.peer().fi_addr();
         let credit = self.wait_for_credit(fi_addr, What::Message(len), deadline)?;
         let timeout = deadline.remaining().unwrap_or(timeout);
@@ -192,8 +195,9 @@ impl LibfabricEndpoint {
     /// # Errors
     /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA or a segment of
     /// another endpoint's memory; [`DmaError::WouldBlock`] when every operation slot is in flight
-    /// or the provider asks to retry (nothing posted); [`DmaError::Fabric`] when `fi_recv`
-    /// failed.
+    /// or the provider asks to retry (nothing posted); [`DmaError::Busy`], at once, while a
+    /// slice or copy of a `Local` destination region is lent (a receive has no patience to wait
+    /// for it; nothing posted); [`DmaError::Fabric`] when `fi_recv` failed.
     pub fn receive_into(&self, destination: Segment<'_>, id: u64) -> Result<(), DmaError> {
         self.receive_into_to(destination, id, None)
     }
@@ -212,8 +216,9 @@ impl LibfabricEndpoint {
                 "the destination segment is memory of another endpoint".into(),
             ));
         }
-        // Before the slot: a region lending a slice answers Busy, and nothing is taken.
-        let hold = destination.region.hold()?;
+        // Before the slot: a region lending a slice answers Busy at once (a receive has no
+        // patience: it answers WouldBlock at once for want of a slot too), and nothing is taken.
+        let hold = destination.region.hold(Deadline::after(Duration::ZERO))?;
         let operations = &self.operations;
         let Some(index) = lock(&operations.free).pop() else {
             return Err(DmaError::WouldBlock);
