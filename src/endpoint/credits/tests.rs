@@ -166,3 +166,48 @@ fn an_introduction_on_an_index_another_secret_holds_replaces_it() {
     assert_eq!(grant, again);
     assert_eq!(reserved, receiver.stats().reserved_bytes);
 }
+
+/// A lying receiver (issue 40, hostile input): a grant for an index or incarnation this sender
+/// never introduced itself to is not taken, whatever it claims; and a grant of every count at
+/// `u64::MAX` from the receiver the sender did introduce itself to is taken without wrapping
+/// anything: the liar can only let the sender flood the liar itself.
+#[test]
+fn a_lying_grant_is_not_taken_or_costs_only_the_liar() {
+    let sender = Credits::new(1, b"address".to_vec(), WINDOW, 64 << 20, 512);
+    let receiver = Credits::new(2, b"address".to_vec(), WINDOW, 64 << 20, 512);
+    let grant = introduce(&sender, &receiver, 3);
+    let Control::Grant { secret, .. } = grant.grant else {
+        panic!("a grant");
+    };
+    let everything = Counts {
+        messages: u64::MAX,
+        bytes: u64::MAX,
+        notifications: u64::MAX,
+    };
+    for forged in [reply_to(4, 1), reply_to(3, 2), reply_to(3, 0), u64::MAX, 0] {
+        assert!(
+            !sender.granted(secret, forged, everything),
+            "a grant for reply_to {forged:#x}, never asked for, was taken"
+        );
+    }
+    assert_eq!((2, 1), sender.available(3, 1), "the first grant, unchanged");
+    assert_eq!((0, 0), sender.available(4, 1), "no peer at index 4");
+
+    assert!(sender.granted(secret, reply_to(3, 1), everything));
+    for _ in 0..1000 {
+        assert_eq!(Admission::Admitted, sender.admit(3, 1, What::Message(4096)));
+        assert_eq!(Admission::Admitted, sender.admit(3, 1, What::Notification));
+    }
+    assert_eq!(
+        (u64::MAX - 1000, u64::MAX - 1000),
+        sender.available(3, 1),
+        "counted against the lie, never wrapped"
+    );
+    // A message of usize::MAX bytes is admitted while any byte is granted, and its count
+    // saturates at the grant: the next one waits, rather than the sum wrapping to room.
+    assert_eq!(
+        Admission::Admitted,
+        sender.admit(3, 1, What::Message(usize::MAX))
+    );
+    assert_eq!(Admission::Wait, sender.admit(3, 1, What::Message(1)));
+}
