@@ -19,7 +19,11 @@ fn clients_sharing_an_address_share_one_entry_and_one_insert() {
     let first = pinned.resolve(1, &address).expect("client 1");
     let second = pinned.resolve(2, &address).expect("client 2");
     assert_eq!(first.fi_addr(), second.fi_addr(), "one entry");
-    assert_eq!((1, 2), (first.client(), second.client()), "each names its client");
+    assert_eq!(
+        (1, 2),
+        (first.client(), second.client()),
+        "each names its client"
+    );
     let stats = cache.stats();
     assert_eq!((1, 2, 1), (stats.entries, stats.clients, stats.inserts));
     assert_eq!(
