@@ -225,7 +225,7 @@ impl ReaderSide {
 ///    it in bytes), and a lease counter cannot wrap ([`AddressCache::LEASE_LIMIT`]). One cost is
 ///    per pin and outside that bound: a [`Pinned`] holds papaya's guard on the index across its
 ///    probes, so a pin that stops probing holds back the index nodes the writer retires until its
-///    next probe or its drop (about 650 B a release/revive cycle measured; `tests/soak.rs`,
+///    next probe or its drop (what one release/revive cycle retires; `tests/soak.rs`,
 ///    `docs/guarantees.md`). A pin that goes on probing holds at most what was retired since its
 ///    last probe.
 /// 7. No call waits for ever, whoever holds what, on whichever thread or task: every wait (a

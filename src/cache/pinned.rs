@@ -280,13 +280,12 @@ impl<'cache> Pinned<'cache> {
     /// a compare; no allocation, no lock, no shared write.
     ///
     /// The index's memory guard (papaya's) is the pin's, taken once: entering and leaving it per
-    /// probe costs an atomic swap, about 5 ns a hit. Held as long as the pin, though, it would keep
-    /// every index node the writer retires meanwhile alive (266 MB over 400,000 release/revive
-    /// cycles). So the index counts the writer's changes, and a probe that sees the count moved
-    /// refreshes the guard first: papaya lets go of what was retired since the last refresh, and
-    /// frees it here if this thread is the last to leave it. A `Peer` is a copied `fi_addr_t`,
-    /// kept valid by the epoch pin, never a reference into the index, so refreshing under live
-    /// peers invalidates nothing.
+    /// probe costs an atomic swap a hit. Held as long as the pin, though, it would keep every
+    /// index node the writer retires meanwhile alive, without bound. So the index counts the
+    /// writer's changes, and a probe that sees the count moved refreshes the guard first: papaya
+    /// lets go of what was retired since the last refresh, and frees it here if this thread is
+    /// the last to leave it. A `Peer` is a copied `fi_addr_t`, kept valid by the epoch pin, never
+    /// a reference into the index, so refreshing under live peers invalidates nothing.
     #[inline]
     pub(super) fn hit(&self, client: u64, address: &[u8]) -> Result<Option<Peer<'_>>, DmaError> {
         // No check of the address here: one of the wrong length (or all zero) is never

@@ -11,7 +11,7 @@
 //! `fi_cq_sread`, so its queues are opened with `FI_WAIT_UNSPEC` (which it promotes to an fd with
 //! shm off, and serves in 1 ms polls with shm on) and a waiter sleeps in `fi_cq_sread` on the
 //! transmit queue instead of `poll(2)` ([`Waiting::BlockingRead`], below). Everywhere else the
-//! queues are opened with `FI_WAIT_NONE` and a wait polls as it always did: efa refuses every wait
+//! queues are opened with `FI_WAIT_NONE` and a wait polls: efa refuses every wait
 //! object in 1.17. [`Configuration::busy_poll`] asks for the polling on every provider.
 //! [`Waiting::choose`] is that choice, made from the provider's name and the runtime libfabric's
 //! version, each polling case with its reason (logged when the endpoint opens); its unit tests pin
@@ -168,7 +168,7 @@ thread_local! {
 
 /// The longest one `fi_cq_sread` of the blocking-read waiter lasts: it returns for a transmit
 /// completion or a ring, not for an arrival on the receive queue, so a thread waiting for a
-/// message sees it within this (10 ms; 100 wake-ups a second while idle).
+/// message sees it within this (one wake-up a slice while idle, 100 a second).
 pub(crate) const BLOCKING_SLICE: Duration = Duration::from_millis(10);
 
 /// One endpoint's completion queues opened with a wait object: what a waiter sleeps on, their
