@@ -96,8 +96,8 @@ const COST_MASK: u64 = (1 << COST_BITS) - 1;
 /// The shortest poll a waiter allows an awake writer: what the hand-off itself costs, which the
 /// writer's batch cost leaves out (the writer noticing the request between its yields, and the
 /// answer reaching the waiter). A floor below that hand-off makes a waiter give up just before
-/// its answer and pay a wake-up on top of it; this one is set at the fixed poll the adaptive wait
-/// replaced, so an awake writer never gets less than that poll gave it (figures:
+/// its answer and pay a wake-up on top of it, so the floor is set well above it: a waiter always
+/// polls an awake writer at least this long (figures:
 /// `docs/benchmarks.md`, "Figures moved out of the module docs").
 #[cfg_attr(dma_loom, allow(dead_code))] // read by the spin budget, which loom has no time for
 pub(crate) const MIN_SPIN: Duration = Duration::from_micros(20);

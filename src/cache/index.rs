@@ -8,7 +8,7 @@
 //! known efa slot, or a client that was evicted, is a miss that goes to the writer. A client is
 //! registered on at most one entry (the writer's invariant), which is what lets the client alone
 //! be the key: a map node is 16 bytes (client and index), where a node that carried the address
-//! it confirms was 56.
+//! it confirms would be 56.
 //!
 //! Only the writer inserts and removes; readers only probe. The writer also reads it, to find
 //! the entry a published client holds (`registered`, and what `unlink` took out): the index

@@ -22,17 +22,17 @@
 //!   `quiesce`, a rail set's queued releases), which ring its [`Doorbell`]. It visits each
 //!   cache in turn and takes that cache's role the same way. A holder that leaves it work it
 //!   does not know of (a new deferral while it has no timer, a quiescer, an earlier deadline)
-//!   wakes it. (`release` was first left to the background thread too: in the mixed bench every
-//!   release then cost the thread a wake-up and a context switch.)
+//!   wakes it. (A caller's `release` is not left to the background thread: it would cost the
+//!   thread a wake-up and a context switch a release.)
 //! - **Callers do the background thread's routine work while they come.** A caller that holds
 //!   the role takes what the readers and leases reported (removing what they freed) and moves the
 //!   epoch on while a deferral is out, at most once a `FIRST_TICK`. While callers keep leaving
 //!   work that needs ticks, the background thread dozes: it parks on a timer (doubling up to
 //!   `rounds::DOZE_MAX` while they leave it nothing to remove) that the holders do not cut
 //!   short and the deferral's closure does not ring (`Doorbell::ring_report`), so a stream of
-//!   updates costs no wake-up each; once a round finds that no caller came, it ticks or parks as
-//!   before. The price: a removal whose readers have gone waits for the next caller or the timer,
-//!   at most `DOZE_MAX`, where a parked thread was rung at once.
+//!   updates costs no wake-up each; once a round finds that no caller came, it ticks or parks
+//!   again. The price: a removal whose readers have gone waits for the next caller or the timer,
+//!   at most `DOZE_MAX`, where a parked thread would be rung at once.
 //!
 //! Why one holder at a time keeps every invariant the single writer thread kept: each invariant
 //! is about the order in which the writer's state changes and its calls into the AV happen, never
