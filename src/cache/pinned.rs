@@ -25,8 +25,9 @@ use dma_libfabric_sys::fi_addr_t;
 /// Hold a pin for a batch of posts, not across a wait: while it lives, the writer removes no
 /// entry from the AV that it could have seen, and until its next probe it holds back the index
 /// nodes the writer retired (each probe lets go of what was retired since the one before, when
-/// the writer has changed the index; a pin that sits for a minute while other threads release
-/// and revive clients holds about 650 B a cycle until it probes or is dropped). Keep one pin of
+/// the writer has changed the index; a pin that sits while other threads release and revive
+/// clients holds what each cycle retires until it probes or is dropped, measured in
+/// `docs/guarantees.md`). Keep one pin of
 /// a cache at a time on a thread: papaya refreshes only a thread's last guard, so while two pins
 /// of one cache live on one thread, neither's probes let go of anything.
 ///

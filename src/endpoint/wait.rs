@@ -64,12 +64,12 @@
 //! reads that event (rxm reads its event queue inside the refused `fi_send`, or in the progress
 //! after it) leaves nothing behind: the post would go through now, `fi_trywait` finds every
 //! queue empty, and a poller would sleep its whole [`MOST_SLEEP`] before it posted again (the
-//! figures, before and after: `docs/benchmarks.md`, "Connection setup"). So a post answered
+//! figures: `docs/benchmarks.md`, "Connection setup"). So a post answered
 //! `-FI_EAGAIN` calls [`Waiter::retry_soon`], and the wait it belongs to sleeps
 //! [`Handoff::RETRY_FIRST`], doubling to at most [`Handoff::RETRY_MOST`], before it attempts
-//! again; a wait with no such answer (an idle receive, a wait for a completion) sleeps as long as
-//! before, so an idle endpoint still wakes about once a second. The rail set's waits and
-//! `progress_sleeping` post nothing and are unchanged; an RMA post answered `-FI_EAGAIN` is
+//! again; a wait with no such answer (an idle receive, a wait for a completion) sleeps up to
+//! [`MOST_SLEEP`], so an idle endpoint wakes about once a second. The rail set's waits and
+//! `progress_sleeping` post nothing and sleep the same way; an RMA post answered `-FI_EAGAIN` is
 //! retried at once with progress (`rma`), without sleeping.
 //!
 //! # Bounds
