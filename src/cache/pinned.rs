@@ -27,9 +27,9 @@ use dma_libfabric_sys::fi_addr_t;
 /// nodes the writer retired (each probe lets go of what was retired since the one before, when
 /// the writer has changed the index; a pin that sits while other threads release and revive
 /// clients holds what each cycle retires until it probes or is dropped, measured in
-/// `docs/guarantees.md`). Keep one pin of
-/// a cache at a time on a thread: papaya refreshes only a thread's last guard, so while two pins
-/// of one cache live on one thread, neither's probes let go of anything.
+/// `docs/guarantees.md`). Keep one pin of a cache at a time on a thread: papaya refreshes only a
+/// thread's last guard, so while two pins of one cache live on one thread, neither's probes let
+/// go of anything.
 ///
 /// Neither `Send` nor `Sync`: a pin belongs to the thread that took it.
 pub struct Pinned<'cache> {
@@ -281,7 +281,7 @@ impl<'cache> Pinned<'cache> {
     /// a compare; no allocation, no lock, no shared write.
     ///
     /// The index's memory guard (papaya's) is the pin's, taken once: entering and leaving it per
-    /// probe costs an atomic swap a hit. Held as long as the pin, though, it would keep every
+    /// probe would add an atomic swap to every hit. Held as long as the pin, though, it would keep every
     /// index node the writer retires meanwhile alive, without bound. So the index counts the
     /// writer's changes, and a probe that sees the count moved refreshes the guard first: papaya
     /// lets go of what was retired since the last refresh, and frees it here if this thread is

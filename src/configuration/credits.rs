@@ -73,9 +73,9 @@ pub const DEFAULT_RECEIVE_MEMORY_LIMIT: u64 = 64 << 20;
 
 impl ReceiveWindow {
     /// What one granted message or notification is counted as in the receive memory limit,
-    /// besides its bytes: rxm holds an unexpected message in a buffer of its own, whatever the
-    /// message's size, and 4.5 KiB covers that buffer on libfabric 1.17 and 2.6.0, tcp;ofi_rxm
-    /// (what it measured: `docs/benchmarks.md`, "Figures moved out of the module docs").
+    /// besides its bytes: rxm holds an unexpected message in a buffer of its own, and 4.5 KiB
+    /// covers what that buffer was measured to cost for a small message on libfabric 1.17 and
+    /// 2.6.0, tcp;ofi_rxm (figures: `docs/benchmarks.md`, "Figures moved out of the module docs").
     pub const MESSAGE_OVERHEAD: u64 = 4608;
 
     /// What granting this whole window costs against the receive memory limit: its bytes, plus

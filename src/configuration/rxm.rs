@@ -81,9 +81,10 @@ pub struct RxmSizing {
     /// posts (figures: `docs/benchmarks.md`, "Figures moved out of the module docs").
     pub msg_rx_size: Option<usize>,
     /// `FI_OFI_RXM_USE_SRX`: whether connections share one receive context (rxm's default over
-    /// tcp). Without it an endpoint opens with no shared buffers, but every connection posts its
-    /// own `msg_rx_size` bounce buffers (128 x 4 KiB = 512 KiB a peer), so a server with many
-    /// peers keeps it. Default `None`: rxm's own.
+    /// tcp). Without it an endpoint opens faster and smaller (figures: `docs/benchmarks.md`,
+    /// "Figures moved out of the module docs"), but every connection posts its own `msg_rx_size`
+    /// bounce buffers (128 x 4 KiB = 512 KiB a peer), so a server with many peers keeps it.
+    /// Default `None`: rxm's own.
     pub use_srx: Option<bool>,
 }
 

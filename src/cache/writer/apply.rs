@@ -20,7 +20,7 @@ use dma_libfabric_sys::fi_addr_t;
 /// How many registrations of an admission the writer publishes a round: a slice is a bounded
 /// step of the writer's, whatever the number of clients parked. An unrelated miss behind an
 /// admission waits for the admission itself (`admit`: the insert, the waiters, and a list of
-/// the clients, O(clients) but a copy each) and one slice, not for every client's enrolment:
+/// the clients, O(clients), a copy each) and one slice, not for every client's enrolment:
 /// the parked set becomes the entry's holders whole. One under loom, so that the models' few
 /// parked clients are published across rounds too. (What a registration and a listed client
 /// cost: `docs/benchmarks.md`, "Figures moved out of the module docs".)
