@@ -213,12 +213,12 @@ impl Configuration {
     /// `fi_info` gives no limit for an address vector's size, so this is a ceiling of the
     /// crate's own. Everything sized by the capacity is allocated up front, not as peers arrive:
     /// the cache's index and its lease counters at `open`, and libfabric 1.17's table of
-    /// `count` entries (rounded up to a power of two) at the first insert. Measured on
-    /// tcp;ofi_rxm 1.17, an endpoint's resident memory after its first peer grows by about
-    /// 200 MiB at 2^20, 600 MiB at 2^22 and 2.2 GiB at 2^24; a capacity of `usize::MAX` panics in
-    /// the index's allocation, 2^40 aborts on it, and above 2^63 libfabric's power-of-two rounding
-    /// wraps to 0. A million peers is more than one endpoint of a data-transfer server
-    /// addresses on any fabric this crate targets.
+    /// `count` entries (rounded up to a power of two) at the first insert, so an endpoint's
+    /// resident memory after its first peer grows with the capacity (figures:
+    /// `docs/benchmarks.md`, "Figures moved out of the module docs"); a capacity of
+    /// `usize::MAX` panics in the index's allocation, 2^40 aborts on it, and above 2^63
+    /// libfabric's power-of-two rounding wraps to 0. A million peers is more than one endpoint
+    /// of a data-transfer server addresses on any fabric this crate targets.
     ///
     /// ```
     /// use dma_libfabric::{Configuration, DmaError};

@@ -54,9 +54,9 @@ impl<B: AvBackend> AddressCache<B> {
     /// waits for every lease on it and every reader pinned at its unlink. Which of those belong to
     /// the caller cannot be known: a [`Lease`] is `Send` (a completion thread drops it, an async
     /// task moves between worker threads), and a pin of the calling thread's parent (a fork-join)
-    /// is as much the caller's as its own. An earlier rule, "a lease counts for the thread that
-    /// took it", refused waits that would have ended (a thread whose one lease was in flight on a
-    /// completion thread was refused every later wait) and waited for ever on others (a lease
+    /// is as much the caller's as its own. A rule such as "a lease counts for the thread that
+    /// took it" would refuse waits that would end (a thread whose one lease is in flight on a
+    /// completion thread would be refused every later wait) and wait for ever on others (a lease
     /// handed to the thread that then waits). The patience needs no guess: a wait on oneself ends
     /// at the bound with an error that says what it waited for
     /// ([`DmaError::OutOfPatience`]), and a wait on another thread ends when that thread drops

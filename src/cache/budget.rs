@@ -3,7 +3,7 @@
 //! The writer's inbox holds at most [`INBOX_BOUND`] requests, and its
 //! slots are allocated with it. A chunk of `resolve_all` or `lease_all` carries up to 64 misses
 //! in a vector of its own, so requests alone would let 4,096 queued chunks hold 262,144 misses
-//! (12.6 MB measured behind one slow insert). So a chunk's misses also take credits from a budget
+//! (behind one slow insert). So a chunk's misses also take credits from a budget
 //! of [`MissBudget::BOUND`] misses: a sender takes them before it queues the chunk and waits while
 //! none are left; the writer gives them back once it has applied the chunk. Queued chunks so hold
 //! at most `BOUND` misses, 48 B each, whatever number of threads send them.

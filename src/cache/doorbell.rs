@@ -15,7 +15,7 @@
 //! would lose a wake-up).
 //!
 //! While callers hold the role often enough to do its routine work, the background thread dozes
-//! ([`DOZING`]): it parks on a timer of at most 2 ms (`writer::rounds::DOZE_MAX`), a request
+//! ([`DOZING`]): it parks on a timer of at most `writer::rounds::DOZE_MAX`, a request
 //! still rings it, and a report ([`Doorbell::ring_report`], the deferral's closure) does not:
 //! the next holder takes the report, or the thread at its timer.
 //!
@@ -95,9 +95,10 @@ const COST_MASK: u64 = (1 << COST_BITS) - 1;
 
 /// The shortest poll a waiter allows an awake writer: what the hand-off itself costs, which the
 /// writer's batch cost leaves out (the writer noticing the request between its yields, and the
-/// answer reaching the waiter). Measured: with a floor of 1 µs, a blocking storm's miss on one
-/// thread went from 1.6 µs to 4.0 µs (the waiter gave up just before its answer and paid a
-/// wake-up); 20 µs is the fixed poll this wait replaced, so an awake writer never gets less.
+/// answer reaching the waiter). A floor below that hand-off makes a waiter give up just before
+/// its answer and pay a wake-up on top of it, so the floor is set well above it: a waiter always
+/// polls an awake writer at least this long (figures:
+/// `docs/benchmarks.md`, "Figures moved out of the module docs").
 #[cfg_attr(dma_loom, allow(dead_code))] // read by the spin budget, which loom has no time for
 pub(crate) const MIN_SPIN: Duration = Duration::from_micros(20);
 /// The longest: beyond it a slow backend's batch is cheaper to sleep through than to spin

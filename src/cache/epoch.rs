@@ -12,7 +12,9 @@
 //! and go. Dropping a handle instead would cost an exited thread its participant (2,304 B) and
 //! the empty bag crossbeam seals when the participant leaves (2,072 B), which crossbeam frees
 //! only once every reader pinned then has unpinned: 4,376 B a thread kept while one reader stays
-//! pinned (21.9 MB for 5,000 threads, `tests/cache_worst_case_bounds.rs`; nothing now).
+//! pinned. Kept on the spare list, an exited thread's handle costs nothing more
+//! (`tests/cache_worst_case_bounds.rs`; figures: `docs/benchmarks.md`, "Figures moved out of the
+//! module docs").
 
 use std::cell::RefCell;
 

@@ -18,12 +18,12 @@
 //! bytes. A record taken or cleared leaves a hole, dropped once it reaches the front; a full ring
 //! drops its oldest record, or is compacted if a quarter of it is holes (amortised O(1) a
 //! record). Once no record is left the ring and the table give back all their memory.
-//! `tests/cache_worst_case_bounds.rs` checks both terms at their worst case, 4,096 new clients
-//! refused by a full 64-entry model AV: 271 KB kept, 66 B a record (533 KB, 130 B a record,
-//! while each record was boxed with its own error beside a separate order queue); each refused
-//! with a 4 KiB provider text of its own, 926 KB, 226 B a record. A record goes when its client
-//! resolves again through the writer, is released, or reads it. Readers touch the lock only on a
-//! miss and only while some record exists.
+//! `tests/cache_worst_case_bounds.rs` checks both terms at their worst case: 4,096 new clients
+//! refused by a full 64-entry model AV, sharing their error, and each refused with a 4 KiB
+//! provider text of its own (what it measured: `docs/benchmarks.md`, "Worst-case bounds" and
+//! "Figures moved out of the module docs"). A record goes when its client resolves again
+//! through the writer, is released, or reads it. Readers touch the lock only on a miss and only
+//! while some record exists.
 
 use std::collections::VecDeque;
 // Plain std even under loom: bookkeeping beside the protocol, with no loom operation inside the

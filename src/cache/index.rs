@@ -8,7 +8,7 @@
 //! known efa slot, or a client that was evicted, is a miss that goes to the writer. A client is
 //! registered on at most one entry (the writer's invariant), which is what lets the client alone
 //! be the key: a map node is 16 bytes (client and index), where a node that carried the address
-//! it confirms was 56.
+//! it confirms would be 56.
 //!
 //! Only the writer inserts and removes; readers only probe. The writer also reads it, to find
 //! the entry a published client holds (`registered`, and what `unlink` took out): the index
@@ -168,10 +168,11 @@ fn slots_for(entries: usize) -> usize {
 /// The writer doubles the table once it is this full (in tenths). papaya grows a table itself
 /// only when an insert probes past its limit (5 × log2 of its slots), at a load that depends on
 /// the hash seed, "rarely before 75%" (its docs), and retires the old one into the inserting
-/// thread's seize batch, where it stays until the batch fills: measured, one run in ten kept a
-/// 590 KB table of 65,536 slots at 57,345 registrations (`cache_bounds`, parked clients). A
-/// growth the writer makes itself, before papaya's, is one it knows of, so it hands the old
-/// table to reclamation at once.
+/// thread's seize batch, where it stays until the batch fills, so a retired table's memory
+/// depends on the seed and on other threads' batches (figures:
+/// `docs/benchmarks.md`, "Figures moved out of the module docs"). A growth the writer makes
+/// itself, before papaya's, is one it knows of, so it hands the old table to reclamation at
+/// once.
 #[cfg(not(dma_loom))]
 const GROW_AT_TENTHS: usize = 7;
 

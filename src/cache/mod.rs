@@ -225,7 +225,7 @@ impl ReaderSide {
 ///    it in bytes), and a lease counter cannot wrap ([`AddressCache::LEASE_LIMIT`]). One cost is
 ///    per pin and outside that bound: a [`Pinned`] holds papaya's guard on the index across its
 ///    probes, so a pin that stops probing holds back the index nodes the writer retires until its
-///    next probe or its drop (about 650 B a release/revive cycle measured; `tests/soak.rs`,
+///    next probe or its drop (what one release/revive cycle retires; `tests/soak.rs`,
 ///    `docs/guarantees.md`). A pin that goes on probing holds at most what was retired since its
 ///    last probe.
 /// 7. No call waits for ever, whoever holds what, on whichever thread or task: every wait (a
@@ -240,8 +240,8 @@ impl ReaderSide {
 ///    deferral) only exchanges a flag and rings the writer's doorbell. One cost is crossbeam's
 ///    own and remains: a pin that collects a bag hands its queue node back through the reader's
 ///    own bag, and every 64 such nodes that reader allocates one 2,072-byte node to push its bag
-///    (`tests/hit_path.rs` measures it: 110 allocations in 12 million hits while another thread
-///    churned 20,000 release/resolve cycles; with fewer than 64 grace periods, none). A hit may
+///    (`tests/hit_path.rs` measures it while another thread churns: `docs/benchmarks.md`,
+///    "Figures moved out of the module docs"; with fewer than 64 grace periods, none). A hit may
 ///    free, though: when the writer has changed the index since the pin's last probe (one
 ///    relaxed load of a counter tells), the hit refreshes the pin's papaya guard, which reclaims
 ///    a batch of index nodes the writer retired when the hit's thread is the last to leave them

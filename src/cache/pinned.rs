@@ -25,10 +25,11 @@ use dma_libfabric_sys::fi_addr_t;
 /// Hold a pin for a batch of posts, not across a wait: while it lives, the writer removes no
 /// entry from the AV that it could have seen, and until its next probe it holds back the index
 /// nodes the writer retired (each probe lets go of what was retired since the one before, when
-/// the writer has changed the index; a pin that sits for a minute while other threads release
-/// and revive clients holds about 650 B a cycle until it probes or is dropped). Keep one pin of
-/// a cache at a time on a thread: papaya refreshes only a thread's last guard, so while two pins
-/// of one cache live on one thread, neither's probes let go of anything.
+/// the writer has changed the index; a pin that sits while other threads release and revive
+/// clients holds what each cycle retires until it probes or is dropped, measured in
+/// `docs/guarantees.md`). Keep one pin of a cache at a time on a thread: papaya refreshes only a
+/// thread's last guard, so while two pins of one cache live on one thread, neither's probes let
+/// go of anything.
 ///
 /// Neither `Send` nor `Sync`: a pin belongs to the thread that took it.
 pub struct Pinned<'cache> {
@@ -280,13 +281,12 @@ impl<'cache> Pinned<'cache> {
     /// a compare; no allocation, no lock, no shared write.
     ///
     /// The index's memory guard (papaya's) is the pin's, taken once: entering and leaving it per
-    /// probe costs an atomic swap, about 5 ns a hit. Held as long as the pin, though, it would keep
-    /// every index node the writer retires meanwhile alive (266 MB over 400,000 release/revive
-    /// cycles). So the index counts the writer's changes, and a probe that sees the count moved
-    /// refreshes the guard first: papaya lets go of what was retired since the last refresh, and
-    /// frees it here if this thread is the last to leave it. A `Peer` is a copied `fi_addr_t`,
-    /// kept valid by the epoch pin, never a reference into the index, so refreshing under live
-    /// peers invalidates nothing.
+    /// probe would add an atomic swap to every hit. Held as long as the pin, though, it would keep every
+    /// index node the writer retires meanwhile alive, without bound. So the index counts the
+    /// writer's changes, and a probe that sees the count moved refreshes the guard first: papaya
+    /// lets go of what was retired since the last refresh, and frees it here if this thread is
+    /// the last to leave it. A `Peer` is a copied `fi_addr_t`, kept valid by the epoch pin, never
+    /// a reference into the index, so refreshing under live peers invalidates nothing.
     #[inline]
     pub(super) fn hit(&self, client: u64, address: &[u8]) -> Result<Option<Peer<'_>>, DmaError> {
         // No check of the address here: one of the wrong length (or all zero) is never

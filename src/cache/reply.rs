@@ -17,12 +17,14 @@
 //!
 //! A blocking round trip waits the way an adaptive mutex does: it polls for its answer only while
 //! the writer is awake (or parked with a wake-up on its way), for the budget the writer's measured
-//! costs give (two batches, plus the pending wake-up; 20 to 50 µs), and blocks on the channel at
-//! once when the writer is parked and nobody has rung it (see [`super::doorbell`] for the state
-//! the writer publishes and why no wake-up is lost whatever state the waiter reads). Each poll yields
-//! the core: on a machine with more runnable threads than cores the writer may be waiting for
-//! this very core, and a busy spin (`spin_loop`) there held it off (measured: a blocking storm's
-//! miss went from about 4 µs to 35–95 µs under load, against a yielding poll).
+//! costs give (two batches, plus the pending wake-up; between `doorbell::MIN_SPIN` and
+//! `doorbell::MAX_SPIN`), and blocks on the channel at once when the writer is parked and nobody
+//! has rung it (see [`super::doorbell`] for the state the writer publishes and why no wake-up is
+//! lost whatever state the waiter reads). Each poll yields the core: on a machine with more
+//! runnable threads than cores the writer may be waiting for this very core, and a busy spin
+//! (`spin_loop`) there would hold it off, so a yielding poll never delays the answer it waits for
+//! by taking the writer's core (figures under load, a yielding poll against a busy spin:
+//! `docs/benchmarks.md`, "Figures moved out of the module docs").
 //!
 //! Under loom every round trip makes a channel of its own (a loom channel cannot outlive the
 //! execution it was made in); the answers and tickets are the same, and the poll is a couple of

@@ -45,7 +45,8 @@ pub enum PeerProtocol {
 pub struct ReceiveWindow {
     /// Messages one peer may have sent and the application not yet read. At least 1. Default
     /// 64: enough to keep tcp loopback busy with 4 KiB messages, while 64 messages of rxm's
-    /// unexpected-message buffers (about 4.4 KiB each) are 0.3 MiB a peer.
+    /// unexpected-message buffers, counted at [`MESSAGE_OVERHEAD`](Self::MESSAGE_OVERHEAD) each,
+    /// are 288 KiB a peer.
     pub messages: u32,
     /// Bytes one peer may have sent and the application not yet read: a message is admitted
     /// while the peer has sent fewer bytes than it was granted, so a peer may pass the window by
@@ -72,8 +73,9 @@ pub const DEFAULT_RECEIVE_MEMORY_LIMIT: u64 = 64 << 20;
 
 impl ReceiveWindow {
     /// What one granted message or notification is counted as in the receive memory limit,
-    /// besides its bytes: rxm holds an unexpected message in a buffer of its own, measured at
-    /// about 4.4 KiB for a 64 B message (libfabric 1.17 and 2.6.0, tcp;ofi_rxm).
+    /// besides its bytes: rxm holds an unexpected message in a buffer of its own, and 4.5 KiB
+    /// covers what that buffer was measured to cost for a small message on libfabric 1.17 and
+    /// 2.6.0, tcp;ofi_rxm (figures: `docs/benchmarks.md`, "Figures moved out of the module docs").
     pub const MESSAGE_OVERHEAD: u64 = 4608;
 
     /// What granting this whole window costs against the receive memory limit: its bytes, plus

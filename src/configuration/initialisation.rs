@@ -30,7 +30,8 @@ pub(crate) fn rxm_eager_limit() -> u32 {
 /// - when this process has one thread, the caller's, no other thread can read or write the
 ///   environment meanwhile (a thread is only made by a running thread), so setting the
 ///   `FI_OFI_RXM_*` variables the environment does not hold is sound, and rxm reads them in the
-///   `fi_getinfo` that follows: an endpoint costs about 5 MiB instead of about 68 MiB;
+///   `fi_getinfo` that follows, and an endpoint costs a fraction of what rxm's defaults cost
+///   (`docs/providers.md`, "Endpoint sizing");
 /// - otherwise nothing is set, and a warning says what rxm's own defaults cost and how to apply
 ///   the sizing ([`Configuration::apply_rxm_environment`] at the start of `main`).
 ///

@@ -54,10 +54,9 @@ use crate::error::DmaError;
 /// peer's) says nothing; a send to such a peer of another limit answers
 /// [`DmaError::WouldBlock`] after its patience, its text naming the setting.
 ///
-/// What the sizing buys (`examples/open_cost`, tcp;ofi_rxm on 127.0.0.1, 16 endpoints held open,
-/// medians; `docs/providers.md`, "Endpoint sizing", has the table): on libfabric 1.17 an
-/// endpoint costs 5.3 MiB of resident memory instead of 68.5 MiB, on 2.6.0 21 MiB instead of
-/// 132 MiB, and opens several times faster.
+/// What the sizing buys: an endpoint that holds a fraction of the resident memory rxm's own sizes
+/// cost, and opens several times faster (`examples/open_cost`; the table is in
+/// `docs/providers.md`, "Endpoint sizing").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RxmSizing {
     /// `FI_OFI_RXM_BUFFER_SIZE`: the size of each bounce buffer, and so rxm's eager limit
@@ -78,13 +77,14 @@ pub struct RxmSizing {
     /// `FI_OFI_RXM_MSG_RX_SIZE`: the depth of the shared receive context that rxm over tcp
     /// uses by default for all its connections (rxm's default 4,096), or of each connection's
     /// own receive queue without one (rxm's default 128). The default here is 512: enough
-    /// messages in flight for a server, and an endpoint of 5 MiB (libfabric 1.17) or 21 MiB
-    /// (2.6.0) rather than 20 or 83 MiB with 4,096.
+    /// messages in flight for a server, with an eighth of the shared bounce buffers rxm's 4,096
+    /// posts (figures: `docs/benchmarks.md`, "Figures moved out of the module docs").
     pub msg_rx_size: Option<usize>,
     /// `FI_OFI_RXM_USE_SRX`: whether connections share one receive context (rxm's default over
-    /// tcp). Without it an endpoint opens in about a millisecond and holds 0.5 MiB, but every
-    /// connection posts its own `msg_rx_size` bounce buffers (128 x 4 KiB = 512 KiB a peer), so
-    /// a server with many peers keeps it. Default `None`: rxm's own.
+    /// tcp). Without it an endpoint opens faster and smaller (figures: `docs/benchmarks.md`,
+    /// "Figures moved out of the module docs"), but every connection posts its own `msg_rx_size`
+    /// bounce buffers (128 x 4 KiB = 512 KiB a peer), so a server with many peers keeps it.
+    /// Default `None`: rxm's own.
     pub use_srx: Option<bool>,
 }
 

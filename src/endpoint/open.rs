@@ -49,9 +49,10 @@ impl LibfabricEndpoint {
     /// buffers that cannot be allocated; each names the value and the bound, and each is found
     /// before any libfabric object opens.
     ///
-    /// Memory: rxm's own buffer sizes cost about 68 MiB an endpoint, the configuration's about
-    /// 5 MiB; a process's first open applies them only if it has one thread, and warns otherwise
-    /// (see [`apply_rxm_environment`](Configuration::apply_rxm_environment)).
+    /// Memory: the configuration's rxm buffer sizes cost an endpoint a fraction of what rxm's own
+    /// do (`docs/providers.md`, "Endpoint sizing"); a process's first open applies them only if
+    /// it has one thread, and warns otherwise (see
+    /// [`apply_rxm_environment`](Configuration::apply_rxm_environment)).
     ///
     /// ```
     /// use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};

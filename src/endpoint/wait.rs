@@ -11,7 +11,7 @@
 //! `fi_cq_sread`, so its queues are opened with `FI_WAIT_UNSPEC` (which it promotes to an fd with
 //! shm off, and serves in 1 ms polls with shm on) and a waiter sleeps in `fi_cq_sread` on the
 //! transmit queue instead of `poll(2)` ([`Waiting::BlockingRead`], below). Everywhere else the
-//! queues are opened with `FI_WAIT_NONE` and a wait polls as it always did: efa refuses every wait
+//! queues are opened with `FI_WAIT_NONE` and a wait polls: efa refuses every wait
 //! object in 1.17. [`Configuration::busy_poll`] asks for the polling on every provider.
 //! [`Waiting::choose`] is that choice, made from the provider's name and the runtime libfabric's
 //! version, each polling case with its reason (logged when the endpoint opens); its unit tests pin
@@ -64,12 +64,12 @@
 //! reads that event (rxm reads its event queue inside the refused `fi_send`, or in the progress
 //! after it) leaves nothing behind: the post would go through now, `fi_trywait` finds every
 //! queue empty, and a poller would sleep its whole [`MOST_SLEEP`] before it posted again (the
-//! figures, before and after: `docs/benchmarks.md`, "Connection setup"). So a post answered
+//! figures: `docs/benchmarks.md`, "Connection setup"). So a post answered
 //! `-FI_EAGAIN` calls [`Waiter::retry_soon`], and the wait it belongs to sleeps
 //! [`Handoff::RETRY_FIRST`], doubling to at most [`Handoff::RETRY_MOST`], before it attempts
-//! again; a wait with no such answer (an idle receive, a wait for a completion) sleeps as long as
-//! before, so an idle endpoint still wakes about once a second. The rail set's waits and
-//! `progress_sleeping` post nothing and are unchanged; an RMA post answered `-FI_EAGAIN` is
+//! again; a wait with no such answer (an idle receive, a wait for a completion) sleeps up to
+//! [`MOST_SLEEP`], so an idle endpoint wakes about once a second. The rail set's waits and
+//! `progress_sleeping` post nothing and sleep the same way; an RMA post answered `-FI_EAGAIN` is
 //! retried at once with progress (`rma`), without sleeping.
 //!
 //! # Bounds
@@ -168,7 +168,7 @@ thread_local! {
 
 /// The longest one `fi_cq_sread` of the blocking-read waiter lasts: it returns for a transmit
 /// completion or a ring, not for an arrival on the receive queue, so a thread waiting for a
-/// message sees it within this (10 ms; 100 wake-ups a second while idle).
+/// message sees it within this (one wake-up a slice while idle, 100 a second).
 pub(crate) const BLOCKING_SLICE: Duration = Duration::from_millis(10);
 
 /// One endpoint's completion queues opened with a wait object: what a waiter sleeps on, their

@@ -17,12 +17,13 @@ use crate::cache::stored::StoredAddress;
 use crate::error::DmaError;
 use dma_libfabric_sys::fi_addr_t;
 
-/// How many registrations of an admission the writer publishes a round: at about 0.1 µs each,
-/// some tens of µs. An unrelated miss behind an admission waits for the admission itself
-/// (`admit`: the insert, the waiters, and a list of the clients, about 1 ns each) and one slice;
-/// it waited for every client's enrolment too (one lookup and one insert each, about 0.7 ms for
-/// 20,000) before the parked set became the entry's holders whole. One under loom, so that the
-/// models' few parked clients are published across rounds too.
+/// How many registrations of an admission the writer publishes a round: a slice is a bounded
+/// step of the writer's, whatever the number of clients parked. An unrelated miss behind an
+/// admission waits for the admission itself (`admit`: the insert, the waiters, and a list of
+/// the clients, O(clients), a copy each) and one slice, not for every client's enrolment:
+/// the parked set becomes the entry's holders whole. One under loom, so that the models' few
+/// parked clients are published across rounds too. (What a registration and a listed client
+/// cost: `docs/benchmarks.md`, "Figures moved out of the module docs".)
 #[cfg(not(dma_loom))]
 pub(super) const ADMISSION_SLICE: usize = 256;
 /// How many registrations of an admission the writer publishes a round.
@@ -412,7 +413,7 @@ impl<B: AvBackend> Writer<B> {
     /// Where `client` is: in `unindexed` if it is parked, or enrolled by an admission and not yet
     /// published; otherwise on the entry its published registration names, if any. The index
     /// is the writer's own (it alone writes it, and reads its own writes), so it stands in for a
-    /// map of every registered client (issue 29: 64 B a client at the worst).
+    /// map of every registered client (64 B a client at the worst).
     pub(super) fn holding(&self, client: u64) -> Option<Holding> {
         // An empty map answers before hashing: most of the time nobody is parked.
         if let Some(&holding) = self.unindexed.get(&client) {
@@ -554,7 +555,7 @@ impl<B: AvBackend> Writer<B> {
     /// O(waiters) and a slice, whatever the number of clients: the parked set becomes the
     /// entry's holders whole, each client's place in `unindexed` is left as it is and read as
     /// holding the new entry (`forwarded`), and their registrations are published a slice a
-    /// round. Only listing them for the slices is O(clients), about 1 ns each.
+    /// round. Only listing them for the slices is O(clients), a copy each.
     pub(super) fn admit(&mut self, at: fi_addr_t, parked: Parked) {
         let Parked {
             address,

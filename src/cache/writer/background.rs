@@ -28,7 +28,7 @@
 //!   background work of every cache in the process until it returns; callers' misses, which
 //!   serve themselves, are not held up by it.
 //!
-//! If the thread cannot be started, [`tend`] says so and callers serve what they can, as before:
+//! If the thread cannot be started, [`tend`] says so and callers serve what they can without it:
 //! their own misses and releases; removals then wait for the next caller, and the cache's drop
 //! removes everything.
 

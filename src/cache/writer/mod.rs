@@ -22,17 +22,17 @@
 //!   `quiesce`, a rail set's queued releases), which ring its [`Doorbell`]. It visits each
 //!   cache in turn and takes that cache's role the same way. A holder that leaves it work it
 //!   does not know of (a new deferral while it has no timer, a quiescer, an earlier deadline)
-//!   wakes it. (`release` was first left to the background thread too: in the mixed bench every
-//!   release then cost the thread a wake-up and a context switch.)
+//!   wakes it. (A caller's `release` is not left to the background thread: it would cost the
+//!   thread a wake-up and a context switch a release.)
 //! - **Callers do the background thread's routine work while they come.** A caller that holds
 //!   the role takes what the readers and leases reported (removing what they freed) and moves the
 //!   epoch on while a deferral is out, at most once a `FIRST_TICK`. While callers keep leaving
 //!   work that needs ticks, the background thread dozes: it parks on a timer (doubling up to
-//!   `rounds::DOZE_MAX`, 2 ms, while they leave it nothing to remove) that the holders do not cut
+//!   `rounds::DOZE_MAX` while they leave it nothing to remove) that the holders do not cut
 //!   short and the deferral's closure does not ring (`Doorbell::ring_report`), so a stream of
-//!   updates costs no wake-up each; once a round finds that no caller came, it ticks or parks as
-//!   before. The price: a removal whose readers have gone waits for the next caller or the timer,
-//!   at most `DOZE_MAX`, where a parked thread was rung at once.
+//!   updates costs no wake-up each; once a round finds that no caller came, it ticks or parks
+//!   again. The price: a removal whose readers have gone waits for the next caller or the timer,
+//!   at most `DOZE_MAX`, where a parked thread would be rung at once.
 //!
 //! Why one holder at a time keeps every invariant the single writer thread kept: each invariant
 //! is about the order in which the writer's state changes and its calls into the AV happen, never
@@ -137,7 +137,7 @@
 //! parked incarnation's set of clients becomes its entry's holders whole when it enters the AV,
 //! their places in `unindexed` are left as they are and read through `forwarded`, one item per
 //! such admission, and their registrations are published a slice of `apply::ADMISSION_SLICE` a
-//! round, the waiters' first, so an unrelated miss waits for the list of the clients, about 1 ns
+//! round, the waiters' first, so an unrelated miss waits for the list of the clients, a copy
 //! each, and a slice rather than for every client's enrolment and registration; `quiesce` waits
 //! for the last slice; the list, 8 B a client, is freed once published); a parked incarnation
 //! keeps at most one waiter per client (a newer request from the same client answers the older one
@@ -171,50 +171,38 @@
 //! however long a probing reader stays pinned (a pin refreshes its guard on the index whenever
 //! the writer has changed it; an idle pin holds the index nodes retired until its next probe, a
 //! per-pin cost: `cache::index`) and however many releases, revives, retries and patience
-//! expiries go by. The per-client term, measured with 200,000 clients on 64 entries, is 39 B a
-//! client (papaya's node 16 B, as the index is keyed by the client alone and a hit reads the
-//! address it confirms from the index's per-entry slots; its table 12 B; the holders sets 12 B),
-//! and 51-52 B at the tables' worst load, just after they double (16,384, 16,385, 32,769,
-//! 65,537, 131,073 and 262,145 clients, each tested); the peak, while papaya holds its old and
-//! new tables at a doubling, 60-61 B. It was 86 B at the worst while the writer kept a
-//! `clients` map of its own beside the index (16 B a client and its slack, 34 B just after its
-//! doubling). A parked client costs 59 B at the worst (just after `unindexed` and the parked
-//! set double, at 14,337 and 57,345 clients), and 101-111 B at the peak of its admission (a holder,
-//! and published, while its parked place is still held). A caller blocked in `lease` costs
-//! 163-173 B beside its parked place (113 of them, just past a doubling of the waiters' map:
-//! 222-232 B a caller in all): a 48-byte waiter in a hash map at its worst load, 112 B, and a
-//! 32-byte deadline in a B-tree whose leaves hold 5 to 11 of them. Measured by hand, not by a
-//! test: in about one run in five the count also caught 17-33 KB of per-thread allocations
-//! (a thread's first block registers a waker context with std's channel, 144 B; seize's
-//! per-thread slots come in buckets by thread id), which a test could not yet keep out. The
-//! index's address slots, 40 B an AV index, are allocated with the cache.
+//! expiries go by. The per-client term covers papaya's node (16 B: the index is keyed by the
+//! client alone, as a hit reads the address it confirms from the index's per-entry slots), its
+//! table slot and the client's place in the holders sets, at the tables' worst load (just after
+//! they double) and while papaya holds its old and new tables at a doubling; the writer keeps no
+//! map of the clients beside the index. The parked-client term covers `unindexed` and the parked
+//! set just after they double; at the peak of its admission a client is counted in both terms (a
+//! holder, and published, while its parked place is still held). The blocked-lease term covers a
+//! 48-byte waiter in a hash map at its worst load and a 32-byte deadline in a B-tree whose leaves
+//! hold 5 to 11 of them. The index's address slots, 40 B an AV index, are allocated with the
+//! cache.
 //! Once every client is released and the cache quiesced, nothing stays per former client or
 //! entry: the writer replaces the index's table once it has emptied to an eighth of what it
 //! grew to (`cache::index`), and once the cache holds no entry its own tables give back all
-//! their memory (`tables.rs`), so the cache is back within 16 B a former entry of its empty self
-//! (issue 29), beside crossbeam's garbage in flight (its queue's sentinel and sealed bags,
-//! 2,072 B each, freed by later pins; up to 2 seen) and each thread's one-time state (4,904 B:
-//! its epoch handle on the cache's collector and its registration, its reply channel and the
-//! channel's block, its role marks). Measured after 2,000 to 262,145 clients on 64 entries:
-//! -1,220 to +3,592 B, mostly one bag; after 20,480 on 1,024 entries, 2,072 B
-//! (`tests/cache_bounds.rs`, `released_residue`; 13.9-16.9 KB before, the tables at their
-//! smallest sizes and the thread's state). An exited thread's epoch handle goes back to its
-//! cache for the next thread, where crossbeam kept an exited thread's participant and a sealed
-//! empty bag while any reader stayed pinned (4,376 B a thread: 5,000 threads that each pinned,
-//! hit, leased and exited under one long pin kept 21.9 MB, now 2.1-2.3 KB in all;
-//! `tests/cache_worst_case_bounds.rs`, which also holds 200,000 clients on a 64-entry model AV,
-//! released, to 0.06 MB: 17.8-19.9 KB kept, the AV's own log included).
-//! `tests/soak.rs` checks the capacity and inbox terms with a counting allocator (its peaks, at `C`
-//! = 4,096: 795 KB under a long pin over 20,000 revives and churn, against 1.8 MB), and
-//! `tests/cache_bounds.rs` each other term at its worst case: the chunked misses (a storm of 8,192
-//! behind a slow insert queues at most 4,096), the failure records (4,096 refused clients on a full
-//! 64-entry AV, each refused with the same 4 KiB provider text: +296 KB at the peak, 66 B a
-//! record kept, against 1.27 MB; +934 KB and 226 B before records shared their error; each with
-//! a text of its own, 226 B a record, in `tests/cache_worst_case_bounds.rs`), the clients (200,000 on 64 entries: +7.9 MB, 39 B a client, against
-//! 12.8 MB; and just past each doubling, up to 262,145 clients: 51-52 B a client, against
-//! 64 B), the parked clients (14,337 and 57,345: 59 B a client, against 64 B; 101-111 B at the
-//! admission's peak, against 128 B) and an entry's holders (100,000 moves away and back keep
-//! nothing); the `cache_ops` fuzz target checks the first two terms after every step.
+//! their memory (`tables.rs`), so the cache is back within 16 B a former entry of its empty self,
+//! beside crossbeam's garbage in flight (its queue's sentinel and sealed bags, 2,072 B each,
+//! freed by later pins) and each thread's one-time state (4,904 B: its epoch handle on the
+//! cache's collector and its registration, its reply channel and the channel's block, its role
+//! marks): `tests/cache_bounds.rs`, `released_residue`. An exited thread's epoch handle goes back
+//! to its cache for the next thread, so nothing stays per exited thread while a reader stays
+//! pinned (`tests/cache_worst_case_bounds.rs`, which also holds 200,000 clients on a 64-entry
+//! model AV, released, to 0.06 MB, the AV's own log included).
+//! `tests/soak.rs` checks the capacity and inbox terms with a counting allocator, at `C` = 4,096
+//! under a long pin over 20,000 revives and churn, and `tests/cache_bounds.rs` each other term at
+//! its worst case: the chunked misses (a storm of 8,192 behind a slow insert queues at most
+//! 4,096), the failure records (4,096 refused clients on a full 64-entry AV, each refused with
+//! the same 4 KiB provider text; each with a text of its own in
+//! `tests/cache_worst_case_bounds.rs`), the clients (200,000 on 64 entries, and just past each
+//! doubling, up to 262,145 clients, against 64 B a client), the parked clients (14,337 and
+//! 57,345, against 64 B a client, and 128 B at the admission's peak) and an entry's holders
+//! (100,000 moves away and back keep nothing); the `cache_ops` fuzz target checks the first two
+//! terms after every step. What each of them measured, and the figures measured by hand:
+//! `docs/benchmarks.md`, "Figures moved out of the module docs".
 //!
 //! # Calls under the writer role
 //!

@@ -11,8 +11,8 @@ use crate::error::DmaError;
 use dma_libfabric_sys::fi_addr_t;
 
 /// The clients that hold a live entry, as a set: a release removes one by hash, in O(1) with no
-/// pause (a list compacted now and then, tried instead, made an unrelated miss wait behind a
-/// compaction of 20,000 holders). The index (or, for a holder an admission has not published
+/// pause (a list compacted now and then would make an unrelated miss wait behind a compaction
+/// of every holder). The index (or, for a holder an admission has not published
 /// yet, the writer's `unindexed` map) says the same from the client's side.
 /// Nearly every entry has one, so one is stored inline.
 #[derive(Default)]
@@ -65,8 +65,8 @@ impl Holders {
     }
 
     /// The holders of an admitted incarnation: every client parked on it, the set taken over
-    /// whole rather than rebuilt client by client (20,000 of them cost 0.7 ms to enrol one by
-    /// one, all of it in one step of the writer's).
+    /// whole rather than rebuilt client by client, which would cost O(clients) in one step of
+    /// the writer's.
     pub(super) fn from_set(set: HashSet<u64, Hasher>) -> Self {
         match set.len() {
             0 => Self::None,

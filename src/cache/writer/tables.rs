@@ -2,8 +2,8 @@
 //! table of more than 64 slots at under a quarter full is cut to twice what it holds), and all
 //! of it once the cache holds no entry at all, live or on its way out. So the writer's memory
 //! follows what it holds, not the most it ever held, and a cache emptied and quiesced is back to
-//! what it was built with (issue 29: "back within 16 B a former entry of the empty cache"),
-//! rather than to its tables' smallest sizes. Run once a batch, with the counters; each check is
+//! what it was built with (within 16 B a former entry of the empty cache), rather than to its
+//! tables' smallest sizes. Run once a batch, with the counters; each check is
 //! O(1) unless it frees.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -20,8 +20,8 @@ impl<B: AvBackend> Writer<B> {
     /// memory follows the live entries rather than the most it ever held (invariant 4); and once
     /// the cache holds no entry at all, live or on its way out, every table gives back all of
     /// its memory, so an emptied cache is back to what it was built with rather than to its
-    /// tables' smallest sizes (issue 29: 4,096 B of entries, a B-tree leaf and a table of slots
-    /// stayed at `C` = 64 before).
+    /// tables' smallest sizes (at `C` = 64: 4,096 B of entries, a B-tree leaf and a table of
+    /// slots).
     pub(super) fn shrink(&mut self) {
         fn roomy(capacity: usize, len: usize) -> bool {
             capacity > 64 && capacity > 4 * len

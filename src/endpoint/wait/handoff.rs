@@ -88,8 +88,8 @@ impl Handoff {
 
     /// The longest sleep of a wait whose attempt a post's "retry after progress" answered: the
     /// most a retry waits past the progress that would let the post through (a connection set
-    /// up), and, while the provider keeps answering so, at most 1 s / 16 ms ≈ 63 attempts a
-    /// second.
+    /// up), and, while the provider keeps answering so, at most one attempt each
+    /// `RETRY_MOST`, about 63 a second.
     pub const RETRY_MOST: Duration = Duration::from_millis(16);
 
     /// A hand-off with no waiter.
