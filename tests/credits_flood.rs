@@ -17,12 +17,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::io::{BufReader, Read, Write};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::ChildStdout;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dma_libfabric::DmaError;
-use testkit::{PATIENCE, hex, line_after, resident, unhex};
+use testkit::{PATIENCE, PeerProcess, hex, line_after, resident, unhex};
 
 /// Marks a child and its role.
 const ROLE: &str = "DMA_LIBFABRIC_CREDITS_ROLE";
@@ -37,29 +37,14 @@ const NAME: &str = "four_senders_flooding_a_slow_reader_are_bounded_and_served_e
 const GROWTH: usize = 64 << 20;
 const RETURN: usize = 16 << 20;
 
-/// Kills a child when dropped, so a failing test leaves nothing behind.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(role: &str, envs: &[(&str, String)]) -> (Process, BufReader<ChildStdout>) {
-    let mut child = Command::new(std::env::current_exe().expect("this binary"))
-        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .envs(dma_libfabric::Configuration::default().rxm_environment())
-        .envs(envs.iter().map(|(key, value)| (*key, value)))
-        .current_dir(std::env::temp_dir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("a child");
-    let stdout = BufReader::new(child.stdout.take().expect("piped"));
-    (Process(child), stdout)
+/// This binary as a child in `role`, under the configuration's rxm sizing and `envs`.
+fn spawn(role: &str, envs: &[(&str, String)]) -> (PeerProcess, BufReader<ChildStdout>) {
+    let mut all: Vec<(&str, String)> = dma_libfabric::Configuration::default()
+        .rxm_environment()
+        .into_iter()
+        .collect();
+    all.extend(envs.iter().cloned());
+    testkit::spawn_role(NAME, ROLE, role, &all)
 }
 
 fn numbers(line: &str) -> Vec<usize> {

@@ -21,7 +21,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
 use std::io::{BufReader, Read, Write};
-use std::process::{ChildStdout, Command, Stdio};
+use std::process::ChildStdout;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -40,17 +40,7 @@ const IMPOSTOR_SENDS: usize = 100;
 const SEND_PATIENCE: Duration = Duration::from_millis(20);
 
 fn spawn(role: &str, envs: &[(&str, String)]) -> (PeerProcess, BufReader<ChildStdout>) {
-    let mut child = Command::new(std::env::current_exe().expect("this binary"))
-        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .envs(envs.iter().map(|(key, value)| (*key, value)))
-        .current_dir(std::env::temp_dir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("a child");
-    let stdout = BufReader::new(child.stdout.take().expect("piped"));
-    (PeerProcess(child), stdout)
+    testkit::spawn_role(NAME, ROLE, role, envs)
 }
 
 /// Client 1: announce its address, then wait to be killed.

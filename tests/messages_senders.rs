@@ -240,26 +240,8 @@ fn a_credited_sender_is_named_by_its_introduction_and_by_no_client() {
 /// sender name its own index, where neither the newcomer's client nor the released one is.
 #[test]
 fn at_the_default_late_messages_of_a_released_sender_name_neither_client() {
-    let receiver = endpoint(false);
-    let leaving = endpoint(false);
-    let newcomer = endpoint(false);
-    let address = receiver.local_address().expect("address");
-    let pinned = receiver.cache().pin();
-    let index = pinned
-        .resolve(1, &leaving.local_address().expect("address"))
-        .expect("resolve")
-        .fi_addr();
-    drop(pinned);
-    let first = std::thread::scope(|scope| {
-        let receiving = scope.spawn(|| receive(&receiver, 1));
-        send_all(&leaving, &address, &[b"hello"]);
-        receiving.join().expect("the receiving thread")
-    });
-    assert_eq!(
-        Some(index),
-        first[0].sender,
-        "proved, on the client's index"
-    );
+    let (receiver, leaving, newcomer) = (endpoint(false), endpoint(false), endpoint(false));
+    let (address, index) = leaving_said_hello(&receiver, &leaving);
     receiver.cache().release(1);
     receiver.cache().quiesce();
     let pinned = receiver.cache().pin();
@@ -319,10 +301,9 @@ fn on_native_tcp_too_a_late_message_names_whoever_holds_the_index_now() {
     });
 }
 
-fn late_message_names_the_index_holder(open: &dyn Fn() -> LibfabricEndpoint) {
-    let receiver = open();
-    let leaving = open();
-    let newcomer = open();
+/// `receiver` resolves `leaving` as client 1 and receives its "hello", named by the index it was
+/// resolved at: the receiver's address and that index.
+fn leaving_said_hello(receiver: &LibfabricEndpoint, leaving: &LibfabricEndpoint) -> (Vec<u8>, u64) {
     let address = receiver.local_address().expect("address");
     let pinned = receiver.cache().pin();
     let index = pinned
@@ -331,11 +312,17 @@ fn late_message_names_the_index_holder(open: &dyn Fn() -> LibfabricEndpoint) {
         .fi_addr();
     drop(pinned);
     let first = std::thread::scope(|scope| {
-        let receiving = scope.spawn(|| receive(&receiver, 1));
-        send_all(&leaving, &address, &[b"hello"]);
+        let receiving = scope.spawn(|| receive(receiver, 1));
+        send_all(leaving, &address, &[b"hello"]);
         receiving.join().expect("the receiving thread")
     });
-    assert_eq!(Some(index), first[0].sender);
+    assert_eq!(Some(index), first[0].sender, "named by the client's index");
+    (address, index)
+}
+
+fn late_message_names_the_index_holder(open: &dyn Fn() -> LibfabricEndpoint) {
+    let (receiver, leaving, newcomer) = (open(), open(), open());
+    let (address, index) = leaving_said_hello(&receiver, &leaving);
     receiver.cache().release(1);
     receiver.cache().quiesce();
     assert_eq!(0, receiver.cache().stats().entries, "removed from the AV");

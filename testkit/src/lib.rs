@@ -585,6 +585,29 @@ pub fn unhex(text: &str) -> Vec<u8> {
         .collect()
 }
 
+/// This test binary run again as a child in `role`: only `test` (`--exact`, one thread, its
+/// output not captured), with `role_variable` set to `role` and `envs` added, in the temporary
+/// directory, stdin and stdout piped. Answers the child (killed when dropped) and its stdout.
+pub fn spawn_role(
+    test: &str,
+    role_variable: &str,
+    role: &str,
+    envs: &[(&str, String)],
+) -> (PeerProcess, std::io::BufReader<std::process::ChildStdout>) {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(std::env::current_exe().expect("this binary"))
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(role_variable, role)
+        .envs(envs.iter().map(|(key, value)| (*key, value)))
+        .current_dir(std::env::temp_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("a child");
+    let stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    (PeerProcess(child), stdout)
+}
+
 /// A peer process a test started: continued (it may be stopped) and killed when dropped, so a
 /// failing test leaves no stopped process behind. One that was already reaped is left alone
 /// (its pid may be another process's by now).
