@@ -63,7 +63,9 @@ struct Table {
 /// remove frees an entry however many inserts there were. For the efa format it refuses a second
 /// entry for one (GID, QPN), as efa-direct's reverse AV cannot hold one, and it records every
 /// breach of the rules (a stale remove, a read past a short address, a grown table) as a
-/// *violation* a test can assert is absent.
+/// *violation* a test can assert is absent. A sealed address (the provider's length plus
+/// [`SEAL_LEN`](crate::address::SEAL_LEN)) is inserted by its provider part, as `FabricAv` gives
+/// `fi_av_insert` only that, and [`lookup`](Self::lookup) answers that part.
 ///
 /// `ModelAv` is a cheap handle: clones share one table, so a test keeps a clone to inspect what the
 /// writer thread did with the one it handed to
@@ -216,7 +218,10 @@ impl AvBackend for ModelAv {
         if let Some(error) = table.fail_next_insert.take() {
             return Err(error);
         }
-        if address.len() != table.address_len {
+        // A sealed address (the provider's, then `SEAL_LEN` bytes) is inserted as the real AV
+        // is given it: the provider's part, all `fi_av_insert` reads.
+        let sealed = table.address_len + crate::address::SEAL_LEN;
+        if address.len() != table.address_len && address.len() != sealed {
             let breach = format!(
                 "insert of a {}-byte address into a {}-byte AV reads past the buffer",
                 address.len(),
@@ -225,6 +230,7 @@ impl AvBackend for ModelAv {
             table.violations.push(breach);
             return Err(invalid("fi_av_insert"));
         }
+        let address = &address[..table.address_len];
         if address.iter().all(|&byte| byte == 0) {
             let breach = "insert of an all-zero address, which the cache must refuse first";
             table.violations.push(breach.into());

@@ -43,7 +43,7 @@ use self::ops::{Address, AddressInput, CacheOps, TcpOps};
 use self::reference::{Acceptance, Rules};
 use dma_libfabric::{
     AddressCache, AddressFormat, CacheStats, Configuration, DmaError, EFA_ADDRESS_LEN,
-    EFA_IDENTITY_LEN, LibfabricEndpoint, ModelAv, SOCKADDR_IN_LEN, sys,
+    EFA_IDENTITY_LEN, LibfabricEndpoint, ModelAv, SEAL_LEN, SOCKADDR_IN_LEN, sys,
 };
 
 /// An oracle failure: the fuzz target found a bug.
@@ -96,13 +96,16 @@ pub fn check_address(data: &[u8]) {
             0 => format.default_len(),
             len => usize::from(len),
         };
+        // Bare (the provider's length), or sealed: that and a seal of version 1 (its eighth
+        // byte); either way a provider part that is not all zero.
+        let sealed = bytes.len() == address_len + SEAL_LEN;
         let valid = !bytes.is_empty()
-            && bytes.len() == address_len
+            && (bytes.len() == address_len || (sealed && 1 == bytes[address_len + 7]))
             && (AddressFormat::Opaque == format || EFA_ADDRESS_LEN == address_len)
-            && bytes.iter().any(|&byte| 0 != byte);
+            && bytes[..address_len].iter().any(|&byte| 0 != byte);
         let identity_len = match format {
             AddressFormat::Efa => EFA_IDENTITY_LEN,
-            AddressFormat::Opaque => address_len,
+            AddressFormat::Opaque => bytes.len(),
         };
         match format.identity(bytes, address_len) {
             Ok(identity) if valid && identity == &bytes[..identity_len] => {}
@@ -143,7 +146,9 @@ fn check_address_through(av: &ModelAv, cache: &AddressCache<ModelAv>, bytes: &[u
         }
         cache.quiesce();
         match pinned.resolve(1, bytes).map(|peer| peer.fi_addr()) {
-            Ok(fi_addr) if valid && av.lookup(fi_addr).as_deref() == Some(bytes) => {}
+            // The AV holds the provider's part; a seal stays with the cache.
+            Ok(fi_addr)
+                if valid && av.lookup(fi_addr).as_deref() == bytes.get(..cache.address_len()) => {}
             Err(DmaError::InvalidAddress(_)) if !valid => {}
             other => fail(&format!(
                 "resolve of {} bytes by a {}-byte cache: {other:?}",
