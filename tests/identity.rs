@@ -198,6 +198,21 @@ fn a_process_that_takes_a_clients_port_gets_nothing_of_it_and_is_not_it() {
     match resolved {
         Err(DmaError::InvalidAddress(why)) => {
             assert!(why.contains("sealed by another process"), "{why}");
+            // Client 1's secret (the seal's first eight bytes, below the version byte) is not
+            // handed to whoever logs the error.
+            let mut head = [0; 8];
+            head.copy_from_slice(&client_address[name_len..name_len + 8]);
+            let secret = u64::from_le_bytes(head) & ((1 << 56) - 1);
+            for form in [
+                format!("{secret:#x}"),
+                format!("{secret:x}"),
+                secret.to_string(),
+            ] {
+                assert!(
+                    !why.contains(&form),
+                    "the error names client 1's secret: {why}"
+                );
+            }
         }
         other => panic!("the impostor's address resolved: {other:?}"),
     }

@@ -94,30 +94,24 @@ impl HandedOut {
             .fetch_max(fi_addr.saturating_add(1), Ordering::Release);
     }
 
-    /// Note that an insert of an address sealed with `secret` (`None`: bare) returned `fi_addr`.
-    /// Where `exclusive` (an opaque format, whose index is the whole provider address), refused,
-    /// answering the secret that holds it, while the index is live under another seal: a second
-    /// process claiming the port of a peer still in the AV under its own seal. Otherwise (efa,
-    /// where the seal tells incarnations of one slot apart) the newest seal holds the index.
-    fn hold(
-        &self,
-        fi_addr: sys::fi_addr_t,
-        secret: Option<u64>,
-        exclusive: bool,
-    ) -> Result<(), u64> {
+    /// Note that an insert of an address sealed with `secret` (`None`: bare) returned `fi_addr`,
+    /// and answer whether it may hold the index. Where `exclusive` (an opaque format, whose index
+    /// is the whole provider address) it may not, and nothing is noted, while the index is live
+    /// under another seal: a second process claiming the port of a peer still in the AV under its
+    /// own seal. Otherwise (efa, where the seal tells incarnations of one slot apart) the newest
+    /// seal holds the index.
+    fn hold(&self, fi_addr: sys::fi_addr_t, secret: Option<u64>, exclusive: bool) -> bool {
         let mut seals = crate::sync::lock(&self.seals);
         let held = seals
             .entry(fi_addr)
             .or_insert(Sealed { secret, inserts: 0 });
         match (held.secret, secret) {
-            (Some(holder), Some(newcomer)) if holder != newcomer && exclusive => {
-                return Err(holder);
-            }
+            (Some(holder), Some(newcomer)) if holder != newcomer && exclusive => return false,
             (_, Some(_)) => held.secret = secret,
             (_, None) => {}
         }
         held.inserts = held.inserts.saturating_add(1);
-        Ok(())
+        true
     }
 
     /// Note that one insert of `fi_addr` was removed.
@@ -282,22 +276,19 @@ impl AvBackend for FabricAv {
         match inserted {
             1 if fi_addr != sys::FI_ADDR_NOTAVAIL => {
                 self.handed_out.note(fi_addr);
-                match self
-                    .handed_out
-                    .hold(fi_addr, secret, AddressFormat::Opaque == self.format)
-                {
-                    Ok(()) => Ok(fi_addr),
-                    Err(holder) => {
-                        // Undo this insert: the util AV counted it as a second use of the index.
-                        let _ = self.remove_index(fi_addr);
-                        Err(DmaError::InvalidAddress(format!(
-                            "index {fi_addr} holds this provider address already, sealed by \
-                             another process (secret {holder:#x}): a peer that took the port of \
-                             one still in this address vector; release that one's clients \
-                             first (a restarted peer), or this one is not who it says"
-                        )))
-                    }
+                let exclusive = AddressFormat::Opaque == self.format;
+                if self.handed_out.hold(fi_addr, secret, exclusive) {
+                    return Ok(fi_addr);
                 }
+                // Undo this insert: the util AV counted it as a second use of the index. The
+                // holder's secret stays out of the text: an error is for logs.
+                let _ = self.remove_index(fi_addr);
+                Err(DmaError::InvalidAddress(format!(
+                    "index {fi_addr} holds this provider address already, sealed by another \
+                     process: a peer that took the port of one still in this address vector; \
+                     release that one's clients first (a restarted peer), or this one is not \
+                     who it says"
+                )))
             }
             code if code < 0 => Err(DmaError::fabric("fi_av_insert", code.into())),
             _ => Err(DmaError::Fabric {
