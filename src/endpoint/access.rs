@@ -90,21 +90,9 @@ impl AccessWord {
     pub fn try_lend(&self) -> bool {
         // A compare-exchange rather than an add: the loans' field must never carry into the
         // waiting posters' (2^24 slices forgotten, `mem::forget`, would otherwise read as one).
-        let mut current = self.0.load(Ordering::Acquire);
-        loop {
-            if 0 != current & (OPERATIONS | WAITERS) || SLICES == current & SLICES {
-                return false;
-            }
-            match self.0.compare_exchange_weak(
-                current,
-                current + SLICE,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return true,
-                Err(now) => current = now,
-            }
-        }
+        self.add_unless(SLICE, |word| {
+            0 != word & (OPERATIONS | WAITERS) || SLICES == word & SLICES
+        })
     }
 
     /// Return one loan.
@@ -116,14 +104,20 @@ impl AccessWord {
     /// [`withdraw`](Self::withdraw), every lend is refused. `false`, and nothing changed, when
     /// 255 posters are announced already (lends are refused while they are).
     pub fn try_announce(&self) -> bool {
+        self.add_unless(WAITER, |word| WAITERS == word & WAITERS)
+    }
+
+    /// Add `unit` to the word by a compare-exchange, unless `refused` says no of the value it
+    /// would replace: `false` then, and nothing changed.
+    fn add_unless(&self, unit: u64, refused: impl Fn(u64) -> bool) -> bool {
         let mut current = self.0.load(Ordering::Acquire);
         loop {
-            if WAITERS == current & WAITERS {
+            if refused(current) {
                 return false;
             }
             match self.0.compare_exchange_weak(
                 current,
-                current + WAITER,
+                current + unit,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
@@ -150,5 +144,44 @@ impl AccessWord {
     /// held it before has been released, and what it did is visible (Acquire).
     pub fn held(&self) -> bool {
         0 != self.0.load(Ordering::Acquire) & OPERATIONS
+    }
+}
+
+#[cfg(all(test, not(dma_loom)))]
+mod tests {
+    use super::*;
+
+    /// The fields at their bounds: no count carries into the next field, whatever a hostile
+    /// caller forgets.
+    #[test]
+    fn every_field_refuses_at_its_bound_and_never_carries() {
+        // 2^24 - 1 loans (slices forgotten): the next is refused, and an operation still sees
+        // them, not a waiting poster.
+        let word = AccessWord(AtomicU64::new(SLICES));
+        assert!(!word.try_lend(), "a loan past 2^24 - 1");
+        assert_eq!(SLICES, word.0.load(Ordering::Relaxed), "nothing changed");
+        assert!(word.lent() && !word.held());
+        assert!(!word.try_hold(), "loans out keep an operation off");
+        assert_eq!(SLICES, word.0.load(Ordering::Relaxed), "backed out");
+
+        // 255 announced posters: the 256th is refused, and lends are refused while any is.
+        let word = AccessWord::new();
+        for _ in 0..255 {
+            assert!(word.try_announce());
+        }
+        assert!(!word.try_announce(), "a 256th announcement");
+        assert_eq!(WAITERS, word.0.load(Ordering::Relaxed), "nothing carried");
+        assert!(!word.try_lend(), "a lend while posters wait");
+        assert!(
+            word.try_hold(),
+            "announced posters do not keep an operation off"
+        );
+        word.release_hold();
+        for _ in 0..255 {
+            word.withdraw();
+        }
+        assert!(word.try_lend(), "lends again once every poster withdrew");
+        word.return_lend();
+        assert_eq!(0, word.0.load(Ordering::Relaxed));
     }
 }
