@@ -194,3 +194,67 @@ fn writes_to_a_killed_peer_process_complete_and_its_entry_goes() {
     assert_eq!(0, stats.entries, "the killed peer's entry is gone");
     assert_eq!(stats.inserts, stats.removes, "and removed from the AV");
 }
+
+/// The scan against the slots' reuse (the post records are a seqlock): a thread scans
+/// `overdue_operations(Duration::ZERO)` while another posts writes for clients 1 and 2 (one peer,
+/// ids carrying their client) and reaps their completions, so slots are cleared and refilled
+/// under the scan. Every record read is one operation's: its id, client, peer and operation
+/// agree, never one post's id with another's client. It runs until the scanner has checked
+/// 20,000 records, however long that takes. Its reach is limited: with the seqlock's second
+/// time check removed it still passed (one run), the window between a slot's clear and refill
+/// being nanoseconds wide; it guards the scan against a hang, a panic or a gross mix-up, and a
+/// loom model of `PostedAt` would be what fails on that mutation.
+#[test]
+fn a_scan_racing_reused_slots_never_mixes_two_operations() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const CHECKED: u64 = 20_000;
+    let server = rma_tcp();
+    let client = rma_tcp();
+    let target = client.register(4096).expect("client memory");
+    let source = server.register(4096).expect("server memory");
+    let address = client.local_address().expect("address");
+    let fi_addr = server
+        .cache()
+        .lease(1, &address)
+        .expect("a lease")
+        .fi_addr();
+    let (checked, done) = (AtomicU64::new(0), AtomicBool::new(false));
+    with_progress(&client, || {
+        std::thread::scope(|scope| {
+            let scanner = scope.spawn(|| {
+                let mut overdue = Vec::new();
+                while !done.load(Ordering::Relaxed) {
+                    overdue.clear();
+                    server.overdue_operations(Duration::ZERO, &mut overdue);
+                    for record in &overdue {
+                        let named = (record.operation, record.peer, record.client);
+                        let posted = (Operation::Write, fi_addr, Some(record.id >> 32));
+                        assert_eq!(posted, named, "a record of two operations: {record:?}");
+                    }
+                    checked.fetch_add(overdue.len() as u64, Ordering::Relaxed);
+                }
+            });
+            let mut completions = Vec::new();
+            let mut id = 0_u64;
+            testkit::wait_until("the scanner to check its records", || {
+                id += 1;
+                let client_id = 1 + id % 2;
+                let lease = server.cache().lease(client_id, &address).expect("a lease");
+                server
+                    .write_within(
+                        lease,
+                        source.segment(0, 64).expect("segment"),
+                        target.remote().slice(0, 64).expect("slice"),
+                        (client_id << 32) | id,
+                        PATIENCE,
+                    )
+                    .expect("posted");
+                server.poll_completions(&mut completions).expect("poll");
+                completions.clear();
+                // A scanner that failed has said why: stop posting.
+                CHECKED <= checked.load(Ordering::Relaxed) || scanner.is_finished()
+            });
+            done.store(true, Ordering::Relaxed);
+        });
+    });
+}

@@ -44,7 +44,9 @@ fn hits_and_misses_come_back_in_request_order_on_the_real_av() {
     let peers = pinned.resolve_all(&requests);
     assert_eq!(200, peers.len());
     for (client, peer) in peers.iter().enumerate() {
-        let fi_addr = peer.as_ref().expect("every entry resolves").fi_addr();
+        let peer = peer.as_ref().expect("every entry resolves");
+        assert_eq!(client as u64, peer.client(), "hit or miss, its own client");
+        let fi_addr = peer.fi_addr();
         assert_eq!(
             Some(addresses[client].clone()),
             endpoint.lookup(fi_addr).expect("lookup"),
@@ -119,7 +121,11 @@ fn a_storm_of_a_thousand_misses_across_sixteen_chunks_is_leased_in_full() {
     let addresses: Vec<Vec<u8>> = (0..1_000).map(sockaddr).collect();
     let requests = numbered(&addresses);
     let leases = cache.lease_all(&requests);
-    assert!(leases.iter().all(Result::is_ok));
+    for (client, lease) in leases.iter().enumerate() {
+        let lease = lease.as_ref().expect("leased");
+        assert_eq!(client as u64, lease.client(), "each lease its own client");
+        assert_eq!(client as u64, lease.peer().client());
+    }
     assert_eq!(1_000, counted.load(std::sync::atomic::Ordering::Relaxed));
     assert_eq!(1_000, cache.stats().leases);
     drop(leases);
