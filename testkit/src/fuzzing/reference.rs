@@ -89,18 +89,23 @@ impl Rules {
     /// The identity of a checked address: efa's first 18 bytes, or all of them; `None` for an
     /// address the cache must refuse with `DmaError::InvalidAddress`. Worked out here, not with
     /// the library's own check, so the two are compared: an empty address, one of another
-    /// length than the provider's, an efa one that is not 32 bytes, and one of all zero bytes
-    /// (a peer that has not run `fi_getname` yet) are invalid on every format.
+    /// length than the provider's (or that and a seal of this release's version), an efa one
+    /// that is not 32 bytes, and one whose provider part is all zero bytes (a peer that has not
+    /// run `fi_getname` yet) are invalid on every format.
     pub fn identity(&self, address: &[u8]) -> Option<Vec<u8>> {
         let identity_len = match self.format {
             AddressFormat::Efa => dma_libfabric::EFA_IDENTITY_LEN,
-            AddressFormat::Opaque => self.address_len,
+            AddressFormat::Opaque => address.len(),
         };
+        // Bare (the provider's length), or sealed: that and a seal of version 1 (its eighth
+        // byte); either way a provider part that is not all zero.
+        let sealed = address.len() == self.address_len + dma_libfabric::SEAL_LEN;
         let valid = !address.is_empty()
-            && address.len() == self.address_len
+            && (address.len() == self.address_len
+                || (sealed && 1 == address[self.address_len + 7]))
             && (AddressFormat::Opaque == self.format
                 || dma_libfabric::EFA_ADDRESS_LEN == self.address_len)
-            && address.iter().any(|&byte| 0 != byte);
+            && address[..self.address_len].iter().any(|&byte| 0 != byte);
         valid.then(|| address[..identity_len].to_vec())
     }
 }
