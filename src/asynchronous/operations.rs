@@ -1,6 +1,6 @@
 //! The async face's operations, with the sync face's names and arguments less `id` and patience
-//! (see [`LibfabricEndpoint`]): each posts with the endpoint's own call, its completion routed to
-//! the future's shared state (see `endpoint::completions`, "Routing"), and resolves once the
+//! (see [`LibfabricEndpoint`]): each posts with the endpoint's own call, its completion delivered to
+//! the future's own sink (`endpoint::engine`'s `Sink::Waker`), and resolves once the
 //! completion has been read. Backpressure is retried for up to [`POST_PATIENCE`], the future
 //! parked between the driver's passes (the parent module's "The driver").
 //!
@@ -12,15 +12,17 @@
 //! takes a message off the queue only in the poll that returns it.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::task::{Poll, Waker};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
 
 use super::{AsyncEndpoint, POST_PATIENCE};
 use crate::cache::{Lease, Peer};
-use crate::endpoint::completions::{CompletionOwner, Owner};
+use crate::endpoint::deadline::Deadline;
+use crate::endpoint::engine::{Sink, WakerSink};
 use crate::endpoint::{
-    Completion, LibfabricEndpoint, Notification, Operation, Received, RemoteRegion, Segment,
+    Completion, LibfabricEndpoint, Notification, Operation, Received, RemoteRegion, RmaCall,
+    Segment,
 };
 use crate::error::DmaError;
 
@@ -50,16 +52,16 @@ impl AsyncEndpoint {
         source: Segment<'_>,
         target: RemoteRegion,
     ) -> Result<Completion, DmaError> {
-        self.posted(|endpoint, owner| {
-            endpoint.post_owned(
-                Operation::Write,
-                lease.clone(),
-                source,
-                target,
-                0,
-                Duration::ZERO,
-                owner,
-            )
+        self.posted(|endpoint, sink| {
+            let call = RmaCall {
+                operation: Operation::Write,
+                lease: lease.clone(),
+                local: source,
+                remote: target,
+                id: 0,
+                timeout: Duration::ZERO,
+            };
+            endpoint.post_for(call, sink, None).map(drop)
         })
         .await
     }
@@ -80,16 +82,16 @@ impl AsyncEndpoint {
         destination: Segment<'_>,
         source: RemoteRegion,
     ) -> Result<Completion, DmaError> {
-        self.posted(|endpoint, owner| {
-            endpoint.post_owned(
-                Operation::Read,
-                lease.clone(),
-                destination,
-                source,
-                0,
-                Duration::ZERO,
-                owner,
-            )
+        self.posted(|endpoint, sink| {
+            let call = RmaCall {
+                operation: Operation::Read,
+                lease: lease.clone(),
+                local: destination,
+                remote: source,
+                id: 0,
+                timeout: Duration::ZERO,
+            };
+            endpoint.post_for(call, sink, None).map(drop)
         })
         .await
     }
@@ -106,21 +108,8 @@ impl AsyncEndpoint {
     /// # Errors
     /// As [`LibfabricEndpoint::send_within`].
     pub async fn send(&self, peer: Peer<'_>, message: &[u8]) -> Result<(), DmaError> {
-        let endpoint = self.shared.endpoint();
-        let deadline = Instant::now().checked_add(POST_PATIENCE);
-        let mut waiting = None;
-        loop {
-            match endpoint.try_send(peer, message) {
-                Err(DmaError::WouldBlock)
-                    if deadline.is_some_and(|deadline| Instant::now() < deadline) =>
-                {
-                    let driver = &self.shared.driver;
-                    waiting.get_or_insert_with(|| driver.start_waiting(endpoint));
-                    driver.next_pass().await;
-                }
-                done => return done,
-            }
-        }
+        self.retrying(|endpoint| endpoint.try_send(peer, message))
+            .await
     }
 
     /// Send `source`, a segment of registered memory of any size, to the peer `lease` holds, as
@@ -135,8 +124,8 @@ impl AsyncEndpoint {
         lease: Lease<'_>,
         source: Segment<'_>,
     ) -> Result<Completion, DmaError> {
-        self.posted(|endpoint, owner| {
-            endpoint.send_from_to(lease.clone(), source, 0, Duration::ZERO, Some(owner))
+        self.posted(|endpoint, sink| {
+            endpoint.send_from_to(lease.clone(), source, 0, Duration::ZERO, sink)
         })
         .await
     }
@@ -154,7 +143,7 @@ impl AsyncEndpoint {
     /// As [`LibfabricEndpoint::receive_into`], at the post; the completion's own error (a message
     /// longer than the destination: `FI_ETRUNC`) in [`Completion::result`].
     pub async fn receive_into(&self, destination: Segment<'_>) -> Result<Completion, DmaError> {
-        self.posted(|endpoint, owner| endpoint.receive_into_to(destination, 0, Some(owner)))
+        self.posted(|endpoint, sink| endpoint.receive_into_to(destination, 0, sink))
             .await
     }
 
@@ -172,7 +161,7 @@ impl AsyncEndpoint {
         target: RemoteRegion,
         data: u64,
     ) -> Result<Completion, DmaError> {
-        self.posted(|endpoint, owner| {
+        self.posted(|endpoint, sink| {
             endpoint.write_with_data_to(
                 lease.clone(),
                 source,
@@ -180,7 +169,7 @@ impl AsyncEndpoint {
                 data,
                 0,
                 Duration::ZERO,
-                Some(owner),
+                sink.clone(),
             )
         })
         .await
@@ -199,7 +188,7 @@ impl AsyncEndpoint {
         sources: &[Segment<'_>],
         target: RemoteRegion,
     ) -> Result<Completion, DmaError> {
-        self.posted(|endpoint, owner| {
+        self.posted(|endpoint, sink| {
             endpoint.post_vectored(
                 Operation::Write,
                 lease.clone(),
@@ -207,7 +196,7 @@ impl AsyncEndpoint {
                 target,
                 0,
                 Duration::ZERO,
-                Some(owner),
+                sink.clone(),
             )
         })
         .await
@@ -224,7 +213,7 @@ impl AsyncEndpoint {
         destinations: &[Segment<'_>],
         source: RemoteRegion,
     ) -> Result<Completion, DmaError> {
-        self.posted(|endpoint, owner| {
+        self.posted(|endpoint, sink| {
             endpoint.post_vectored(
                 Operation::Read,
                 lease.clone(),
@@ -232,7 +221,7 @@ impl AsyncEndpoint {
                 source,
                 0,
                 Duration::ZERO,
-                Some(owner),
+                sink.clone(),
             )
         })
         .await
@@ -289,79 +278,55 @@ impl AsyncEndpoint {
         }
     }
 
-    /// Post with `post` (given the endpoint and the future's owner, and no patience of its own),
-    /// retrying backpressure for up to [`POST_PATIENCE`], parked between the driver's passes;
-    /// then resolve once the completion has been read.
-    async fn posted(
+    /// `attempt` until it answers other than [`DmaError::WouldBlock`], for up to
+    /// [`POST_PATIENCE`]: the async face's one backpressure policy. Between attempts the future
+    /// is parked until the driver's next pass (which sleeps on the endpoint's queues), never
+    /// spinning; past the patience it answers `WouldBlock`, with nothing posted.
+    async fn retrying<T>(
         &self,
-        mut post: impl FnMut(&LibfabricEndpoint, Owner) -> Result<(), DmaError>,
-    ) -> Result<Completion, DmaError> {
-        let state = Arc::new(Pending::default());
+        mut attempt: impl FnMut(&LibfabricEndpoint) -> Result<T, DmaError>,
+    ) -> Result<T, DmaError> {
         let endpoint = self.shared.endpoint();
-        let deadline = Instant::now().checked_add(POST_PATIENCE);
+        let deadline = Deadline::after(POST_PATIENCE);
         let mut waiting = None;
         loop {
-            // No await between the post and the slot's taking the lease: one synchronous call.
-            match post(endpoint, Arc::clone(&state) as Owner) {
-                Ok(()) => break,
-                Err(DmaError::WouldBlock)
-                    if deadline.is_some_and(|deadline| Instant::now() < deadline) =>
-                {
+            match attempt(endpoint) {
+                Err(DmaError::WouldBlock) if !deadline.passed() => {
                     let driver = &self.shared.driver;
                     waiting.get_or_insert_with(|| driver.start_waiting(endpoint));
                     driver.next_pass().await;
                 }
-                Err(error) => return Err(error),
+                done => return done,
             }
         }
-        drop(waiting);
+    }
+
+    /// Post with `post` (given the endpoint and the future's sink, and no patience of its own),
+    /// retrying backpressure as [`retrying`](Self::retrying) does; then resolve once the
+    /// completion has been delivered to the sink.
+    async fn posted(
+        &self,
+        mut post: impl FnMut(&LibfabricEndpoint, Sink) -> Result<(), DmaError>,
+    ) -> Result<Completion, DmaError> {
+        let state = Arc::new(WakerSink::default());
+        // No await between the post and the slot's taking the lease: one synchronous call.
+        self.retrying(|endpoint| post(endpoint, Sink::Waker(Arc::clone(&state))))
+            .await?;
         Completed {
             pending: state,
-            endpoint,
+            endpoint: self.shared.endpoint(),
             read: false,
         }
         .await
     }
 }
 
-/// A posted operation's completion, shared by its slot (which delivers it) and its future.
-#[derive(Default)]
-struct Pending {
-    state: Mutex<(Option<Completion>, Option<Waker>)>,
-}
-
-impl CompletionOwner for Pending {
-    fn completed(&self, completion: Completion) {
-        let mut state = crate::sync::lock(&self.state);
-        state.0 = Some(completion);
-        let waker = state.1.take();
-        drop(state);
-        if let Some(waker) = waker {
-            waker.wake();
-        }
-    }
-}
-
-/// Resolves when the operation's completion has been delivered to its [`Pending`].
+/// Resolves when the operation's completion has been delivered to its [`WakerSink`].
 struct Completed<'endpoint> {
-    pending: Arc<Pending>,
+    pending: Arc<WakerSink>,
     endpoint: &'endpoint LibfabricEndpoint,
     /// Whether its first poll has read the queue itself.
     read: bool,
-}
-
-impl Completed<'_> {
-    fn take(&self, context: &std::task::Context<'_>) -> Option<Completion> {
-        let mut state = crate::sync::lock(&self.pending.state);
-        let completion = state.0.take();
-        if completion.is_none() {
-            match &mut state.1 {
-                Some(waker) => waker.clone_from(context.waker()),
-                none => *none = Some(context.waker().clone()),
-            }
-        }
-        completion
-    }
 }
 
 impl Future for Completed<'_> {
@@ -371,14 +336,14 @@ impl Future for Completed<'_> {
         mut self: std::pin::Pin<&mut Self>,
         context: &mut std::task::Context<'_>,
     ) -> Poll<Self::Output> {
-        if let Some(completion) = self.take(context) {
+        if let Some(completion) = self.pending.take(context.waker()) {
             return Poll::Ready(Ok(completion));
         }
         // On tcp a small write often completes as it is posted: one read of the queue here saves
         // the round trip through the driver's thread.
         if !std::mem::replace(&mut self.read, true) {
             self.endpoint.progress();
-            if let Some(completion) = self.take(context) {
+            if let Some(completion) = self.pending.take(context.waker()) {
                 return Poll::Ready(Ok(completion));
             }
         }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use super::LibfabricEndpoint;
-use super::rma::Operation;
+use super::engine::Operation;
 use dma_libfabric_sys as sys;
 
 /// An RMA operation in flight for longer than a deadline

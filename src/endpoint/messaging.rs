@@ -340,19 +340,6 @@ impl LibfabricEndpoint {
         }
     }
 
-    /// Refuse a peer another cache resolved: its index means nothing in this AV.
-    fn check_peer(&self, peer: Peer<'_>) -> Result<(), DmaError> {
-        if self.peers.owns(peer) {
-            Ok(())
-        } else {
-            Err(DmaError::InvalidArgument(format!(
-                "peer {} was resolved by another cache than this endpoint's: its index means \
-                 nothing in this endpoint's address vector",
-                peer.fi_addr()
-            )))
-        }
-    }
-
     /// Drive the provider's progress on the transmit side, reporting any transmit error, and
     /// post again any receive buffer whose earlier re-post failed.
     ///

@@ -6,7 +6,8 @@
 //! `handles` (the libfabric objects and their close), `messaging`, `receive`, `sends` and
 //! `senders` (the copying sends and receives), `receiving` (reading the receive queue, in its
 //! order), `credits` (what a receiver grants each peer, and what a sender may send), `budget`
-//! (what one peer may have in flight), `rma`, `vectored` and `in_flight` (RMA operations and
+//! (what one peer may have in flight), `engine` (the operations in flight: one slab, one submit
+//! path, one reaper, one way to deliver), `rma`, `vectored` and `in_flight` (RMA operations and
 //! their age), `memory`, `buffer` and `access` (registration, and a `Local` region's access word),
 //! `completions`, `wait` and `deadline` (reading and sleeping on the queues), `lookup` (reading
 //! the AV back).
@@ -17,6 +18,7 @@ mod buffer;
 pub(crate) mod completions;
 mod credits;
 pub(crate) mod deadline;
+pub(crate) mod engine;
 mod error_entry;
 mod handles;
 mod in_flight;
@@ -41,13 +43,13 @@ use std::time::Duration;
 pub use self::access::AccessWord;
 pub use self::buffer::{RegionSlice, StableBuffer};
 pub use self::credits::CreditStats;
+pub use self::engine::{Completion, MAX_OPERATIONS, Operation};
 use self::error_entry::read_error_entry;
 use self::handles::Handles;
 pub use self::in_flight::OverdueOperation;
 pub use self::memory::registration::{Exposure, MemoryInterface};
 pub use self::memory::{MemoryRegion, PooledBuffer, RemoteRegion, Segment};
 use self::receive::ReceiveSlots;
-pub use self::rma::{Completion, MAX_OPERATIONS, Operation};
 /// The four RMA calls, written once for the endpoint and the rail set (see `rma::calls`).
 pub(crate) use self::rma::{RmaCall, rma_calls};
 pub use self::senders::Received;
@@ -228,7 +230,7 @@ pub struct LibfabricEndpoint {
     posts_ask_to_retry: std::sync::atomic::AtomicBool,
     /// RMA operations in flight (see `rma`): drained in `Drop` before the cache goes, and
     /// declared after `handles` so their contexts outlive the endpoint.
-    operations: Box<rma::Operations>,
+    operations: Box<engine::Operations>,
 }
 
 // SAFETY: `open` refuses any domain whose threading is not FI_THREAD_SAFE (see `refusal`), so

@@ -23,7 +23,7 @@ use super::lookup::describe;
 use super::receive::ReceiveSlots;
 use super::sends::Sends;
 use super::wait::{Source, Waiting};
-use super::{Description, LibfabricEndpoint, check, credits, rma};
+use super::{Description, LibfabricEndpoint, check, credits};
 use crate::av::FabricAv;
 use crate::av::fabric as av;
 use crate::cache::AddressCache;
@@ -176,7 +176,7 @@ impl LibfabricEndpoint {
         description.max_operations_per_peer = sends.budget.limit();
         // SAFETY: `info` is the list head fi_getinfo returned, alive as long as `handles`.
         let mut operations = Box::new(unsafe {
-            rma::Operations::new(
+            super::engine::Operations::new(
                 info,
                 configuration.rma,
                 queues.size,

@@ -2,116 +2,34 @@
 //!
 //! # Operations in flight
 //!
-//! Every operation takes a slot of a fixed slab, as large as the provider's transmit queue
-//! (`tx_attr.size`) and the completion queue allow (so the queue cannot overrun), and at most
-//! [`MAX_OPERATIONS`]. The slot's `fi_context2` is the operation's context, and the slot holds,
-//! until the operation's completion has been read, the [`Lease`] it was posted against and a
-//! clone of its local buffer's `Arc`. So neither the AV entry (`fi_av_remove` waits for the
-//! lease) nor the memory (the `Arc`) can go while the provider may still use them. A slot is owned
-//! by the posting thread until `fi_write`/`fi_read` accepts it, then by the provider, then by the
-//! one thread whose `fi_cq_read` returned its completion: that thread drops the lease and the
-//! buffer at once, and parks the [`Completion`] in a ready queue until the application takes it
-//! ([`LibfabricEndpoint::poll_completions`], [`LibfabricEndpoint::wait_for`]); only then is the slot
-//! free again. So the ready queue is bounded by the slab.
-//!
-//! # One transmit queue, two kinds of entries
-//!
-//! Sends complete into the transmit queue (each counted in its own slab, see `sends`); RMA
-//! operations complete into the same queue (an endpoint binds one queue for transmits). Every read
-//! of it, [`LibfabricEndpoint::progress`] included, goes through `Operations::reap`, which
-//! recognises an RMA context by its address (inside the slab, on a slot boundary, as receive slots
-//! are recognised) and hands it to its operation; anything else is a send's completion, handed to
-//! the send slab (which logs an unknown context's error). Neither path can steal the other's completions.
-//!
-//! # Backpressure
-//!
-//! `-FI_EAGAIN` from the provider, and a full slab, are retried with progress until a bound
-//! ([`LibfabricEndpoint::write_within`]; one second for [`LibfabricEndpoint::write`]), after which
-//! the call answers [`DmaError::WouldBlock`] and nothing is in flight.
-//!
-//! # Dead peers
-//!
-//! A completion whose provider error says the peer's connection is gone (see `completions`)
-//! marks the peer's AV index, for the incarnation the operation was posted to, in the record the
-//! sends share (`av::unreachable`); `submit`, which every post goes through, refuses a marked
-//! index at once with [`DmaError::PeerUnreachable`], before taking a slot, until the index is
-//! inserted anew.
+//! Every operation is posted by the engine's one submit path (see `engine`): a slot of the slab
+//! holds, until the operation's completion has been read, the [`Lease`] it was posted against
+//! and a hold on its local memory, so neither the AV entry (`fi_av_remove` waits for the lease)
+//! nor the memory can go while the provider may still use them. Backpressure (the peer's budget,
+//! a full slab, `-FI_EAGAIN`) is waited for until the call's timeout, then answered
+//! [`DmaError::WouldBlock`] with nothing in flight; a peer an earlier completion reported gone is
+//! refused at once with [`DmaError::PeerUnreachable`].
 //!
 //! # Drop
 //!
 //! What dropping the endpoint does with its operations in flight is on
 //! [`LibfabricEndpoint::DRAIN_PATIENCE`], where a user reads it.
 //!
-//! # Lifetime erasure
-//!
-//! A `Lease<'cache>` borrows the endpoint's own cache; stored in a slot it is a `Lease<'static>`.
-//! That is sound because (1) only leases of this endpoint's cache are accepted (checked with
-//! [`AddressCache::owns`](crate::cache::AddressCache::owns)), and (2) every slot is emptied, its lease
-//! dropped, before the endpoint drops its cache (`LibfabricEndpoint::drop` drains and abandons
-//! first), so no stored lease outlives the counters it points into.
-
-use std::ffi::c_void;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use self::operations::{InFlight, JoinPart, Owner};
 use super::LibfabricEndpoint;
 use super::deadline::Deadline;
-use super::memory::registration::OperationHold;
+use super::engine::{JoinPart, Operation, Posted, Sink, Submission, Target};
 use super::memory::{RemoteRegion, Segment};
 use crate::cache::{Lease, Peer};
 use crate::error::DmaError;
-use crate::sync::lock;
 use dma_libfabric_sys as sys;
 
 mod calls;
 mod messages;
 pub(super) mod notifications;
-pub(super) mod operations;
 
 pub(crate) use self::calls::{RmaCall, rma_calls};
-pub(super) use self::operations::Operations;
-pub use self::operations::{Completion, MAX_OPERATIONS, Operation};
-
-/// What [`LibfabricEndpoint::submit`] posts.
-pub(super) struct Submission<'lease> {
-    pub(super) operation: Operation,
-    pub(super) target: Target<'lease>,
-    /// The local memory, held until the completion has been read.
-    pub(super) hold: OperationHold,
-    /// The bytes transferred.
-    pub(super) len: usize,
-    pub(super) id: u64,
-    /// The joined transfer this is a part of, if any.
-    pub(super) join: Option<JoinPart>,
-    /// A slot [`LibfabricEndpoint::reserve_slots`] took for it, or `None` to take one.
-    pub(super) slot: Option<usize>,
-    /// Who receives the completion: the application when `None` (see `completions`, "Routing").
-    pub(super) owner: Option<Owner>,
-}
-
-/// Whether [`LibfabricEndpoint::submit`] posted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Posted {
-    /// The provider took it.
-    Posted,
-    /// A later part of a joined transfer failed to post: the joined completion carries the
-    /// error, and no more parts may be posted.
-    Abandoned,
-}
-
-/// How RMA calls name their remote side.
-pub(super) enum Target<'lease> {
-    Leased(Lease<'lease>),
-    /// The caller promised the entry outlives the operation.
-    Unleased {
-        /// The index posted against.
-        fi_addr: sys::fi_addr_t,
-        /// The client its peer was resolved for.
-        client: u64,
-    },
-}
 
 impl LibfabricEndpoint {
     /// How long dropping an endpoint drives progress for its operations in flight before it
@@ -197,11 +115,7 @@ impl LibfabricEndpoint {
         id: u64,
         timeout: Duration,
     ) -> Result<(), DmaError> {
-        if !self.peers.owns(peer) {
-            return Err(DmaError::InvalidArgument(
-                "the peer was resolved through another endpoint's cache".into(),
-            ));
-        }
+        self.check_peer(peer)?;
         let call = RmaCall {
             operation: Operation::Write,
             lease: Target::Unleased {
@@ -213,35 +127,23 @@ impl LibfabricEndpoint {
             id,
             timeout,
         };
-        self.post(call, None)
+        self.post(call, Sink::Application, None).map(drop)
     }
 
-    /// `fi_write` or `fi_read` posted by the crate for itself (a rail set's stripe): its
-    /// completion, with `token` as its id, goes to `owner` whichever thread reads it, never to
-    /// the application's ready queue (see `completions`, "Routing").
+    /// `fi_write` or `fi_read` posted by the crate for itself (a rail set's stripe, an async
+    /// future's operation): its completion goes to `sink` whichever thread reads it, never to
+    /// the application's ready queue (see `engine::sink`); as one part of `join`, if given.
     ///
     /// # Errors
-    /// As [`write_within`](Self::write_within).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn post_owned(
+    /// As [`write_within`](Self::write_within); a later part of a join that fails to post is
+    /// [`Posted::Abandoned`] instead, its error in the joined completion.
+    pub(crate) fn post_for(
         &self,
-        operation: Operation,
-        lease: Lease<'_>,
-        local: Segment<'_>,
-        remote: RemoteRegion,
-        token: u64,
-        timeout: Duration,
-        owner: Owner,
-    ) -> Result<(), DmaError> {
-        let call = RmaCall {
-            operation,
-            lease: Target::Leased(lease),
-            local,
-            remote,
-            id: token,
-            timeout,
-        };
-        self.post(call, Some(owner))
+        call: RmaCall<Lease<'_>, Segment<'_>, RemoteRegion>,
+        sink: Sink,
+        join: Option<JoinPart>,
+    ) -> Result<Posted, DmaError> {
+        self.post(call.map_lease(Target::Leased), sink, join)
     }
 
     pub(super) fn check_rma(&self) -> Result<(), DmaError> {
@@ -260,17 +162,18 @@ impl LibfabricEndpoint {
         &self,
         call: RmaCall<Lease<'_>, Segment<'_>, RemoteRegion>,
     ) -> Result<(), DmaError> {
-        self.post(call.map_lease(Target::Leased), None)
+        self.post(call.map_lease(Target::Leased), Sink::Application, None)
+            .map(drop)
     }
 
-    /// Post `call` against its target: whose completion goes to `owner`, or to the application's
-    /// ready queue for `None` (see `completions`, "Routing"). Every RMA call but the vectored ones
-    /// comes here.
+    /// Post `call` against its target, its completion to `sink`, as a part of `join` if given.
+    /// Every RMA call but the vectored ones comes here.
     fn post(
         &self,
         call: RmaCall<Target<'_>, Segment<'_>, RemoteRegion>,
-        owner: Option<Owner>,
-    ) -> Result<(), DmaError> {
+        sink: Sink,
+        join: Option<JoinPart>,
+    ) -> Result<Posted, DmaError> {
         let RmaCall {
             operation,
             lease: target,
@@ -293,9 +196,9 @@ impl LibfabricEndpoint {
             hold,
             len: local.len,
             id,
-            join: None,
+            join,
             slot: None,
-            owner,
+            sink,
         };
         let ep = self.handles.ep;
         let write_flags = self.operations.write_flags;
@@ -349,7 +252,6 @@ impl LibfabricEndpoint {
                 }
             }
         })
-        .map(drop)
     }
 
     /// What [`post`](Self::post) checks before it takes anything: RMA is on, the local segment
@@ -377,245 +279,6 @@ impl LibfabricEndpoint {
             )));
         }
         Ok(())
-    }
-
-    /// Take `count` free slots at once, for a transfer posted in parts, waiting up to `timeout`
-    /// (driving progress) until that many are free. They are this thread's until each is
-    /// submitted ([`Submission::slot`]) or [released](Self::release_slots).
-    ///
-    /// # Errors
-    /// [`DmaError::InvalidArgument`] for more than the slab holds; [`DmaError::WouldBlock`]
-    /// when they were not free in time (none taken).
-    pub(super) fn reserve_slots(
-        &self,
-        count: usize,
-        timeout: Duration,
-    ) -> Result<Vec<usize>, DmaError> {
-        if count > self.operations.slots.len() {
-            return Err(DmaError::InvalidArgument(format!(
-                "a transfer of {count} parts needs more than the {} operations this endpoint \
-                 keeps in flight",
-                self.operations.slots.len()
-            )));
-        }
-        let take = || {
-            let mut free = lock(&self.operations.free);
-            let at = free.len().checked_sub(count)?;
-            Some(free.split_off(at))
-        };
-        // Slots come free only as completions are read and taken: sleep for them.
-        self.after_progress(Deadline::after(timeout), take)
-            .ok_or(DmaError::WouldBlock)
-    }
-
-    /// Give back slots [`reserve_slots`](Self::reserve_slots) took and nothing was posted in.
-    pub(super) fn release_slots(&self, slots: impl IntoIterator<Item = usize>) {
-        lock(&self.operations.free).extend(slots);
-    }
-
-    /// Post one operation through a slot: the lease checked and stored, a slot taken (waiting
-    /// up to `timeout`, driving progress), `issue` called with the peer's `fi_addr_t` and the
-    /// slot's context until the provider takes it or `timeout` passes. `issue` must hand the
-    /// provider only memory the submission's hold keeps alive.
-    ///
-    /// A part of a joined transfer (`submission.join`) that fails to post after an earlier part
-    /// was posted is not an error here: the failure goes into the joined completion, whose
-    /// remaining parts are given up ([`Posted::Abandoned`]), and the caller posts no more parts.
-    pub(super) fn submit(
-        &self,
-        submission: Submission<'_>,
-        timeout: Duration,
-        issue: &mut dyn FnMut(sys::fi_addr_t, *mut c_void) -> isize,
-    ) -> Result<Posted, DmaError> {
-        let Submission {
-            operation,
-            target,
-            hold,
-            len,
-            id,
-            join,
-            slot: reserved,
-            owner,
-        } = submission;
-        let (fi_addr, client, lease) = self.stored_target(target)?;
-        // A peer an earlier completion reported gone (this incarnation of its index): refused
-        // at once, nothing posted, rather than retried into `WouldBlock` for the whole timeout.
-        // A later part of a joined transfer is not checked: its first part was, for the same
-        // peer, and a mark made since is met by the part's own completion.
-        let later_part = join.as_ref().is_some_and(|part| !part.first);
-        if let Some(code) = self.operations.peers.unreachable.dead(fi_addr) {
-            if !later_part {
-                if let Some(index) = reserved {
-                    self.release_slots([index]);
-                }
-                return Err(super::sends::unreachable(fi_addr, Some(client), code));
-            }
-        }
-        let incarnation = self.operations.peers.unreachable.incarnation(fi_addr);
-        let deadline = Deadline::after(timeout);
-        let index = self.admit(fi_addr, incarnation, later_part, reserved, deadline)?;
-        let slot = &self.operations.slots[index];
-        let part = join.as_ref().map(|part| Arc::clone(&part.join));
-        // SAFETY: the slot came off the free list, so this thread owns it until it is posted.
-        unsafe {
-            *slot.operation.get() = Some(InFlight {
-                id,
-                operation,
-                len,
-                lease,
-                region: hold,
-                fi_addr,
-                client: Some(client),
-                incarnation,
-                owner,
-                join: part,
-            });
-        }
-        slot.posted_at
-            .set(self.operations.born, id, operation, fi_addr, Some(client));
-        self.operations.in_flight.fetch_add(1, Ordering::AcqRel);
-        // `-FI_EAGAIN` (a full transmit queue, a connection being set up) is retried after
-        // progress, sleeping between attempts: short ones, since the post that was refused is
-        // what the wait is for (see `wait`, `retry_soon`), not a spin.
-        let again = -(sys::FI_EAGAIN as isize);
-        let mut attempt = || {
-            let code = issue(fi_addr, slot.context.get().cast());
-            if code == again {
-                self.operations.waiter.retry_soon();
-                self.progress();
-                return None;
-            }
-            Some(code)
-        };
-        let code = attempt()
-            .or_else(|| self.wait_until(deadline, attempt))
-            .unwrap_or(again);
-        if 0 == code {
-            return Ok(Posted::Posted);
-        }
-        // SAFETY: `issue` failed, so the provider did not take the slot: still this thread's.
-        unsafe { self.unposted(index, code, operation, id, join) }
-    }
-
-    /// Take one of the peer's budget (see `budget`) and a slot for an operation to `fi_addr`'s
-    /// `incarnation`, waiting until `deadline` for each: a peer with its budget in flight waits
-    /// for one of its own completions, and never takes what other peers need. A later part of an
-    /// admitted transfer is always admitted: a transfer is not cut in the middle. `reserved` is the
-    /// slot [`reserve_slots`](Self::reserve_slots) took for it, if any; on an error it is given
-    /// back, and nothing is held.
-    ///
-    /// # Errors
-    /// [`DmaError::WouldBlock`] when the budget or a slot was not free by `deadline`.
-    fn admit(
-        &self,
-        fi_addr: sys::fi_addr_t,
-        incarnation: u32,
-        later_part: bool,
-        reserved: Option<usize>,
-        deadline: Deadline,
-    ) -> Result<usize, DmaError> {
-        let budget = &self.operations.sends.budget;
-        let admitted = || budget.take(fi_addr, incarnation, later_part).then_some(());
-        if self.after_progress(deadline, admitted).is_none() {
-            if let Some(index) = reserved {
-                self.release_slots([index]);
-            }
-            return Err(DmaError::WouldBlock);
-        }
-        if let Some(index) = reserved {
-            return Ok(index);
-        }
-        // A full slab frees a slot only when a completion is read and taken: sleep for it.
-        let free = || lock(&self.operations.free).pop();
-        self.after_progress(deadline, free).ok_or_else(|| {
-            budget.give_back(fi_addr, incarnation);
-            DmaError::WouldBlock
-        })
-    }
-
-    /// Where an operation on `target` is posted, and the lease its slot keeps (`'static`: see
-    /// the module docs, "Lifetime erasure").
-    ///
-    /// # Errors
-    /// [`DmaError::InvalidArgument`] for a lease of another endpoint's cache.
-    fn stored_target(
-        &self,
-        target: Target<'_>,
-    ) -> Result<(sys::fi_addr_t, u64, Option<Lease<'static>>), DmaError> {
-        match target {
-            Target::Leased(lease) => {
-                if !self.peers.owns(lease.peer()) {
-                    return Err(DmaError::InvalidArgument(
-                        "the lease is on another endpoint's cache".into(),
-                    ));
-                }
-                // SAFETY: the lease is of this endpoint's own cache (checked just above), and
-                // every stored lease is dropped before the endpoint drops that cache (module
-                // docs, "Lifetime erasure"), so the counter it points into outlives it.
-                let lease = unsafe { std::mem::transmute::<Lease<'_>, Lease<'static>>(lease) };
-                Ok((lease.fi_addr(), lease.client(), Some(lease)))
-            }
-            Target::Unleased { fi_addr, client } => Ok((fi_addr, client, None)),
-        }
-    }
-
-    /// Empty slot `index`, whose post `issue` refused with `code`: its lease and buffer go now,
-    /// and the slot goes back to the free list, or, for a later part of a joined transfer,
-    /// carries the joined completion if this part was the last one outstanding.
-    ///
-    /// # Safety
-    /// Slot `index` is this thread's: filled by `submit` and not taken by the provider.
-    unsafe fn unposted(
-        &self,
-        index: usize,
-        code: isize,
-        operation: Operation,
-        id: u64,
-        join: Option<JoinPart>,
-    ) -> Result<Posted, DmaError> {
-        let slot = &self.operations.slots[index];
-        // SAFETY: the slot is this thread's (the caller's promise).
-        let owner = unsafe { (*slot.operation.get()).take() }.and_then(|operation| {
-            self.operations
-                .sends
-                .budget
-                .give_back(operation.fi_addr, operation.incarnation);
-            operation.owner
-        });
-        slot.posted_at.clear();
-        self.operations.in_flight.fetch_sub(1, Ordering::AcqRel);
-        let error = if code == -(sys::FI_EAGAIN as isize) {
-            DmaError::WouldBlock
-        } else {
-            DmaError::fabric(operation.call(), code as i64)
-        };
-        match join {
-            Some(part) if !part.first => {
-                part.join.record(Err(error));
-                if part.join.finish(part.unposted) {
-                    let completion = part.join.completion(id, operation);
-                    match owner {
-                        // The crate's own transfer: its party gets the completion, and the
-                        // slot is free at once (see `completions`, "Routing").
-                        Some(owner) => {
-                            lock(&self.operations.free).push(index);
-                            owner.completed(completion);
-                        }
-                        None => {
-                            lock(&self.operations.ready).push_back((index, completion));
-                            self.operations.waiter.ring();
-                        }
-                    }
-                } else {
-                    lock(&self.operations.free).push(index);
-                }
-                Ok(Posted::Abandoned)
-            }
-            _ => {
-                lock(&self.operations.free).push(index);
-                Err(error)
-            }
-        }
     }
 
     /// The provider's memory-registration mode (`domain_attr.mr_mode`: `FI_MR_VIRT_ADDR`,

@@ -37,11 +37,10 @@ use std::time::Duration;
 use super::LibfabricEndpoint;
 use super::credits::What;
 use super::deadline::Deadline;
-use super::memory::{RemoteRegion, Segment};
 #[cfg(doc)]
-use super::rma::operations::Completion;
-use super::rma::operations::{Join, JoinPart, Operation, Owner};
-use super::rma::{Posted, Submission, Target};
+use super::engine::Completion;
+use super::engine::{Join, JoinPart, Operation, Posted, Sink, Submission, Target};
+use super::memory::{RemoteRegion, Segment};
 use crate::cache::Lease;
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
@@ -127,7 +126,15 @@ impl LibfabricEndpoint {
         id: u64,
         timeout: Duration,
     ) -> Result<(), DmaError> {
-        self.post_vectored(Operation::Write, lease, sources, target, id, timeout, None)
+        self.post_vectored(
+            Operation::Write,
+            lease,
+            sources,
+            target,
+            id,
+            timeout,
+            Sink::Application,
+        )
     }
 
     /// `fi_readmsg` of the peer's `source` into `destinations` (segments of one region), back to
@@ -164,7 +171,7 @@ impl LibfabricEndpoint {
             source,
             id,
             timeout,
-            None,
+            Sink::Application,
         )
     }
 
@@ -229,8 +236,7 @@ impl LibfabricEndpoint {
         Ok((first, total))
     }
 
-    /// A gather (`Write`) or scatter (`Read`) of `pieces`, whose completion goes to `owner`, or to
-    /// the application's ready queue for `None` (see `completions`, "Routing").
+    /// A gather (`Write`) or scatter (`Read`) of `pieces`, whose completion goes to `sink`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn post_vectored(
         &self,
@@ -240,15 +246,11 @@ impl LibfabricEndpoint {
         remote: RemoteRegion,
         id: u64,
         timeout: Duration,
-        owner: Option<Owner>,
+        sink: Sink,
     ) -> Result<(), DmaError> {
         let (first, total) = self.check_pieces(pieces, &remote)?;
         // Checked before anything is posted: a split transfer's later parts need no check.
-        if !self.peers.owns(lease.peer()) {
-            return Err(DmaError::InvalidArgument(
-                "the lease is on another endpoint's cache".into(),
-            ));
-        }
+        self.check_peer(lease.peer())?;
         // A region lending a slice is waited for within the patience (then Busy); what is left
         // of it bounds the rest.
         let deadline = Deadline::after(timeout);
@@ -265,7 +267,7 @@ impl LibfabricEndpoint {
                 id,
                 join: None,
                 slot: None,
-                owner,
+                sink,
             };
             let at = remote.address;
             return self
@@ -274,7 +276,7 @@ impl LibfabricEndpoint {
         }
         // Every part's slot first, so that a part once posted is never left waiting for one.
         let mut slots = self.reserve_slots(parts, timeout)?.into_iter();
-        let join = Join::new(parts, total);
+        let join = Join::new(parts, id, operation, total);
         let mut at = remote.address;
         for (part, chunk) in pieces.chunks(per_message).enumerate() {
             let len: usize = chunk.iter().map(|piece| piece.len).sum();
@@ -290,7 +292,7 @@ impl LibfabricEndpoint {
                     first: 0 == part,
                 }),
                 slot: slots.next(),
-                owner: owner.clone(),
+                sink: sink.clone(),
             };
             match self.submit_message(submission, chunk, at, remote.key, None, timeout) {
                 Ok(Posted::Posted) => at += len as u64,
@@ -397,7 +399,7 @@ impl LibfabricEndpoint {
             data,
             id,
             Duration::from_secs(1),
-            None,
+            Sink::Application,
         )
     }
 
@@ -422,11 +424,11 @@ impl LibfabricEndpoint {
         id: u64,
         timeout: Duration,
     ) -> Result<(), DmaError> {
-        self.write_with_data_to(lease, source, target, data, id, timeout, None)
+        self.write_with_data_to(lease, source, target, data, id, timeout, Sink::Application)
     }
 
     /// [`write_with_data`](Self::write_with_data), retrying backpressure for at most `timeout`,
-    /// whose completion goes to `owner`, or to the application's ready queue for `None`.
+    /// whose completion goes to `sink`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn write_with_data_to(
         &self,
@@ -436,7 +438,7 @@ impl LibfabricEndpoint {
         data: u64,
         id: u64,
         timeout: Duration,
-        owner: Option<Owner>,
+        sink: Sink,
     ) -> Result<(), DmaError> {
         self.check_rma()?;
         // SAFETY: as in `pieces_per_message`.
@@ -478,7 +480,7 @@ impl LibfabricEndpoint {
             id,
             join: None,
             slot: None,
-            owner,
+            sink,
         };
         let posted = self.submit_message(
             submission,

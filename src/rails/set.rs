@@ -12,8 +12,8 @@ use super::resolve::RailLease;
 use super::resolve::RailPinned;
 use super::stripe::{Transfers, plan};
 use crate::configuration::Configuration;
-use crate::endpoint::completions::Owner;
 use crate::endpoint::deadline::Deadline;
+use crate::endpoint::engine::{JoinPart, Owner, Posted, Sink};
 use crate::endpoint::wait::{MOST_SOURCES, Source};
 use crate::endpoint::{
     Completion, LibfabricEndpoint, Operation, RemoteRegion, RmaCall, Segment, rma_calls,
@@ -488,18 +488,31 @@ impl RailSet {
             ));
         }
         let mut leases: Vec<_> = lease.leases.into_iter().map(Some).collect();
-        let tag = self
+        let join = self
             .transfers
             .begin(call.id, call.operation, local.len(), stripes.len());
+        let sink = Sink::Owner(Arc::clone(&self.transfers) as Owner);
         for (posted, (rail, segment, target)) in posts.into_iter().enumerate() {
             let endpoint = self.group.rail(rail);
             let len = segment.len();
+            let unposted = stripes.len() - posted;
+            let part = JoinPart {
+                join: Arc::clone(&join),
+                unposted,
+                first: 0 == posted,
+            };
             let result = match leases.get_mut(rail).and_then(Option::take) {
                 Some(lease) => match call.operation {
                     operation @ (Operation::Write | Operation::Read) => {
-                        let owner: Owner = Arc::clone(&self.transfers) as Owner;
-                        let timeout = call.timeout;
-                        endpoint.post_owned(operation, lease, segment, target, tag, timeout, owner)
+                        let stripe = RmaCall {
+                            operation,
+                            lease,
+                            local: segment,
+                            remote: target,
+                            id: call.id,
+                            timeout: call.timeout,
+                        };
+                        endpoint.post_for(stripe, sink.clone(), Some(part))
                     }
                     Operation::Send | Operation::Receive => Err(DmaError::InvalidArgument(
                         "a rail set stripes writes and reads, not messages".into(),
@@ -510,17 +523,19 @@ impl RailSet {
                 ))),
             };
             match result {
-                Ok(()) => {
+                Ok(Posted::Posted) => {
                     if let Some(bytes) = self.bytes.get(rail) {
                         bytes.fetch_add(len as u64, Ordering::Relaxed);
                     }
                 }
+                // The engine counted the stripes not posted into the join.
+                Ok(Posted::Abandoned) => return Ok(()),
                 Err(error) if 0 == posted => {
-                    self.transfers.abandon(tag, stripes.len());
+                    self.transfers.abandon(stripes.len());
                     return Err(error);
                 }
                 Err(error) => {
-                    self.transfers.unposted(tag, stripes.len() - posted, error);
+                    self.transfers.give_up(&join, unposted, error);
                     return Ok(());
                 }
             }

@@ -5,20 +5,20 @@
 //!   the length allows with every stripe at least [`MIN_STRIPE`]: stripes are the length over
 //!   `k` rounded up to [`STRIPE_ALIGN`] bytes, the last one taking what is left. The stripes
 //!   start at the round-robin's rail, so short and long transfers spread alike.
-//! - Every stripe of a transfer is posted under the same tag, one per rail, as an operation the
-//!   rail set owns (see the endpoint's `completions` module, "Routing"): its completion comes
-//!   back to the rail set's [`Transfers`] by the slot it was posted in, never by the number, so
-//!   whichever thread reads a rail's queue hands it here, and no application id can be mistaken
-//!   for a tag. The transfer's [`Completion`] is handed out once every posted stripe has
-//!   completed, with the first stripe error if any.
+//! - Every stripe of a transfer is one part of the engine's one join (`endpoint::engine::Join`),
+//!   posted on its rail with the rail set's [`Transfers`] as its sink: the stripe's completion is
+//!   found by the slot it was posted in, never by the number, so whichever thread reads a rail's
+//!   queue counts it, and no application id can be mistaken for the crate's. The transfer's
+//!   [`Completion`] is handed to `Transfers` once every stripe has completed or been given up,
+//!   with the first stripe error if any.
 //! - Completed transfers wait in a ready queue bounded by the transfers in flight; a waiter takes
 //!   only its own (by id), so no waiter holds another's completion while it waits.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use crate::endpoint::completions::CompletionOwner;
+use crate::endpoint::engine::{CompletionOwner, Join};
 use crate::endpoint::wait::Waiter;
 use crate::endpoint::{Completion, Operation};
 use crate::error::DmaError;
@@ -70,24 +70,13 @@ pub(crate) fn plan(len: usize, rails: usize, first: usize) -> Vec<Stripe> {
         .collect()
 }
 
-/// One transfer whose stripes are in flight.
-struct Transfer {
-    id: u64,
-    operation: Operation,
-    len: usize,
-    /// Stripes posted and not yet completed.
-    remaining: usize,
-    /// The first stripe error, if any.
-    error: Option<DmaError>,
-}
-
-/// The transfers in flight, by tag, and the completions ready to hand out.
+/// The transfers in flight, and the completions ready to hand out.
 #[derive(Default)]
 pub(crate) struct Transfers {
-    next_tag: AtomicU64,
     /// The round-robin's next rail.
     next_rail: AtomicUsize,
-    in_flight: Mutex<HashMap<u64, Transfer>>,
+    /// Transfers begun and not yet completed.
+    in_flight: AtomicUsize,
     ready: Mutex<VecDeque<Completion>>,
     /// Transfers cut into more than one stripe.
     striped: AtomicU64,
@@ -101,57 +90,35 @@ impl Transfers {
         self.next_rail.fetch_add(1, Ordering::Relaxed) % rails.max(1)
     }
 
-    /// A new transfer of `stripes` stripes: its tag.
-    pub(crate) fn begin(&self, id: u64, operation: Operation, len: usize, stripes: usize) -> u64 {
-        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+    /// A new transfer of `stripes` stripes: the join its stripes are posted as parts of.
+    pub(crate) fn begin(
+        &self,
+        id: u64,
+        operation: Operation,
+        len: usize,
+        stripes: usize,
+    ) -> Arc<Join> {
         if stripes > 1 {
             self.striped.fetch_add(1, Ordering::Relaxed);
         }
-        self.lock().insert(
-            tag,
-            Transfer {
-                id,
-                operation,
-                len,
-                remaining: stripes,
-                error: None,
-            },
-        );
-        tag
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Join::new(stripes, id, operation, len)
     }
 
-    /// Forget a transfer none of whose stripes was posted.
-    pub(crate) fn abandon(&self, tag: u64, stripes: usize) {
+    /// Forget a transfer of `stripes` stripes none of which was posted.
+    pub(crate) fn abandon(&self, stripes: usize) {
         if stripes > 1 {
             self.striped.fetch_sub(1, Ordering::Relaxed);
         }
-        self.lock().remove(&tag);
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// `unposted` stripes of transfer `tag` failed to post with `error`: count them as completed
-    /// with it.
-    pub(crate) fn unposted(&self, tag: u64, unposted: usize, error: DmaError) {
-        let mut in_flight = self.lock();
-        let done = match in_flight.get_mut(&tag) {
-            Some(transfer) => {
-                transfer.remaining = transfer.remaining.saturating_sub(unposted);
-                transfer.error.get_or_insert(error);
-                0 == transfer.remaining
-            }
-            None => false,
-        };
-        if done {
-            if let Some(transfer) = in_flight.remove(&tag) {
-                drop(in_flight);
-                self.publish(finish(transfer));
-            }
+    /// `unposted` stripes of `join` failed to post with `error`: count them as completed with
+    /// it (the transfer completes now if its posted stripes are in).
+    pub(crate) fn give_up(&self, join: &Join, unposted: usize, error: DmaError) {
+        if let Some(completion) = join.finish(unposted, Err(error)) {
+            self.completed(completion);
         }
-    }
-
-    /// Hand out a finished transfer's completion and wake its waiters.
-    fn publish(&self, completion: Completion) {
-        self.ready_lock().push_back(completion);
-        self.waiter.ring();
     }
 
     /// Move every ready completion into `out`. Returns how many it added.
@@ -171,16 +138,12 @@ impl Transfers {
 
     /// How many transfers are in flight.
     pub(crate) fn in_flight(&self) -> usize {
-        self.lock().len()
+        self.in_flight.load(Ordering::Acquire)
     }
 
     /// How many transfers were cut into more than one stripe.
     pub(crate) fn striped(&self) -> u64 {
         self.striped.load(Ordering::Relaxed)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Transfer>> {
-        crate::sync::lock(&self.in_flight)
     }
 
     fn ready_lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Completion>> {
@@ -189,39 +152,12 @@ impl Transfers {
 }
 
 impl CompletionOwner for Transfers {
-    /// A stripe's completion, its id the transfer's tag: the transfer's own completion is
-    /// published once its last stripe is in.
-    fn completed(&self, stripe: Completion) {
-        let mut in_flight = self.lock();
-        let Some(transfer) = in_flight.get_mut(&stripe.id) else {
-            drop(in_flight);
-            tracing::warn!(
-                tag = stripe.id,
-                "a stripe completion for no transfer in flight"
-            );
-            return;
-        };
-        transfer.remaining = transfer.remaining.saturating_sub(1);
-        if let Err(error) = stripe.result {
-            transfer.error.get_or_insert(error);
-        }
-        if 0 < transfer.remaining {
-            return;
-        }
-        if let Some(transfer) = in_flight.remove(&stripe.id) {
-            drop(in_flight);
-            self.publish(finish(transfer));
-        }
-    }
-}
-
-fn finish(transfer: Transfer) -> Completion {
-    Completion {
-        id: transfer.id,
-        operation: transfer.operation,
-        len: transfer.len,
-        sender: None,
-        result: transfer.error.map_or(Ok(()), Err),
+    /// A transfer's joined completion, from whichever thread counted its last stripe: handed out,
+    /// and its waiters woken.
+    fn completed(&self, completion: Completion) {
+        self.ready_lock().push_back(completion);
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.waiter.ring();
     }
 }
 
@@ -249,30 +185,21 @@ mod tests {
         stripes
     }
 
-    fn stripe_done(tag: u64, result: Result<(), DmaError>) -> Completion {
-        Completion {
-            id: tag,
-            operation: Operation::Write,
-            len: MIN_STRIPE,
-            sender: None,
-            result,
-        }
-    }
-
     #[test]
     fn one_completion_once_every_stripe_is_in_with_the_first_error() {
         let transfers = Transfers::default();
-        let tag = transfers.begin(42, Operation::Write, 3 * MIN_STRIPE, 3);
+        let join = transfers.begin(42, Operation::Write, 3 * MIN_STRIPE, 3);
         let mut out = Vec::new();
-        transfers.completed(stripe_done(tag, Ok(())));
         let failed = DmaError::InvalidArgument("stripe".into());
-        transfers.completed(stripe_done(tag, Err(failed.clone())));
-        assert_eq!(
-            0,
-            transfers.take_ready(&mut out),
-            "not before the last stripe"
-        );
-        transfers.completed(stripe_done(tag, Ok(())));
+        for result in [Ok(()), Err(failed.clone())] {
+            assert!(
+                join.finish(1, result).is_none(),
+                "not before the last stripe"
+            );
+        }
+        assert_eq!(1, transfers.in_flight());
+        let done = join.finish(1, Ok(())).expect("the last stripe");
+        transfers.completed(done);
         assert_eq!(None, transfers.take(41), "only by its own id");
         assert_eq!(1, transfers.take_ready(&mut out));
         assert_eq!(
@@ -286,9 +213,6 @@ mod tests {
             out
         );
         assert_eq!(0, transfers.in_flight());
-        // A stripe completion of no transfer is dropped, not handed out as the application's.
-        transfers.completed(stripe_done(999, Ok(())));
-        assert_eq!(0, transfers.take_ready(&mut out));
     }
 
     #[test]
@@ -296,38 +220,26 @@ mod tests {
         let transfers = Transfers::default();
         let mut out = Vec::new();
         // The posted stripe completes before the post of the others fails.
-        let tag = transfers.begin(1, Operation::Read, 4 * MIN_STRIPE, 4);
-        transfers.completed(stripe_done(tag, Ok(())));
-        transfers.unposted(tag, 3, DmaError::WouldBlock);
+        let join = transfers.begin(1, Operation::Read, 4 * MIN_STRIPE, 4);
+        assert!(join.finish(1, Ok(())).is_none());
+        transfers.give_up(&join, 3, DmaError::WouldBlock);
         assert_eq!(1, transfers.take_ready(&mut out));
         assert_eq!(
             (1, Err(DmaError::WouldBlock)),
             (out[0].id, out[0].result.clone())
         );
         // Or after: the last posted stripe's completion hands it out.
-        out.clear();
-        let tag = transfers.begin(2, Operation::Read, 4 * MIN_STRIPE, 4);
-        transfers.unposted(tag, 2, DmaError::WouldBlock);
-        assert_eq!(0, transfers.take_ready(&mut out));
-        transfers.completed(stripe_done(tag, Ok(())));
-        assert_eq!(0, transfers.take_ready(&mut out));
-        transfers.completed(stripe_done(tag, Ok(())));
-        assert_eq!(Some(2), transfers.take(2).map(|done| done.id));
-        out.push(Completion {
-            id: 2,
-            operation: Operation::Read,
-            len: 0,
-            sender: None,
-            result: Err(DmaError::WouldBlock),
-        });
-        assert_eq!(
-            (2, Err(DmaError::WouldBlock)),
-            (out[0].id, out[0].result.clone())
-        );
+        let join = transfers.begin(2, Operation::Read, 4 * MIN_STRIPE, 4);
+        transfers.give_up(&join, 2, DmaError::WouldBlock);
+        assert!(join.finish(1, Ok(())).is_none());
+        assert_eq!(None, transfers.take(2));
+        transfers.completed(join.finish(1, Ok(())).expect("the last stripe"));
+        let done = transfers.take(2).expect("handed out");
+        assert_eq!((2, Err(DmaError::WouldBlock)), (done.id, done.result));
         assert_eq!(0, transfers.in_flight());
         // A transfer none of whose stripes went is forgotten.
-        let tag = transfers.begin(3, Operation::Write, 4 * MIN_STRIPE, 4);
-        transfers.abandon(tag, 4);
+        let _join = transfers.begin(3, Operation::Write, 4 * MIN_STRIPE, 4);
+        transfers.abandon(4);
         assert_eq!((0, 2), (transfers.in_flight(), transfers.striped()));
     }
 

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use super::operations::Operation;
+use crate::endpoint::engine::Operation;
 
 /// One RMA call, as `rma_calls!` hands it to a type's `transfer`: generic over the lease (`L`),
 /// the local memory (`S`) and the remote region (`R`) of the layer it is made on.

@@ -5,19 +5,15 @@
 //! which holds the lease and the region's memory until the completion has been read (the
 //! parent module's "Operations in flight" applies unchanged).
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::operations::{InFlight, Operation, Owner};
-use super::{Submission, Target};
 use crate::cache::Lease;
 use crate::endpoint::LibfabricEndpoint;
-use crate::endpoint::completions::Failure;
 use crate::endpoint::credits::What;
 use crate::endpoint::deadline::Deadline;
+use crate::endpoint::engine::{Operation, Sink, Submission, Target};
 use crate::endpoint::memory::Segment;
 use crate::error::DmaError;
-use crate::sync::lock;
 use dma_libfabric_sys as sys;
 
 impl LibfabricEndpoint {
@@ -83,18 +79,17 @@ impl LibfabricEndpoint {
         id: u64,
         timeout: Duration,
     ) -> Result<(), DmaError> {
-        self.send_from_to(lease, source, id, timeout, None)
+        self.send_from_to(lease, source, id, timeout, Sink::Application)
     }
 
-    /// [`send_from_within`](Self::send_from_within), whose completion goes to `owner`, or to the
-    /// application's ready queue for `None` (see `completions`, "Routing").
+    /// [`send_from_within`](Self::send_from_within), whose completion goes to `sink`.
     pub(crate) fn send_from_to(
         &self,
         lease: Lease<'_>,
         source: Segment<'_>,
         id: u64,
         timeout: Duration,
-        owner: Option<Owner>,
+        sink: Sink,
     ) -> Result<(), DmaError> {
         self.check_rma()?;
         if source.region.domain() != self.handles.domain {
@@ -102,11 +97,7 @@ impl LibfabricEndpoint {
                 "the source segment is memory of another endpoint".into(),
             ));
         }
-        if !self.peers.owns(lease.peer()) {
-            return Err(DmaError::InvalidArgument(
-                "the lease is on another endpoint's cache".into(),
-            ));
-        }
+        self.check_peer(lease.peer())?;
         // A peer reported gone is refused by `submit`, before anything is posted.
         // Before the slot: a region lending a slice is waited for within the patience (then
         // Busy), and nothing is taken meanwhile.
@@ -127,7 +118,7 @@ impl LibfabricEndpoint {
             id,
             join: None,
             slot: None,
-            owner,
+            sink,
         };
         let posted = self.submit(submission, timeout, &mut |fi_addr, context| {
             // SAFETY: the endpoint is open; `buffer` is `len` bytes inside a registered region
@@ -199,16 +190,15 @@ impl LibfabricEndpoint {
     /// slice or copy of a `Local` destination region is lent (a receive has no patience to wait
     /// for it; nothing posted); [`DmaError::Fabric`] when `fi_recv` failed.
     pub fn receive_into(&self, destination: Segment<'_>, id: u64) -> Result<(), DmaError> {
-        self.receive_into_to(destination, id, None)
+        self.receive_into_to(destination, id, Sink::Application)
     }
 
-    /// [`receive_into`](Self::receive_into), whose completion goes to `owner`, or to the
-    /// application's ready queue for `None`.
+    /// [`receive_into`](Self::receive_into), whose completion goes to `sink`.
     pub(crate) fn receive_into_to(
         &self,
         destination: Segment<'_>,
         id: u64,
-        owner: Option<Owner>,
+        sink: Sink,
     ) -> Result<(), DmaError> {
         self.check_rma()?;
         if destination.region.domain() != self.handles.domain {
@@ -219,108 +209,26 @@ impl LibfabricEndpoint {
         // Before the slot: a region lending a slice answers Busy at once (a receive has no
         // patience: it answers WouldBlock at once for want of a slot too), and nothing is taken.
         let hold = destination.region.hold(Deadline::after(Duration::ZERO))?;
-        let operations = &self.operations;
-        let Some(index) = lock(&operations.free).pop() else {
-            return Err(DmaError::WouldBlock);
-        };
-        let slot = &operations.slots[index];
         let buffer = destination.region.at(destination.offset);
         let desc = destination.region.desc();
-        // SAFETY: the slot came off the free list, so this thread owns it until it is posted.
-        unsafe {
-            *slot.operation.get() = Some(InFlight {
-                id,
-                operation: Operation::Receive,
-                len: destination.len,
-                lease: None,
-                region: hold,
-                fi_addr: sys::FI_ADDR_UNSPEC,
-                client: None,
-                incarnation: 0,
-                owner,
-                join: None,
-            });
-        }
-        let posted = (Operation::Receive, sys::FI_ADDR_UNSPEC, None);
-        slot.posted_at
-            .set(operations.born, id, posted.0, posted.1, posted.2);
-        operations.in_flight.fetch_add(1, Ordering::AcqRel);
-        operations.receives_into.fetch_add(1, Ordering::AcqRel);
-        // SAFETY: the endpoint is open; `buffer` is `destination.len` bytes inside a registered
-        // region whose `Arc` the slot holds until the completion has been read, `desc` is its
-        // descriptor, and the context is the slot's, which lives as long as the handles.
-        let code = unsafe {
-            self.post_data_receive(
-                buffer.cast(),
-                destination.len,
-                desc,
-                slot.context.get().cast(),
-            )
+        let len = destination.len;
+        let submission = Submission {
+            operation: Operation::Receive,
+            target: Target::Anyone,
+            hold,
+            len,
+            id,
+            join: None,
+            slot: None,
+            sink,
         };
-        if 0 == code {
-            return Ok(());
-        }
-        // Not posted: the slot is still this thread's.
-        // SAFETY: as above, the provider did not take the slot.
-        drop(unsafe { (*slot.operation.get()).take() });
-        slot.posted_at.clear();
-        operations.in_flight.fetch_sub(1, Ordering::AcqRel);
-        operations.receives_into.fetch_sub(1, Ordering::AcqRel);
-        lock(&operations.free).push(index);
-        Err(if code == -(sys::FI_EAGAIN as isize) {
-            DmaError::WouldBlock
-        } else {
-            DmaError::fabric("fi_recv", code as i64)
+        self.submit(submission, Duration::ZERO, &mut |_, context| {
+            // SAFETY: the endpoint is open; `buffer` is `len` bytes inside a registered region
+            // whose registration the slot holds until the completion has been read, `desc` is
+            // its descriptor, and the context is the slot's, which lives as long as the handles.
+            unsafe { self.post_data_receive(buffer.cast(), len, desc, context) }
         })
-    }
-}
-
-impl super::Operations {
-    /// Whether `context` is one of the slab's operations (a `receive_into` when read from the
-    /// receive queue).
-    pub(in crate::endpoint) fn owns(&self, context: *mut std::ffi::c_void) -> bool {
-        self.index_of(context).is_some()
-    }
-
-    /// How many `receive_into`s are posted and not yet completed.
-    pub(in crate::endpoint) fn receives_into(&self) -> usize {
-        self.receives_into.load(Ordering::Acquire)
-    }
-
-    /// The completion of the `receive_into` whose context is `context`, read from the receive
-    /// queue by this thread: `received` bytes, or `result`'s error.
-    pub(in crate::endpoint) fn complete_receive(
-        &self,
-        context: *mut std::ffi::c_void,
-        received: usize,
-        sender: Option<sys::fi_addr_t>,
-        result: Result<(), DmaError>,
-    ) {
-        let Some(index) = self.index_of(context) else {
-            return;
-        };
-        // SAFETY: this thread read the slot's completion, so it owns the slot (parent module).
-        if let Some(operation) = unsafe { &mut *self.slots[index].operation.get() } {
-            if Operation::Receive == operation.operation {
-                operation.len = received;
-                // A receive is posted to no peer: its `fi_addr` now names the sender, for
-                // `InFlight::sender` (a receive's failure marks no peer, see `complete`).
-                operation.fi_addr = sender.unwrap_or(sys::FI_ADDR_NOTAVAIL);
-                self.receives_into.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        self.complete(context, result.map_err(Failure::Other));
-    }
-}
-
-impl InFlight {
-    /// The sender a completed `receive_into` names, for [`Completion::sender`](super::Completion::sender):
-    /// `None` for every other operation, and for a receive whose provider named no sender.
-    pub(in crate::endpoint) fn sender(&self) -> Option<sys::fi_addr_t> {
-        match self.operation {
-            Operation::Receive => crate::endpoint::senders::named(self.fi_addr),
-            _ => None,
-        }
+        .map(drop)
     }
 }
 
