@@ -188,21 +188,9 @@ impl LibfabricEndpoint {
         timeout: Duration,
     ) -> Result<(), DmaError> {
         // SAFETY: the caller's promise is this function's.
-        let attempt = || match unsafe { self.try_send_raw(fi_addr, message) } {
-            Err(DmaError::WouldBlock) => {
-                self.progress();
-                // The pass may have read what the send waits for (a completion freeing a slot,
-                // a grant): try again before sleeping on queues it has emptied.
-                // SAFETY: as above.
-                match unsafe { self.try_send_raw(fi_addr, message) } {
-                    Err(DmaError::WouldBlock) => None,
-                    result => Some(result),
-                }
-            }
-            result => Some(result),
-        };
-        self.wait_until(Deadline::after(timeout), attempt)
-            .unwrap_or(Err(DmaError::WouldBlock))
+        self.retry_until(Deadline::after(timeout), || unsafe {
+            self.try_send_raw(fi_addr, message)
+        })
     }
 
     /// [`try_send`](Self::try_send) to a raw `fi_addr_t`.

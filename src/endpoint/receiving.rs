@@ -221,25 +221,25 @@ impl LibfabricEndpoint {
     /// [`RECEIVE_POST_PATIENCE`].
     pub(super) fn post_patiently(&self, index: usize) -> Result<(), DmaError> {
         let deadline = Deadline::after(RECEIVE_POST_PATIENCE);
-        loop {
-            match self.post_receive(index) {
-                Err(DmaError::WouldBlock) if !deadline.passed() => {
-                    self.progress();
-                    std::thread::yield_now();
-                }
-                Err(DmaError::WouldBlock) => {
-                    return Err(DmaError::Fabric {
-                        call: "fi_recv",
-                        code: -i64::from(sys::FI_EAGAIN),
-                        message: format!(
-                            "the provider still asked to retry after {RECEIVE_POST_PATIENCE:?}, with \
-                             {index} of {} receive buffers posted",
-                            self.receives.len()
-                        ),
-                    });
-                }
-                result => return result,
+        let attempt = || {
+            let posted = self.post_receive(index);
+            if let Err(DmaError::WouldBlock) = posted {
+                // `-FI_EAGAIN`: what the wait is for is the provider's own progress.
+                self.operations.waiter.retry_soon();
             }
+            posted
+        };
+        match self.retry_until(deadline, attempt) {
+            Err(DmaError::WouldBlock) => Err(DmaError::Fabric {
+                call: "fi_recv",
+                code: -i64::from(sys::FI_EAGAIN),
+                message: format!(
+                    "the provider still asked to retry after {RECEIVE_POST_PATIENCE:?}, with \
+                     {index} of {} receive buffers posted",
+                    self.receives.len()
+                ),
+            }),
+            result => result,
         }
     }
 

@@ -211,17 +211,15 @@ impl LibfabricEndpoint {
         // progress, sleeping between attempts: short ones, since the post that was refused is
         // what the wait is for (see `wait`, `retry_soon`), not a spin.
         let again = -(sys::FI_EAGAIN as isize);
-        let mut attempt = || {
-            let code = issue(fi_addr, slot.context.get().cast());
-            if code == again {
-                self.operations.waiter.retry_soon();
-                self.progress();
-                return None;
-            }
-            Some(code)
-        };
-        let code = attempt()
-            .or_else(|| self.wait_until(deadline, attempt))
+        let code = self
+            .retry_until(deadline, || {
+                let code = issue(fi_addr, slot.context.get().cast());
+                if code == again {
+                    self.operations.waiter.retry_soon();
+                    return Err(DmaError::WouldBlock);
+                }
+                Ok(code)
+            })
             .unwrap_or(again);
         if 0 == code {
             return Ok(Posted::Posted);
@@ -369,6 +367,27 @@ impl LibfabricEndpoint {
                 Err(error)
             }
         }
+    }
+
+    /// The one backpressure policy: `attempt` now, and while it answers
+    /// [`DmaError::WouldBlock`], again after each progress pass, sleeping on the queues between
+    /// passes (see `wait`) until `deadline`; `WouldBlock` after it. Every post that can be pushed
+    /// back (an operation's `-FI_EAGAIN`, a copied send's full slab or missing credit, a receive
+    /// buffer's re-post at `open`) waits through it.
+    ///
+    /// # Errors
+    /// `attempt`'s own, or [`DmaError::WouldBlock`] once `deadline` has passed.
+    pub(in crate::endpoint) fn retry_until<T>(
+        &self,
+        deadline: Deadline,
+        mut attempt: impl FnMut() -> Result<T, DmaError>,
+    ) -> Result<T, DmaError> {
+        let once = || match attempt() {
+            Err(DmaError::WouldBlock) => None,
+            answer => Some(answer),
+        };
+        self.after_progress(deadline, once)
+            .unwrap_or(Err(DmaError::WouldBlock))
     }
 
     /// `attempt` now, and while it answers `None`, again after each progress pass, sleeping
