@@ -9,6 +9,9 @@
 //!   (`busy_poll`, `wait_for`), sync sleeping (`wait_for`), async (`AsyncEndpoint::write`, current-
 //!   thread runtime); the target is driven the same way (a spinning progress loop, or a thread
 //!   sleeping in `progress_sleeping`, or its own `AsyncEndpoint`);
+//! - 4 KiB message round trip, one at a time, p50 and p99: one side sends a copied message and
+//!   waits for the other's echo; sync (`send_within`, `receive`, sleeping, a thread each) against
+//!   async (`AsyncEndpoint::send`, `receive`, a task each on a two-thread runtime);
 //! - 64 KiB writes with 64 in flight: throughput, sync sleeping against async, the target driven
 //!   by a thread of its own sleeping in `progress_sleeping` for both (and, for async, once more
 //!   by its own `AsyncEndpoint` on the initiator's single runtime thread).
@@ -172,6 +175,80 @@ fn async_latency(writes: usize) -> (Duration, Duration) {
     })
 }
 
+const MESSAGE: usize = 4096;
+
+/// 4 KiB message round trips, one at a time, sync: a thread echoes every message back; (p50,
+/// p99) of send-to-echo-received.
+fn sync_round_trip(rounds: usize) -> (Duration, Duration) {
+    let (pinger, ponger) = (open(false), open(false));
+    let (pinger_address, ponger_address) = (
+        pinger.local_address().unwrap(),
+        ponger.local_address().unwrap(),
+    );
+    let patience = Duration::from_secs(10);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let pinned = ponger.cache().pin();
+            let peer = pinned.resolve(1, &pinger_address).unwrap();
+            for _ in 0..rounds + 100 {
+                let message = ponger.receive(patience).unwrap().unwrap();
+                ponger.send_within(peer, &message, patience).unwrap();
+            }
+        });
+        let pinned = pinger.cache().pin();
+        let peer = pinned.resolve(1, &ponger_address).unwrap();
+        let message = vec![7; MESSAGE];
+        let mut samples = Vec::with_capacity(rounds);
+        for round in 0..rounds + 100 {
+            let sent = Instant::now();
+            pinger.send_within(peer, &message, patience).unwrap();
+            let echo = pinger.receive(patience).unwrap().unwrap();
+            assert_eq!(MESSAGE, echo.len());
+            if round >= 100 {
+                samples.push(sent.elapsed());
+            }
+        }
+        quantiles(samples)
+    })
+}
+
+/// The same round trips through the async face: the echo a task of its own, on a two-thread
+/// runtime (as sync's two threads).
+fn async_round_trip(rounds: usize) -> (Duration, Duration) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let pinger = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
+        let ponger = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
+        let pinger_address = pinger.endpoint().local_address().unwrap();
+        let ponger_address = ponger.endpoint().local_address().unwrap();
+        let echo = tokio::spawn(async move {
+            let back = ponger.lease(1, &pinger_address).await.unwrap();
+            for _ in 0..rounds + 100 {
+                let message = ponger.receive().await.unwrap();
+                ponger.send(back.peer(), &message).await.unwrap();
+            }
+        });
+        let lease = pinger.lease(1, &ponger_address).await.unwrap();
+        let message = vec![7; MESSAGE];
+        let mut samples = Vec::with_capacity(rounds);
+        for round in 0..rounds + 100 {
+            let sent = Instant::now();
+            pinger.send(lease.peer(), &message).await.unwrap();
+            let echo = pinger.receive().await.unwrap();
+            assert_eq!(MESSAGE, echo.len());
+            if round >= 100 {
+                samples.push(sent.elapsed());
+            }
+        }
+        echo.await.unwrap();
+        quantiles(samples)
+    })
+}
+
 const WINDOW: usize = 64;
 const LARGE: usize = 64 << 10;
 
@@ -312,7 +389,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 /// The throughput rows: sync, async with the target on a thread of its own (as sync's), async
 /// with the target on the initiator's runtime; `writes` split over [`ROUNDS`] rounds.
-fn throughput(writes: usize) {
+fn throughput(writes: usize) -> f64 {
     let per_round = (writes / ROUNDS).max(WINDOW);
     let mut rounds = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
@@ -334,6 +411,7 @@ fn throughput(writes: usize) {
     println!(
         "| the same, async target on the initiator's runtime thread (its CPU included) | | | {same:.0} MB/s, {same_cpu:.1} µs CPU/write ({same_ratio:.2}× sync) |"
     );
+    own_ratio
 }
 
 fn main() {
@@ -369,7 +447,7 @@ fn main() {
         return;
     }
     if std::env::args().any(|argument| "--throughput" == argument) {
-        throughput(throughput_writes);
+        let _ratio = throughput(throughput_writes);
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         println!("load average at the end: {}", load.trim());
         return;
@@ -397,7 +475,27 @@ fn main() {
         micros(spin99),
         micros(async99)
     );
-    throughput(throughput_writes);
+    let (sync_trip50, sync_trip99) = sync_round_trip(latency_writes);
+    let (async_trip50, async_trip99) = async_round_trip(latency_writes);
+    println!(
+        "| 4 KiB message round trip, p50 / p99 ({latency_writes} round trips) | {} / {} | | {} / {} |",
+        micros(sync_trip50),
+        micros(sync_trip99),
+        micros(async_trip50),
+        micros(async_trip99)
+    );
+    let bandwidth = throughput(throughput_writes);
+    println!();
+    let trip = async_trip50.as_secs_f64() / sync_trip50.as_secs_f64();
+    let verdict = |met: bool| if met { "met" } else { "NOT met" };
+    println!(
+        "async ÷ sync, 4 KiB round trip p50: {trip:.2}× (goal ≤ 1.5×: {})",
+        verdict(trip <= 1.5)
+    );
+    println!(
+        "async ÷ sync, 64 KiB write bandwidth: {bandwidth:.2}× (goal ≥ 0.95×: {})",
+        verdict(bandwidth >= 0.95)
+    );
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!();
     println!("load average at the end: {}", load.trim());

@@ -10,7 +10,7 @@
 //! futures pending for ever). It sleeps in the endpoint's own sleeping wait (`poll(2)` on the
 //! completion queues' descriptors and the endpoint's `eventfd` bell), then reads both queues:
 //! the transmit queue, which drives the provider's progress and hands each completion to the party
-//! that posted it (see `endpoint::completions`, "Routing"), waking its future; and the receive
+//! that posted it (its sink: see `endpoint::engine`), waking its future; and the receive
 //! queue, whose messages it sets aside for the receivers, which it then wakes. No thread spins:
 //! between events the driver sleeps, for at most a second, and every future is parked in its
 //! runtime. A post that meets backpressure (a full slab, the peer's budget, `-FI_EAGAIN`) parks

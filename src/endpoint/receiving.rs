@@ -154,18 +154,32 @@ impl LibfabricEndpoint {
     /// Read the receive queue until it is empty, at most once per operation slot and receive
     /// buffer: `receive_into` completions and notifications are handed on, and the endpoint's own
     /// buffers' arrivals are set aside for the next `try_receive`, at most one per buffer.
+    ///
+    /// Whatever it took off the queue, it wakes the thread asleep in this endpoint's wait (a
+    /// blocked `receive`, the async driver, whose pass then wakes the async receivers): the
+    /// reading thread may be another (a send looking for a grant, a `progress`), and the
+    /// sleeper's descriptors no longer show what it took, so without the ring the one waiting
+    /// for it would sleep its whole sleep.
     pub(crate) fn reap_receive_queue(&self) {
-        let _order = self.receives.order();
+        let order = self.receives.order();
+        let mut took = false;
         for _ in 0..=(MAX_RECEIVES_INTO + self.receives.len()) {
             match self.read_arrival() {
-                Arrival::Nothing => return,
-                Arrival::Operation => {}
-                Arrival::Slot(arrival) => self.receives.set_aside(arrival),
+                Arrival::Nothing => break,
+                Arrival::Operation => took = true,
+                Arrival::Slot(arrival) => {
+                    self.receives.set_aside(arrival);
+                    took = true;
+                }
                 Arrival::Failed(error) => {
                     tracing::warn!(%error, "reading the receive queue failed");
-                    return;
+                    break;
                 }
             }
+        }
+        drop(order);
+        if took {
+            self.operations.waiter.ring();
         }
     }
 
