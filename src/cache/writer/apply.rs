@@ -3,12 +3,9 @@
 //! are in `reclaim.rs`).
 
 use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasher;
 use std::time::Instant;
 
-use super::state::{
-    Entry, Holders, Holding, LIVE, Parked, Pending, Wait, Waiter, entry_in, identity_at,
-};
+use super::state::{Holders, Holding, LIVE, Parked, Pending, Wait, Waiter};
 use super::{Reply, Request, Writer};
 use crate::av::AvBackend;
 use crate::cache::index::RegistrationIndex;
@@ -49,12 +46,12 @@ impl<B: AvBackend> Writer<B> {
                             self.shared.failures.record(client, address, error.clone());
                         }
                     },
-                    Reply::Now(reply) => self.replies.push((reply, result)),
+                    Reply::Now(reply) => self.outbox.replies.push((reply, result)),
                     Reply::Admitted { answer, deadline } => match result {
                         Err(DmaError::WouldBlock) => {
                             self.wait_for_admission(client, address, answer, deadline)
                         }
-                        result => self.replies.push((answer, result)),
+                        result => self.outbox.replies.push((answer, result)),
                     },
                 }
             }
@@ -69,7 +66,7 @@ impl<B: AvBackend> Writer<B> {
                     .collect();
                 // The chunk's vector is freed: its misses no longer count (`cache::budget`).
                 self.shared.chunk_misses.give_back(misses);
-                self.chunk_replies.push((reply, results));
+                self.outbox.chunk_replies.push((reply, results));
             }
             Request::Release { client } => {
                 self.shared.failures.clear(client);
@@ -89,11 +86,12 @@ impl<B: AvBackend> Writer<B> {
         deadline: Instant,
     ) {
         let parked = self
+            .parking
             .unindexed
             .get(&client)
             .filter(|holding| holding.is_parked())
             .map(|holding| holding.fi_addr())
-            .and_then(|at| self.parked.get_mut(&at).map(|parked| (at, parked)))
+            .and_then(|at| self.parking.parked.get_mut(&at).map(|parked| (at, parked)))
             .filter(|(_, parked)| {
                 parked.address.bytes() == address && parked.clients.contains(&client)
             });
@@ -107,49 +105,30 @@ impl<B: AvBackend> Writer<B> {
                     deadline,
                 };
                 if let Some(earlier) = parked.waiters.insert(client, waiter) {
-                    self.deadlines.remove(&(earlier.deadline, client, at));
-                    self.replies
+                    self.parking
+                        .deadlines
+                        .remove(&(earlier.deadline, client, at));
+                    self.outbox
+                        .replies
                         .push((earlier.answer, Err(DmaError::WouldBlock)));
                 }
-                self.deadlines.insert((deadline, client, at));
+                self.parking.deadlines.insert((deadline, client, at));
             }
-            None => self.replies.push((reply, Err(DmaError::WouldBlock))),
+            None => self.outbox.replies.push((reply, Err(DmaError::WouldBlock))),
         }
     }
 
     pub(super) fn occupied(&self) -> usize {
         let live = usize::try_from(self.stats.entries).unwrap_or(usize::MAX);
-        live.saturating_add(self.pending.len())
-    }
-
-    /// The entry at `fi_addr`.
-    pub(super) fn entry(&self, fi_addr: fi_addr_t) -> Option<&Entry> {
-        entry_in(&self.entries, fi_addr)
-    }
-
-    pub(super) fn entry_mut(&mut self, fi_addr: fi_addr_t) -> Option<&mut Entry> {
-        usize::try_from(fi_addr)
-            .ok()
-            .and_then(|index| self.entries.get_mut(index))
-            .and_then(Option::as_mut)
-    }
-
-    /// The index of `identity`'s live or removing incarnation.
-    pub(super) fn slot(&self, identity: &[u8]) -> Option<fi_addr_t> {
-        let entries = &self.entries;
-        self.slots
-            .find(self.hasher.hash_one(identity), |&fi_addr| {
-                identity_at(entries, fi_addr) == identity
-            })
-            .copied()
+        live.saturating_add(self.reclaim.pending.len())
     }
 
     /// `fi_av_insert`, refusing an index outside the table the lease counters cover, or one
     /// that an entry of ours still holds.
     pub(super) fn insert(&mut self, address: &[u8]) -> Result<fi_addr_t, DmaError> {
-        let fi_addr = self.backend.insert(address)?;
+        let fi_addr = self.table.backend.insert(address)?;
         self.stats.inserts += 1;
-        if self.entry(fi_addr).is_some() {
+        if self.table.entry(fi_addr).is_some() {
             // The AV handed out an index it still holds for us: removing it would remove ours.
             return Err(DmaError::Fabric {
                 call: "fi_av_insert",
@@ -165,7 +144,7 @@ impl<B: AvBackend> Writer<B> {
         // FI_AV_TABLE hands out indices below the count the AV was opened with; one that is not
         // cannot be leased, so it goes straight back.
         self.stats.removes += 1;
-        if let Err(error) = self.backend.remove(fi_addr) {
+        if let Err(error) = self.table.backend.remove(fi_addr) {
             self.stats.failed_removes += 1;
             tracing::error!(op = "remove_failed", fi_addr, %error, "fi_av_remove of an index outside the table failed");
         }
@@ -174,7 +153,7 @@ impl<B: AvBackend> Writer<B> {
             code: 0,
             message: format!(
                 "the provider returned index {fi_addr}, outside the table of {} entries the address vector was opened with",
-                self.capacity
+                self.table.capacity
             ),
         })
     }
@@ -185,22 +164,10 @@ impl<B: AvBackend> Writer<B> {
         let Ok(index) = usize::try_from(fi_addr) else {
             return;
         };
-        if self.entries.len() <= index {
-            self.entries.resize_with(index + 1, || None);
-        }
-        let hash = self.hasher.hash_one(address.identity());
         // Readers compare a hit's address with the index's copy: in place before any
         // registration on the entry is published.
         self.shared.index.install(fi_addr, &address);
-        self.entries[index] = Some(Entry {
-            address,
-            holders: Holders::None,
-            removal: LIVE,
-        });
-        let (entries, hasher) = (&self.entries, &self.hasher);
-        self.slots.insert_unique(hash, fi_addr, |&fi_addr| {
-            hasher.hash_one(identity_at(entries, fi_addr))
-        });
+        self.table.install(index, fi_addr, address);
         self.stats.entries += 1;
     }
 
@@ -219,18 +186,19 @@ impl<B: AvBackend> Writer<B> {
         if let Some(holding) = self.holding(client) {
             let fi_addr = holding.fi_addr();
             if holding.is_parked() {
-                if self.parked.get(&fi_addr).is_some_and(|parked| {
+                if self.parking.parked.get(&fi_addr).is_some_and(|parked| {
                     parked.address.bytes() == address && parked.clients.contains(&client)
                 }) {
                     return Err(DmaError::WouldBlock);
                 }
             } else if self
+                .table
                 .entry(fi_addr)
                 .is_some_and(|entry| entry.is_live() && entry.address.bytes() == address)
             {
                 // A holder of the live entry at `fi_addr`. If `unindexed` held it, an admission
                 // enrolled it and has not published its registration yet: publish it now.
-                if self.unindexed.remove(&client).is_some() {
+                if self.parking.unindexed.remove(&client).is_some() {
                     self.publish(client, fi_addr);
                 }
                 return Ok(fi_addr);
@@ -238,10 +206,10 @@ impl<B: AvBackend> Writer<B> {
         }
 
         // A brand-new identity needs an insert, which may fail: do it before anything changes.
-        if self.slot(identity).is_none() {
-            if self.occupied() >= self.capacity {
+        if self.table.slot(identity).is_none() {
+            if self.occupied() >= self.table.capacity {
                 return Err(DmaError::Capacity {
-                    capacity: self.capacity,
+                    capacity: self.table.capacity,
                 });
             }
             let fi_addr = self.insert(address)?;
@@ -267,10 +235,10 @@ impl<B: AvBackend> Writer<B> {
         let (address, identity) = (stored.bytes(), stored.identity());
         // Detaching never drops a slot (a retired entry keeps it until removed), so this finds
         // one; answer as a busy writer would rather than guess if it does not.
-        let Some(fi_addr) = self.slot(identity) else {
+        let Some(fi_addr) = self.table.slot(identity) else {
             return Err(DmaError::WouldBlock);
         };
-        let Some(entry) = self.entry(fi_addr) else {
+        let Some(entry) = self.table.entry(fi_addr) else {
             return Err(DmaError::WouldBlock);
         };
         let (same, live, removal) = (
@@ -298,17 +266,17 @@ impl<B: AvBackend> Writer<B> {
                     retry_at, awaited, ..
                 },
                 ..
-            }) = self.pending.remove(&removal)
+            }) = self.reclaim.pending.remove(&removal)
             {
                 if awaited {
-                    self.awaiting_leases -= 1;
+                    self.reclaim.awaiting_leases -= 1;
                     self.shared.leases.stop_awaiting(fi_addr);
                 }
                 if let Some(at) = retry_at {
-                    self.retries.remove(&(at, removal));
+                    self.reclaim.retries.remove(&(at, removal));
                 }
             }
-            if let Some(entry) = self.entry_mut(fi_addr) {
+            if let Some(entry) = self.table.entry_mut(fi_addr) {
                 entry.removal = LIVE;
             }
             self.stats.entries += 1;
@@ -327,7 +295,11 @@ impl<B: AvBackend> Writer<B> {
 
     /// Evict the live entry at `fi_addr` and every client on it.
     pub(super) fn evict_live(&mut self, asking: u64, fi_addr: fi_addr_t) {
-        let Some(entry) = self.entry_mut(fi_addr).filter(|entry| entry.is_live()) else {
+        let Some(entry) = self
+            .table
+            .entry_mut(fi_addr)
+            .filter(|entry| entry.is_live())
+        else {
             return;
         };
         let holders = std::mem::take(&mut entry.holders);
@@ -337,7 +309,7 @@ impl<B: AvBackend> Writer<B> {
             if holder != asking {
                 if let Some(hook) = self.shared.on_evict.get() {
                     if !hook(holder) {
-                        self.deferred_evictions.insert(holder);
+                        self.outbox.deferred_evictions.insert(holder);
                     }
                 }
             }
@@ -358,13 +330,13 @@ impl<B: AvBackend> Writer<B> {
     /// Drop the clients waiting on the incarnation parked behind `fi_addr`: a newer one
     /// supersedes it.
     pub(super) fn evict_parked(&mut self, asking: u64, fi_addr: fi_addr_t) {
-        let Some(mut parked) = self.parked.remove(&fi_addr) else {
+        let Some(mut parked) = self.parking.parked.remove(&fi_addr) else {
             return;
         };
         for waiter in &parked.clients {
-            self.unindexed.remove(waiter);
+            self.parking.unindexed.remove(waiter);
         }
-        parked.turn_away(fi_addr, None, &mut self.deadlines);
+        parked.turn_away(fi_addr, None, &mut self.parking.deadlines);
         self.stats.evictions += 1;
         self.stats.evicted_clients += parked.clients.len() as u64;
         tracing::warn!(
@@ -379,19 +351,22 @@ impl<B: AvBackend> Writer<B> {
     /// entry at `fi_addr` has run.
     pub(super) fn park(&mut self, client: u64, fi_addr: fi_addr_t, stored: &StoredAddress) {
         let address = stored.bytes();
-        if self.forwarded.contains_key(&fi_addr) {
+        if self.parking.forwarded.contains_key(&fi_addr) {
             // Clients parked behind this index before may still be read as holding what their
             // admission let in: publish them, so that a place parked here means parked here.
-            self.publish_every_admission();
+            self.parking
+                .publish_every_admission(&self.table, &self.shared.index);
         }
         if self
+            .parking
             .parked
             .get(&fi_addr)
             .is_some_and(|parked| parked.address.bytes() != address)
         {
             self.evict_parked(client, fi_addr);
         }
-        self.parked
+        self.parking
+            .parked
             .entry(fi_addr)
             .or_insert_with(|| {
                 Box::new(Parked {
@@ -402,7 +377,9 @@ impl<B: AvBackend> Writer<B> {
             })
             .clients
             .insert(client);
-        self.unindexed.insert(client, Holding::parked(fi_addr));
+        self.parking
+            .unindexed
+            .insert(client, Holding::parked(fi_addr));
         tracing::debug!(
             op = "park",
             client,
@@ -416,81 +393,30 @@ impl<B: AvBackend> Writer<B> {
     /// map of every registered client (64 B a client at the worst).
     pub(super) fn holding(&self, client: u64) -> Option<Holding> {
         // An empty map answers before hashing: most of the time nobody is parked.
-        if let Some(&holding) = self.unindexed.get(&client) {
-            return Some(self.forward(holding));
+        if let Some(&holding) = self.parking.unindexed.get(&client) {
+            return Some(self.parking.forward(holding));
         }
         self.shared.index.registered(client).map(Holding::live)
-    }
-
-    /// What a place in `unindexed` means: a client left parked behind an index that no parked
-    /// incarnation uses, by an admission not yet published in full, holds the admitted entry.
-    pub(super) fn forward(&self, holding: Holding) -> Holding {
-        if self.forwarded.is_empty() || !holding.is_parked() {
-            return holding;
-        }
-        let at = holding.fi_addr();
-        match self.forwarded.get(&at) {
-            Some(&fi_addr) if !self.parked.contains_key(&at) => Holding::live(fi_addr),
-            _ => holding,
-        }
-    }
-
-    /// Publish every admission's remaining registrations, and so forget every forwarding: before
-    /// an incarnation parks behind an index that one of them forwards from.
-    fn publish_every_admission(&mut self) {
-        while !self.unpublished.is_empty() {
-            self.publish_admitted();
-        }
-        self.forwarded = HashMap::default();
     }
 
     /// Record `client` as a holder of the live entry at `fi_addr` and publish its registration.
     /// `client` holds nothing else (its miss detached it first).
     pub(super) fn register(&mut self, client: u64, fi_addr: fi_addr_t) {
-        let Some(entry) = self.entry_mut(fi_addr) else {
+        let Some(entry) = self.table.entry_mut(fi_addr) else {
             return;
         };
         if entry.holders.insert(client) {
             self.stats.clients += 1;
         }
         // Published: the index says where it is from now on.
-        self.unindexed.remove(&client);
+        self.parking.unindexed.remove(&client);
         self.shared.index.publish(client, fi_addr);
     }
 
     /// Publish the registration of `client` on the entry at `fi_addr`, which it holds.
     fn publish(&self, client: u64, fi_addr: fi_addr_t) {
-        if self.entry(fi_addr).is_some() {
+        if self.table.entry(fi_addr).is_some() {
             self.shared.index.publish(client, fi_addr);
-        }
-    }
-
-    /// Publish the next [`ADMISSION_SLICE`] registrations of an admission, each only if its
-    /// client still holds that live entry (it may have been released, moved or evicted since:
-    /// then nothing is published, so the index never names an entry its client does not hold).
-    pub(super) fn publish_admitted(&mut self) {
-        for _ in 0..ADMISSION_SLICE {
-            let Some(client) = self.unpublished.pop() else {
-                self.unpublished = Vec::new();
-                // Every admission is published: no place is read through a forwarding now.
-                if !self.forwarded.is_empty() {
-                    self.forwarded = HashMap::default();
-                }
-                return;
-            };
-            // A client released, moved or evicted since is no longer in `unindexed` as a holder
-            // (or is there for a later admission, which publishes it in its own slice). One
-            // lookup: taken out, and put back only if it is parked again.
-            let Some(place) = self.unindexed.remove(&client) else {
-                continue;
-            };
-            let holding = self.forward(place);
-            let fi_addr = holding.fi_addr();
-            if !holding.is_parked() && self.entry(fi_addr).is_some_and(Entry::is_live) {
-                self.publish(client, fi_addr);
-            } else {
-                self.unindexed.insert(client, place);
-            }
         }
     }
 
@@ -498,7 +424,7 @@ impl<B: AvBackend> Writer<B> {
     /// holders: unlink its registration from the index, or drop its place in `unindexed` if an
     /// admission had not published it yet.
     pub(super) fn unregister(&mut self, client: u64) {
-        if self.unindexed.remove(&client).is_none() {
+        if self.parking.unindexed.remove(&client).is_none() {
             self.shared.index.unlink(client);
         }
         self.unregistered();
@@ -516,8 +442,8 @@ impl<B: AvBackend> Writer<B> {
     pub(super) fn detach(&mut self, client: u64) {
         // Out of `unindexed`, or out of the index: one lookup each, and the client is in at most
         // one of them.
-        let holding = match self.unindexed.remove(&client) {
-            Some(place) => self.forward(place),
+        let holding = match self.parking.unindexed.remove(&client) {
+            Some(place) => self.parking.forward(place),
             None => match self.shared.index.unlink(client) {
                 Some(fi_addr) => Holding::live(fi_addr),
                 None => return,
@@ -525,18 +451,22 @@ impl<B: AvBackend> Writer<B> {
         };
         let fi_addr = holding.fi_addr();
         if holding.is_parked() {
-            if let Some(parked) = self.parked.get_mut(&fi_addr) {
+            if let Some(parked) = self.parking.parked.get_mut(&fi_addr) {
                 if parked.clients.remove(&client) {
-                    parked.turn_away(fi_addr, Some(client), &mut self.deadlines);
+                    parked.turn_away(fi_addr, Some(client), &mut self.parking.deadlines);
                     if parked.clients.is_empty() {
-                        self.parked.remove(&fi_addr);
+                        self.parking.parked.remove(&fi_addr);
                     }
                 }
             }
             return;
         }
         // It held the live entry at `fi_addr`, published or about to be: one of its holders.
-        let Some(entry) = self.entry_mut(fi_addr).filter(|entry| entry.is_live()) else {
+        let Some(entry) = self
+            .table
+            .entry_mut(fi_addr)
+            .filter(|entry| entry.is_live())
+        else {
             return;
         };
         if !entry.holders.remove(client) {
@@ -563,7 +493,9 @@ impl<B: AvBackend> Writer<B> {
             waiters,
         } = parked;
         for (&client, waiter) in &waiters {
-            self.deadlines.remove(&(waiter.deadline, client, at));
+            self.parking
+                .deadlines
+                .remove(&(waiter.deadline, client, at));
         }
         match self.insert(address.bytes()) {
             Ok(fi_addr) => {
@@ -581,35 +513,38 @@ impl<B: AvBackend> Writer<B> {
                 // publishes it (`resolve`).
                 // The waiters among them are published below and gone from `unindexed` by their
                 // slice, which skips them: listing all of them spares a lookup each.
-                self.unpublished.reserve_exact(clients.len());
-                self.unpublished.extend(clients.iter().copied());
+                self.parking.unpublished.reserve_exact(clients.len());
+                self.parking.unpublished.extend(clients.iter().copied());
                 // The set's order is the hasher's: loom needs the same publishes in every run.
                 #[cfg(dma_loom)]
-                self.unpublished.sort_unstable();
+                self.parking.unpublished.sort_unstable();
                 let admitted = clients.len() as u64;
-                if let Some(entry) = self.entry_mut(fi_addr) {
+                if let Some(entry) = self.table.entry_mut(fi_addr) {
                     entry.holders = Holders::from_set(clients);
                     self.stats.clients += admitted;
                 }
                 // Until its clients are published, their places (parked at `at`) mean this entry.
-                self.forwarded.insert(at, fi_addr);
+                self.parking.forwarded.insert(at, fi_addr);
                 for &client in waiters.keys() {
-                    if self.unindexed.remove(&client).is_some() {
+                    if self.parking.unindexed.remove(&client).is_some() {
                         self.publish(client, fi_addr);
                     }
                 }
-                self.publish_admitted();
+                self.parking
+                    .publish_admitted(&self.table, &self.shared.index);
                 for (_, waiter) in waiters {
-                    self.replies.push((waiter.answer, Ok(fi_addr)));
+                    self.outbox.replies.push((waiter.answer, Ok(fi_addr)));
                 }
             }
             Err(error) => {
                 tracing::warn!(op = "insert_failed", %error, waiting = clients.len(), "fi_av_insert of a parked incarnation failed; its clients must resolve again");
                 for client in &clients {
-                    self.unindexed.remove(client);
+                    self.parking.unindexed.remove(client);
                 }
                 for (_, waiter) in waiters {
-                    self.replies.push((waiter.answer, Err(error.clone())));
+                    self.outbox
+                        .replies
+                        .push((waiter.answer, Err(error.clone())));
                 }
             }
         }

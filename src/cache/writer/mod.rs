@@ -57,26 +57,31 @@
 //!
 //! # Files
 //!
-//! This file holds the requests, what readers and the writer share, and the writer's fields;
+//! This file holds the requests, what readers and the writer share, and [`Writer`], which holds
+//! the writer's parts: `table.rs` the AV and each incarnation of ours in it, by index and by
+//! identity ([`Table`]); `parking.rs` the clients the index does not hold, parked or admitted
+//! and not yet published ([`Parking`]); `reclaim.rs` the way out of the AV (retire, the one
+//! deferral, remove once readers and leases are gone, retry, forget: [`Reclamation`]);
+//! `outbox.rs` the answers and reports owed ([`Outbox`]); `pacing.rs` the background thread's
+//! ticks and dozes and what the doorbell is told (`Pacing`, [`Announced`]). Across the parts:
 //! `cell.rs` the writer's state between holders and a background visit; `background.rs` the
-//! process's background thread; `rounds.rs` a caller's and the background thread's rounds and how
-//! long the thread parks; `state.rs` the per-entry state (holders, entries, parked incarnations,
-//! pending removals); `run.rs` batches, epoch advances, quiescers, counters and shutdown;
-//! `apply.rs` what a request does to the state (resolve, release, evict, park, admit);
-//! `reclaim.rs` the way out of the AV (retire, remove once readers and leases are gone, retry,
-//! forget); and `tables.rs` how the tables give their memory back.
+//! process's background thread; `rounds.rs` a caller's and the background thread's rounds;
+//! `state.rs` the per-entry state (holders, entries, parked incarnations, pending removals);
+//! `run.rs` batches, quiescers, waiters' deadlines, counters and shutdown; `apply.rs` what a
+//! request does to the state (resolve, release, evict, park, admit); and `tables.rs` how the
+//! tables give their memory back.
 //!
 //! # State
 //!
-//! Every incarnation in the AV has an [`Entry`] at its own index (`fi_addr_t`, which `FI_AV_TABLE`
-//! keeps below the AV's capacity): its address, stored once, its holders, and whether it is
-//! published (`live`) or on its way out (`removing`: unlinked, its `fi_av_remove` waiting for its
-//! readers to unpin and its leases to drop). Each identity (efa: GID + QPN; otherwise the whole
-//! address) has at most one incarnation in the AV, live or removing, found through the `slots`
-//! table, which stores nothing but the index. A removing incarnation may have a newer one
-//! `parked` behind it: clients asked for it, and it may enter the AV only once the old one has
-//! left (efa's reverse AV holds one entry per GID and QPN). It is inserted when the removal runs,
-//! not before, and the rest of the queue goes on meanwhile.
+//! Every incarnation in the AV has an [`Entry`](state::Entry) at its own index (`fi_addr_t`,
+//! which `FI_AV_TABLE` keeps below the AV's capacity): its address, stored once, its holders,
+//! and whether it is published (`live`) or on its way out (`removing`: unlinked, its
+//! `fi_av_remove` waiting for its readers to unpin and its leases to drop). Each identity (efa:
+//! GID + QPN; otherwise the whole address) has at most one incarnation in the AV, live or
+//! removing, found through the `slots` table, which stores nothing but the index. A removing
+//! incarnation may have a newer one `parked` behind it: clients asked for it, and it may enter
+//! the AV only once the old one has left (efa's reverse AV holds one entry per GID and QPN). It
+//! is inserted when the removal runs, not before, and the rest of the queue goes on meanwhile.
 //!
 //! Each client is in at most one place, as a holder of a live entry or a waiter on a parked one.
 //! The writer keeps no map of every client: a holder whose registration is published is found
@@ -227,14 +232,10 @@
 //! busy the inbox is after it. While removals are pending the writer moves the epoch on between
 //! requests as well as when idle, so a busy inbox does not hold removals back.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crossbeam_epoch::LocalHandle;
-use hashbrown::HashTable;
 
-use super::doorbell::{MAX_SPIN, POLLING};
 use super::reply::Answer;
 use super::stats::CacheStats;
 use super::stored::StoredAddress;
@@ -244,19 +245,28 @@ use crate::error::DmaError;
 use crate::sync::atomic::Ordering;
 use crate::sync::{Arc, mpsc};
 use dma_libfabric_sys::fi_addr_t;
-use run::Quiescer;
-use state::{Deadlines, Entry, Holding, Parked, Pending};
+use outbox::Outbox;
+use pacing::Announced;
+#[cfg(not(dma_loom))]
+use pacing::Pacing;
+use parking::Parking;
+use reclaim::Reclamation;
+use table::Table;
 
 mod apply;
 #[cfg(not(dma_loom))]
 mod background;
 #[cfg(not(dma_loom))]
 mod cell;
+mod outbox;
+mod pacing;
+mod parking;
 mod reclaim;
 #[cfg(not(dma_loom))]
 mod rounds;
 mod run;
 mod state;
+mod table;
 mod tables;
 
 pub(crate) use super::budget::INBOX_BOUND;
@@ -265,6 +275,7 @@ pub(crate) use super::shared::SharedState;
 pub(crate) use background::tend;
 #[cfg(not(dma_loom))]
 pub(crate) use cell::{Tend, WriterCell};
+pub(crate) use table::usable_capacity;
 
 /// Under loom the background thread owns the writer for its whole life (see `run`): no cell.
 #[cfg(dma_loom)]
@@ -441,120 +452,34 @@ pub(crate) fn on_writer_of(cache: u64) -> bool {
     }
 }
 
-/// The writer's whole state. `run` consumes it on the writer thread.
+/// The writer's whole state: one job, to apply requests one at a time in the order they left
+/// the inbox, as the one writer of the AV and the index. It holds parts that each keep one
+/// invariant (see each type) and what spans them: the shared state, the counters and the inbox.
+/// Invariant: only the role's holder touches it (`cell.rs`; under loom, `run` consumes it on
+/// the writer thread), and the counters it publishes are those of the requests it has applied;
+/// every part is bounded as "Bounds" says.
 pub(crate) struct Writer<B> {
-    backend: B,
-    capacity: usize,
+    /// The AV and each incarnation of ours in it, by index and by identity.
+    table: Table<B>,
     shared: Arc<SharedState>,
-    /// Every incarnation in the AV, by index: `None` where the AV holds nothing of ours.
-    entries: Vec<Option<Entry>>,
-    /// Identity → the index of its live or removing incarnation. Holds the index alone; the
-    /// identity's bytes are read from `entries`.
-    slots: HashTable<fi_addr_t>,
-    hasher: Hasher,
-    /// Incarnations parked behind a removal, by the index of the removing entry.
-    parked: HashMap<fi_addr_t, Box<Parked>, Hasher>,
-    /// Where the clients the index does not hold are: those parked behind a removal, and those
-    /// an admission has enrolled as holders and not yet published (`unpublished`). A client is
-    /// here or in the index, never both: a published client's entry is read from the index.
-    /// Empties as they are admitted and published, released or evicted.
-    unindexed: HashMap<u64, Holding, Hasher>,
-    /// Admitted clients whose registrations are still to be published, a slice a round: each
-    /// holds its entry in `unindexed` already (so at most one item per client).
-    unpublished: Vec<u64>,
-    /// Admissions whose clients may still be in `unindexed` as parked behind the old entry's
-    /// index, which no parked incarnation uses any more: that index → the admitted entry's. An
-    /// admission takes its parked clients over as holders in one step and leaves their places in
-    /// `unindexed` as they were, so its cost does not grow with its clients; such a place reads
-    /// as holding the admitted entry (`apply::forward`). No parked incarnation is keyed by an
-    /// index here (`park` publishes every admission first), so a place cannot be read both
-    /// ways. At most one per admission whose registrations are not all published, and so at most
-    /// `C`; emptied with `unpublished`.
-    forwarded: HashMap<fi_addr_t, fi_addr_t, Hasher>,
-    /// Evicted clients the eviction hook was not done with (a rail's inbox was full): handed to
-    /// it again every round until it is. One item per client, each one this writer held, so it
-    /// is bounded by the clients term of the bound.
-    deferred_evictions: HashSet<u64, Hasher>,
-    /// Every waiter on a parked incarnation, by deadline: the writer answers each at its deadline
-    /// if the incarnation is not in by then.
-    deadlines: Deadlines,
-    /// Retired entries awaiting `fi_av_remove`, by ticket (tickets grow, so the oldest is first).
-    pending: BTreeMap<u64, Pending>,
-    /// Failed removals, by when their retry is due.
-    retries: BTreeSet<(Instant, u64)>,
-    /// Pending removals whose readers are gone and whose last lease the writer awaits.
-    awaiting_leases: u64,
-    /// The tickets the outstanding deferral covers, if one is out.
-    in_flight: Option<Range<u64>>,
-    /// Tickets from here on have not been deferred yet.
-    undeferred: u64,
-    /// How many deferrals have returned (their readers gone).
-    deferrals_returned: u64,
-    /// Whether this batch retired an entry.
-    retired_in_batch: bool,
-    /// Reused for lists of tickets and indices: at most the capacity.
-    scratch: Vec<u64>,
-    next_ticket: u64,
+    /// Where the clients the index does not hold are, and the incarnations they wait for.
+    parking: Parking,
+    /// Retired entries on their way out, and the epoch deferral that covers them.
+    reclaim: Reclamation,
     /// This cache's id: the role's holder is marked with it ([`on_writer_of`]), and its own
     /// releases are filed under it.
     #[cfg_attr(dma_loom, allow(dead_code))] // no thread-local marks under loom
     cache: u64,
-    /// The background thread's epoch tick: the wait between advances while removals are
-    /// pending, from [`run::FIRST_TICK`] doubling up to [`run::LAST_TICK`].
-    #[cfg_attr(dma_loom, allow(dead_code))] // the loom loop keeps its own
-    tick: Duration,
-    /// `undeferred` at the last tick: a new deferral since is progress, and resets the tick.
-    #[cfg_attr(dma_loom, allow(dead_code))]
-    deferred_at_last_tick: u64,
-    /// When the epoch was last moved on.
-    #[cfg_attr(dma_loom, allow(dead_code))]
-    last_advance: Instant,
-    /// Whether the background thread, at its last round, waits with a tick (it moves the epoch
-    /// on by itself), and the latest it wakes (`None`: only when rung). A holder that leaves it
-    /// work it does not know of wakes it.
-    #[cfg_attr(dma_loom, allow(dead_code))]
-    background_ticking: bool,
-    #[cfg_attr(dma_loom, allow(dead_code))]
-    background_until: Option<Instant>,
-    /// Rounds of callers that left work needing ticks while the background thread had a timer
-    /// (a wake-up saved), and the count at the background thread's last round: if they differ,
-    /// callers came meanwhile, and the background thread dozes on.
-    #[cfg_attr(dma_loom, allow(dead_code))]
-    wakes_saved: u64,
-    #[cfg_attr(dma_loom, allow(dead_code))]
-    saved_seen: u64,
-    /// How long the background thread dozes while callers come, from [`run::FIRST_TICK`] up to
-    /// `rounds::DOZE_MAX` (see `Writer::park_for`).
-    #[cfg_attr(dma_loom, allow(dead_code))]
-    doze: Duration,
+    /// When the background thread moves the epoch on and how long it parks (the loom loop
+    /// keeps its own).
+    #[cfg(not(dma_loom))]
+    pacing: Pacing,
     stats: CacheStats,
-    epoch: LocalHandle,
     inbox: mpsc::Receiver<Request>,
-    quiescing: Vec<Quiescer>,
-    /// This batch's answers, sent once its counters are published.
-    replies: Vec<(Answer, Result<fi_addr_t, DmaError>)>,
-    /// This batch's answers to chunks, sent with the others.
-    chunk_replies: Vec<(ChunkReply, ChunkAnswer)>,
-    /// The state last published on the doorbell ([`APPLYING`], [`POLLING`] or [`PARKED`]).
-    state: u64,
-    /// The average wall time of a batch, from taking its first request to sending its answers,
-    /// in nanoseconds: an exponential average over the last few batches, published with the state
-    /// so that a waiter spins about as long as its answer takes (see [`super::doorbell`]).
-    batch_ns: u64,
-    /// The average time from a ring that unparked the writer to its running again, in
-    /// nanoseconds, published likewise: how long a waiter polls through a pending wake-up.
-    wake_ns: u64,
-}
-
-/// How many entries the cache keeps in `backend`: its capacity, up to
-/// [`Configuration::MAX_AV_CAPACITY`](crate::configuration::Configuration::MAX_AV_CAPACITY), since the index and
-/// the lease counters are allocated up front for every index. A backend that reports more (a
-/// model AV built by hand) is used up to that bound; an index past it is refused as outside the
-/// table.
-pub(crate) fn usable_capacity(backend: &impl AvBackend) -> usize {
-    backend
-        .capacity()
-        .min(crate::configuration::Configuration::MAX_AV_CAPACITY)
+    /// The answers and reports owed, until they may go out.
+    outbox: Outbox,
+    /// What the doorbell was last told: the state and the costs a waiter spins by.
+    announced: Announced,
 }
 
 /// The inbox has been closed: the cache is gone.
@@ -577,61 +502,18 @@ impl<B: AvBackend> Writer<B> {
         cache: u64,
     ) -> Self {
         Self {
-            capacity: usable_capacity(&backend),
-            backend,
+            table: Table::new(backend),
             shared,
-            entries: Vec::new(),
-            slots: HashTable::new(),
-            hasher: Hasher::default(),
-            parked: HashMap::default(),
-            unindexed: HashMap::default(),
-            unpublished: Vec::new(),
-            forwarded: HashMap::default(),
-            deferred_evictions: HashSet::default(),
-            deadlines: Deadlines::new(),
-            pending: BTreeMap::new(),
-            retries: BTreeSet::new(),
-            awaiting_leases: 0,
-            in_flight: None,
-            undeferred: 0,
-            deferrals_returned: 0,
-            retired_in_batch: false,
-            scratch: Vec::new(),
-            next_ticket: 0,
+            parking: Parking::new(),
+            reclaim: Reclamation::new(epoch),
             cache,
-            tick: run::FIRST_TICK,
-            deferred_at_last_tick: u64::MAX,
-            last_advance: Instant::now(),
-            background_ticking: false,
-            background_until: None,
-            wakes_saved: 0,
-            saved_seen: 0,
-            doze: run::FIRST_TICK,
+            #[cfg(not(dma_loom))]
+            pacing: Pacing::new(),
             stats: CacheStats::default(),
-            epoch,
             inbox,
-            quiescing: Vec::new(),
-            replies: Vec::new(),
-            chunk_replies: Vec::new(),
-            state: POLLING,
-            batch_ns: 0,
-            wake_ns: 0,
+            outbox: Outbox::new(),
+            announced: Announced::new(),
         }
-    }
-
-    /// Publish `state` on the doorbell, with the costs, if it is not what is published.
-    fn set_state(&mut self, state: u64) {
-        if state != self.state {
-            self.state = state;
-            self.shared
-                .doorbell
-                .publish(state, self.batch_ns, self.wake_ns);
-        }
-    }
-
-    /// Fold one batch's wall time into its average.
-    fn measured_batch(&mut self, took: Duration) {
-        self.batch_ns = averaged(self.batch_ns, took);
     }
 }
 
@@ -640,17 +522,5 @@ impl<B> Drop for Writer<B> {
     /// room for a chunk any more.
     fn drop(&mut self) {
         self.shared.chunk_misses.close();
-    }
-}
-
-/// `average` with `sample` folded in at a weight of 1/8 (a few samples move it), the sample
-/// capped at [`MAX_SPIN`] (a longer one is a preemption, not the cost of the work, and no spin
-/// lasts longer anyway); the sample alone if there is no average yet.
-fn averaged(average: u64, sample: Duration) -> u64 {
-    let sample = u64::try_from(sample.min(MAX_SPIN).as_nanos()).unwrap_or(u64::MAX);
-    if average == 0 {
-        sample
-    } else {
-        average - average / 8 + sample / 8
     }
 }

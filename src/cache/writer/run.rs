@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use super::state::{Pending, Wait};
 #[cfg(not(dma_loom))]
 use super::take_own_releases;
 #[cfg(dma_loom)]
@@ -14,8 +13,7 @@ use crate::av::AvBackend;
 use crate::cache::doorbell::{APPLYING, PARKED, POLLING};
 use crate::cache::index::RegistrationIndex;
 use crate::error::DmaError;
-use crate::sync::atomic::Ordering;
-use crate::sync::{Arc, mpsc};
+use crate::sync::mpsc;
 #[cfg(dma_loom)]
 use crate::sync::{recv_polling, recv_spinning};
 use dma_libfabric_sys::fi_addr_t;
@@ -98,20 +96,20 @@ impl<B: AvBackend> Writer<B> {
             // Move the epoch on so the outstanding deferral runs without reader traffic: when
             // idle, and, while one is out, between requests too, at most once a tick (loom has no
             // time, so there it advances only when idle).
-            let due = self.in_flight.is_some()
+            let due = self.reclaim.in_flight.is_some()
                 && cfg!(not(dma_loom))
                 && last_advance.elapsed() >= FIRST_TICK;
             if idle || due {
                 // Back off only while readers hold the outstanding deferral up: a new deferral
                 // since the last round is progress.
-                let deferred = self.undeferred;
+                let deferred = self.reclaim.undeferred;
                 if deferred != deferred_at_last_tick {
                     tick = FIRST_TICK;
                 } else if idle {
                     tick = (tick * 2).min(LAST_TICK);
                 }
                 deferred_at_last_tick = deferred;
-                self.advance();
+                self.reclaim.advance();
                 last_advance = Instant::now();
                 self.collect();
                 self.round();
@@ -121,7 +119,7 @@ impl<B: AvBackend> Writer<B> {
         self.finish_batch();
         self.shutdown();
         // Gone for good: a waiter still polling stops at once (its answer is sent, or `Closed`).
-        self.set_state(PARKED);
+        self.announced.set(&self.shared.doorbell, PARKED);
     }
 
     /// The loom loop's wait for its next request: none if it must hurry (quiescing, or a
@@ -133,16 +131,18 @@ impl<B: AvBackend> Writer<B> {
     ) -> Result<Option<Request>, Stopped> {
         // Quiescing, the first rounds run back to back; once they suspect a pinned reader or a
         // lease, the writer sleeps between rounds so that reader gets the core to finish on.
-        let hurry = !self.unpublished.is_empty()
+        let hurry = !self.parking.unpublished.is_empty()
             || self
+                .outbox
                 .quiescing
                 .iter()
                 .any(|quiescer| quiescer.stalled < STALLED_ROUNDS)
-            || cfg!(dma_loom) && !self.quiescing.is_empty()
+            || cfg!(dma_loom) && !self.outbox.quiescing.is_empty()
             // Under loom the writer blocks on its inbox, which has no timeout: a waiter whose
             // deadline has come is answered by the next round instead.
             || cfg!(dma_loom)
                 && self
+                    .parking
                     .deadlines
                     .first()
                     .is_some_and(|&(deadline, ..)| deadline <= Instant::now());
@@ -155,14 +155,15 @@ impl<B: AvBackend> Writer<B> {
         }
         // Removals awaiting only their leases need no ticks: the last lease rings. A waiter's
         // deadline wakes the writer once, when it comes.
-        let ticking = self.in_flight.is_some()
-            || !self.retries.is_empty()
-            || !self.quiescing.is_empty()
-            || !self.deferred_evictions.is_empty();
-        if !ticking && self.deadlines.is_empty() {
+        let ticking = self.reclaim.in_flight.is_some()
+            || !self.reclaim.retries.is_empty()
+            || !self.outbox.quiescing.is_empty()
+            || !self.outbox.deferred_evictions.is_empty();
+        if !ticking && self.parking.deadlines.is_empty() {
             return self.next_request(IDLE_SPIN, None);
         }
         let until_deadline = self
+            .parking
             .deadlines
             .first()
             .map(|&(deadline, ..)| deadline.saturating_duration_since(Instant::now()));
@@ -187,7 +188,7 @@ impl<B: AvBackend> Writer<B> {
     fn apply_loom_batch(&mut self, request: Request, tick: &mut Duration) -> bool {
         // Awake and applying: a waiter that reads this spins for its answer.
         let started = Instant::now();
-        self.set_state(APPLYING);
+        self.announced.set(&self.shared.doorbell, APPLYING);
         let mut stop = self.accept(request, tick);
         let mut taken = 1;
         while !stop && taken < BATCH {
@@ -199,8 +200,8 @@ impl<B: AvBackend> Writer<B> {
             taken += 1;
         }
         self.finish_batch();
-        self.measured_batch(started.elapsed());
-        self.set_state(POLLING);
+        self.announced.measured_batch(started.elapsed());
+        self.announced.set(&self.shared.doorbell, POLLING);
         stop
     }
 
@@ -214,7 +215,7 @@ impl<B: AvBackend> Writer<B> {
     ) -> Result<Option<Request>, Stopped> {
         // Blocking on the inbox is this writer's park: a waiter that reads `PARKED` stops
         // spinning, whichever way the race with this wait goes.
-        self.set_state(PARKED);
+        self.announced.set(&self.shared.doorbell, PARKED);
         let received = match timeout {
             Some(timeout) => match recv_polling(&self.inbox, spin, timeout) {
                 Ok(request) => Ok(Some(request)),
@@ -225,7 +226,7 @@ impl<B: AvBackend> Writer<B> {
                 .map(Some)
                 .map_err(|_| Stopped),
         };
-        self.set_state(POLLING);
+        self.announced.set(&self.shared.doorbell, POLLING);
         received
     }
 }
@@ -236,23 +237,23 @@ impl<B: AvBackend> Writer<B> {
         match request {
             Request::Shutdown => return true,
             Request::Quiesce { reply, patience } => {
-                self.quiescing.push(Quiescer {
+                self.outbox.quiescing.push(Quiescer {
                     reply,
                     patience,
-                    watermark: self.next_ticket,
+                    watermark: self.reclaim.next_ticket,
                     waiting_on: usize::MAX,
-                    deferrals_seen: self.deferrals_returned,
+                    deferrals_seen: self.reclaim.deferrals_returned,
                     stalled: 0,
                     progress_at: Instant::now(),
                 });
                 *tick = FIRST_TICK;
             }
             request => {
-                let retired = self.next_ticket;
+                let retired = self.reclaim.next_ticket;
                 self.apply(request);
                 // A new removal waits for epoch advances: start them at the shortest tick again,
                 // whatever the backoff had grown to while older removals were held.
-                if retired != self.next_ticket {
+                if retired != self.reclaim.next_ticket {
                     *tick = FIRST_TICK;
                 }
             }
@@ -263,21 +264,15 @@ impl<B: AvBackend> Writer<B> {
     /// End a batch: hand its retirements to the collector, publish the counters, then answer.
     pub(super) fn finish_batch(&mut self) {
         self.own_releases();
-        if std::mem::take(&mut self.retired_in_batch) && self.in_flight.is_some() {
+        if std::mem::take(&mut self.reclaim.retired_in_batch) && self.reclaim.in_flight.is_some() {
             // The new tickets wait for the deferral that is out: move the epoch on for it, as a
             // deferral of their own would have (one pin and flush a batch, no bag).
-            self.advance();
+            self.reclaim.advance();
         }
-        self.defer_retired();
+        self.reclaim.defer_retired(&self.shared, self.cache);
         // Counters first, so a caller reading them after its reply sees its request.
         self.publish_stats();
-        for (answer, result) in self.replies.drain(..) {
-            answer.send(result);
-        }
-        for (reply, results) in self.chunk_replies.drain(..) {
-            // The caller may have gone; nothing to do about that.
-            let _ = reply.send(results);
-        }
+        self.outbox.send();
     }
 
     /// Answer every waiter whose deadline has passed and whose incarnation is not in the AV:
@@ -290,16 +285,17 @@ impl<B: AvBackend> Writer<B> {
     /// the error is never given for a wait that could end now.
     pub(super) fn expire_waiters(&mut self) {
         // No waiter: no clock read (this runs in every round, a caller's miss included).
-        if self.deadlines.is_empty() {
+        if self.parking.deadlines.is_empty() {
             return;
         }
         let now = Instant::now();
-        while let Some(&key) = self.deadlines.first() {
+        while let Some(&key) = self.parking.deadlines.first() {
             let (deadline, client, at) = key;
             if now < deadline {
                 break;
             }
             let removal = self
+                .table
                 .entry(at)
                 .filter(|entry| !entry.is_live())
                 .map(|entry| entry.removal);
@@ -311,11 +307,12 @@ impl<B: AvBackend> Writer<B> {
                 // answering its waiters.
                 self.try_remove(ticket, now);
             }
-            if self.deadlines.first() != Some(&key) {
+            if self.parking.deadlines.first() != Some(&key) {
                 continue;
             }
-            self.deadlines.pop_first();
+            self.parking.deadlines.pop_first();
             let Some(waiter) = self
+                .parking
                 .parked
                 .get_mut(&at)
                 .and_then(|parked| parked.waiters.remove(&client))
@@ -323,7 +320,7 @@ impl<B: AvBackend> Writer<B> {
                 continue;
             };
             let held_for = removal
-                .and_then(|ticket| self.pending.get(&ticket))
+                .and_then(|ticket| self.reclaim.pending.get(&ticket))
                 .map_or(Duration::ZERO, |pending| {
                     now.saturating_duration_since(pending.since)
                 });
@@ -334,7 +331,7 @@ impl<B: AvBackend> Writer<B> {
                 ?held_for,
                 "a blocking lease waited out the cache's patience for an old incarnation's removal"
             );
-            self.replies.push((
+            self.outbox.replies.push((
                 waiter.answer,
                 Err(DmaError::OutOfPatience {
                     client,
@@ -345,28 +342,17 @@ impl<B: AvBackend> Writer<B> {
         }
     }
 
-    /// Hand the eviction hook again each evicted client it was not done with.
-    pub(super) fn retry_evictions(&mut self) {
-        if self.deferred_evictions.is_empty() {
-            return;
-        }
-        if let Some(hook) = self.shared.on_evict.get() {
-            self.deferred_evictions.retain(|&client| !hook(client));
-        } else {
-            self.deferred_evictions.clear();
-        }
-    }
-
     /// What the reports of readers and leases brought: removals, waiters out of patience, the
     /// eviction hook's leftovers; and the next slice of an admission's registrations. Whether
     /// anything was removed.
     pub(super) fn take_reports(&mut self) -> bool {
         let removed = self.collect();
         self.expire_waiters();
-        self.retry_evictions();
+        self.outbox.retry_evictions(&self.shared);
         // An admission's registrations not yet published, a slice a round (see `apply`).
-        self.publish_admitted();
-        if removed || !self.replies.is_empty() {
+        self.parking
+            .publish_admitted(&self.table, &self.shared.index);
+        if removed || !self.outbox.replies.is_empty() {
             self.finish_batch();
         }
         self.answer_quiescers();
@@ -375,14 +361,14 @@ impl<B: AvBackend> Writer<B> {
 
     /// One round for the quiescers: count what each still waits for, note progress or a stall.
     pub(super) fn round(&mut self) {
-        for quiescer in &mut self.quiescing {
-            let waiting_on = self.pending.range(..quiescer.watermark).count();
+        for quiescer in &mut self.outbox.quiescing {
+            let waiting_on = self.reclaim.pending.range(..quiescer.watermark).count();
             // Publishing an admission's slices is progress too.
             if waiting_on < quiescer.waiting_on
-                || self.deferrals_returned != quiescer.deferrals_seen
-                || !self.unpublished.is_empty()
+                || self.reclaim.deferrals_returned != quiescer.deferrals_seen
+                || !self.parking.unpublished.is_empty()
             {
-                quiescer.deferrals_seen = self.deferrals_returned;
+                quiescer.deferrals_seen = self.reclaim.deferrals_returned;
                 quiescer.stalled = 0;
                 quiescer.progress_at = Instant::now();
             } else {
@@ -396,16 +382,16 @@ impl<B: AvBackend> Writer<B> {
     /// pending, or those left stalled for longer than its patience. Under loom time does not
     /// pass, so rounds decide.
     pub(super) fn answer_quiescers(&mut self) {
-        if self.quiescing.is_empty() {
+        if self.outbox.quiescing.is_empty() {
             return;
         }
-        let oldest = self.pending.keys().next().copied();
+        let oldest = self.reclaim.pending.keys().next().copied();
         let mut answered = false;
         let mut index = 0;
-        while index < self.quiescing.len() {
-            let quiescer = &self.quiescing[index];
+        while index < self.outbox.quiescing.len() {
+            let quiescer = &self.outbox.quiescing[index];
             let done = oldest.is_none_or(|oldest| quiescer.watermark <= oldest)
-                && self.unpublished.is_empty()
+                && self.parking.unpublished.is_empty()
                 && !self.shared.index.holds_retired();
             let gave_up = quiescer.stalled >= STALLED_ROUNDS
                 && (cfg!(dma_loom) || quiescer.progress_at.elapsed() >= quiescer.patience);
@@ -414,55 +400,13 @@ impl<B: AvBackend> Writer<B> {
                     self.publish_stats();
                     answered = true;
                 }
-                let quiescer = self.quiescing.swap_remove(index);
+                let quiescer = self.outbox.quiescing.swap_remove(index);
                 // The caller may have gone; nothing to do about that.
                 let _ = quiescer.reply.send(());
             } else {
                 index += 1;
             }
         }
-    }
-
-    /// Pin, flush this thread's deferred closures to the collector, and let it collect.
-    pub(super) fn advance(&mut self) {
-        let guard = self.epoch.pin();
-        guard.flush();
-    }
-
-    /// If no deferral is out and tickets retired since the last one are still pending, defer one
-    /// closure that covers them all, and hand it to the collector. See "One deferral at a time".
-    pub(super) fn defer_retired(&mut self) {
-        if self.in_flight.is_some()
-            || (self.pending.range(self.undeferred..).next().is_none()
-                && !self.shared.index.retired_uncovered())
-        {
-            return;
-        }
-        self.in_flight = Some(self.undeferred..self.next_ticket);
-        self.undeferred = self.next_ticket;
-        // A table the index replaced before this deferral is covered by it (`index::shrink`).
-        self.shared.index.cover_retired();
-        let shared = Arc::clone(&self.shared);
-        let cache = self.cache;
-        let guard = self.epoch.pin();
-        guard.defer(move || {
-            // Release: pairs with the writer's Acquire swap, after which it removes. A swap, not a
-            // store: under loom a plain store from inside crossbeam's collection was not seen by
-            // the writer's later swap (a model of `aba` failed that way), and an exchange costs the
-            // same on this rare path.
-            shared.readers_gone.swap(true, Ordering::AcqRel);
-            // A report: while callers hold the role often enough that the background thread
-            // dozes, the next holder takes it (see `Doorbell::ring_report`). Run by the role's
-            // holder (its own advance), it rings nobody: the holder's `hand_over` still sees
-            // the deferral out (only `collect` takes it back) and wakes the background thread
-            // unless it ticks already.
-            if !super::on_writer_of(cache) {
-                shared.doorbell.ring_report();
-            }
-        });
-        // The closure waits in this thread's bag until it is flushed; flush so that readers'
-        // pins can collect it too.
-        guard.flush();
     }
 
     /// Apply the releases that code under the role, on this thread, queued while the inbox was
@@ -481,83 +425,10 @@ impl<B: AvBackend> Writer<B> {
         }
     }
 
-    /// Take what the readers and leases reported: the outstanding deferral's tickets, whose
-    /// readers have gone, and awaited removals whose last lease was dropped; retry the failed
-    /// removals that are due. Whether anything was removed. Costs nothing per removal that is
-    /// still waiting.
-    pub(super) fn collect(&mut self) -> bool {
-        let removes = self.stats.removes;
-        let mut scratch = std::mem::take(&mut self.scratch);
-        // Acquire: pairs with the closure's Release; the closure ran after every reader pinned
-        // at the deferral unpinned.
-        if self.shared.readers_gone.swap(false, Ordering::Acquire) {
-            if let Some(range) = self.in_flight.take() {
-                self.deferrals_returned += 1;
-                self.index_readers_gone();
-                scratch.clear();
-                scratch.extend(self.pending.range(range).map(|(&ticket, _)| ticket));
-                for &ticket in &scratch {
-                    self.readers_gone(ticket);
-                }
-            }
-        }
-        scratch.clear();
-        self.shared
-            .leases
-            .take_released(|fi_addr| scratch.push(fi_addr));
-        for &fi_addr in &scratch {
-            // A report for an entry revived (or already removed) since is stale.
-            let ticket = self
-                .entry(fi_addr)
-                .filter(|entry| !entry.is_live())
-                .map(|entry| entry.removal);
-            if let Some(ticket) = ticket {
-                self.lease_released(ticket);
-            }
-        }
-        scratch.clear();
-        self.scratch = scratch;
-        if let Some(&(first, _)) = self.retries.first() {
-            let now = Instant::now();
-            if first <= now || cfg!(dma_loom) {
-                while let Some(&(at, ticket)) = self.retries.first() {
-                    if now < at && cfg!(not(dma_loom)) {
-                        break;
-                    }
-                    self.retries.pop_first();
-                    if let Some(Pending {
-                        wait: Wait::Held { retry_at, .. },
-                        ..
-                    }) = self.pending.get_mut(&ticket)
-                    {
-                        *retry_at = None;
-                    }
-                    self.try_remove(ticket, now);
-                }
-            }
-        }
-        self.defer_retired();
-        removes != self.stats.removes
-    }
-
-    /// The last lease of `ticket`'s entry was dropped: remove it if it was awaited.
-    pub(super) fn lease_released(&mut self, ticket: u64) {
-        let awaited = matches!(
-            self.pending.get(&ticket),
-            Some(Pending {
-                wait: Wait::Held { awaited: true, .. },
-                ..
-            })
-        );
-        if awaited {
-            self.try_remove(ticket, Instant::now());
-        }
-    }
-
     /// Publish the counters: O(1), and the tables' shrink checks.
     pub(super) fn publish_stats(&mut self) {
-        self.stats.pending_removals = self.pending.len() as u64;
-        self.stats.removals_awaiting_leases = self.awaiting_leases;
+        self.stats.pending_removals = self.reclaim.pending.len() as u64;
+        self.stats.removals_awaiting_leases = self.reclaim.awaiting_leases;
         self.shared.counters.publish(&self.stats);
         self.shrink();
     }
@@ -565,15 +436,15 @@ impl<B: AvBackend> Writer<B> {
     /// No reader and no lease can exist any more (the cache is being dropped, and every `Pinned`
     /// and every `Lease` borrows it), so everything is removed now, pending removals first.
     pub(super) fn shutdown(&mut self) {
-        let pending = std::mem::take(&mut self.pending);
-        self.retries.clear();
-        self.awaiting_leases = 0;
+        let pending = std::mem::take(&mut self.reclaim.pending);
+        self.reclaim.retries.clear();
+        self.reclaim.awaiting_leases = 0;
         for (_, pending) in pending {
             self.remove_at_shutdown(pending.fi_addr);
-            self.forget(pending.fi_addr);
+            self.table.forget(pending.fi_addr);
         }
-        for fi_addr in 0..self.entries.len() as fi_addr_t {
-            let Some(entry) = self.entry_mut(fi_addr) else {
+        for fi_addr in 0..self.table.entries.len() as fi_addr_t {
+            let Some(entry) = self.table.entry_mut(fi_addr) else {
                 continue;
             };
             let holders = std::mem::take(&mut entry.holders);
@@ -582,15 +453,11 @@ impl<B: AvBackend> Writer<B> {
             }
             self.stats.entries -= 1;
             self.remove_at_shutdown(fi_addr);
-            self.forget(fi_addr);
+            self.table.forget(fi_addr);
         }
         // Waiters on a parked incarnation are told `Closed` when their senders drop with it.
-        self.parked.clear();
-        self.deadlines.clear();
-        self.unindexed.clear();
-        self.unpublished.clear();
-        self.forwarded.clear();
-        for quiescer in self.quiescing.drain(..) {
+        self.parking.clear();
+        for quiescer in self.outbox.quiescing.drain(..) {
             let _ = quiescer.reply.send(());
         }
         self.publish_stats();
@@ -606,7 +473,7 @@ impl<B: AvBackend> Writer<B> {
     pub(super) fn remove_at_shutdown(&mut self, fi_addr: fi_addr_t) {
         for attempt in 1..=3 {
             self.stats.removes += 1;
-            match self.backend.remove(fi_addr) {
+            match self.table.backend.remove(fi_addr) {
                 Ok(()) => return,
                 Err(error) => {
                     self.stats.failed_removes += 1;
