@@ -10,21 +10,33 @@
 //! the size classes and the quarantine on [`PooledBuffer`]; the keys on
 //! [`register`](LibfabricEndpoint::register).
 //!
+//! # Keys
+//!
+//! Where the provider does not choose a region's key (no `FI_MR_PROV_KEY`), every registration
+//! of an endpoint ([`register`](LibfabricEndpoint::register),
+//! [`register_buffer`](LibfabricEndpoint::register_buffer),
+//! [`rekey`](LibfabricEndpoint::rekey)) requests a fresh random key from the endpoint's one
+//! source (`registration/keys.rs`), and draws again while the domain answers that the key is in
+//! use, at most [`REGION_KEY_ATTEMPTS`] times. Why the keys are random, and how they are drawn,
+//! is on [`register`](LibfabricEndpoint::register) ("Keys").
+//!
 //! # Rooms
 //!
-//! This module holds the region types ([`MemoryRegion`], [`Segment`]) and the endpoint's
-//! [`register`](LibfabricEndpoint::register) and
-//! [`register_shared`](LibfabricEndpoint::register_shared). Below it, `remote` holds the
-//! descriptor a peer is given ([`RemoteRegion`]), `registration` holds a
-//! registration's life (`fi_mr_reg` under `mr_mode`, the keys, the holds of operations in
-//! flight, [`Exposure`] and [`MemoryInterface`]), `loans` who may touch a `Local` region's
-//! bytes now (operations' holds, slices, copies), `pool` the parked memory, `copies` the
-//! region's [`read_bytes`](MemoryRegion::read_bytes) and
+//! This module holds the region types ([`MemoryRegion`], [`Segment`]). Below it, `face` holds
+//! every public memory method of the endpoint ([`register`](LibfabricEndpoint::register),
+//! [`register_shared`](LibfabricEndpoint::register_shared),
+//! [`register_buffer`](LibfabricEndpoint::register_buffer),
+//! [`rekey`](LibfabricEndpoint::rekey), [`parked_memory`](LibfabricEndpoint::parked_memory)),
+//! `remote` the descriptor a peer is given ([`RemoteRegion`]), `registration` a registration's
+//! life (`fi_mr_reg` under `mr_mode`, the keys, the holds of operations in flight,
+//! [`Exposure`] and [`MemoryInterface`]), `renewal` a region's key renewed, `loans` who may
+//! touch a `Local` region's bytes now (operations' holds, slices, copies), `pool` the parked
+//! memory, `copies` the region's [`read_bytes`](MemoryRegion::read_bytes) and
 //! [`write_bytes`](MemoryRegion::write_bytes), and `shared_bytes` the atomic copies they (and the
 //! pool's zeroing) make of memory a peer may be writing, and `mapping` the check of a file
-//! mapping's length at registration. The
-//! application's own buffers, registered in place, are [`buffer`](super::buffer)'s, which uses
-//! this module and is used by none of it.
+//! mapping's length at registration. The application's own buffers, registered in place, are
+//! [`buffer`](super::buffer)'s, which uses this module; of this module only `face` uses it (for
+//! [`StableBuffer`](super::buffer::StableBuffer), the type `register_buffer` takes).
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -34,6 +46,7 @@ use super::LibfabricEndpoint;
 use crate::error::DmaError;
 
 mod copies;
+mod face;
 mod loans;
 #[cfg(feature = "memmap2")]
 pub(super) mod mapping;
@@ -80,150 +93,6 @@ pub use self::view::{RegionView, ViewBytes};
 #[derive(Debug)]
 pub struct PooledBuffer {
     _private: (),
-}
-
-impl LibfabricEndpoint {
-    /// Register `len` bytes of fresh zeroed memory for RMA, honouring the provider's
-    /// memory-registration mode (see [`MemoryRegion`]). Where the provider does not choose keys,
-    /// the key is a fresh random 64-bit number (below). The memory comes from the endpoint's
-    /// parked memory when a buffer of its size class is past its quarantine (see
-    /// [`PooledBuffer`]), else from the allocator.
-    ///
-    /// # Keys
-    ///
-    /// Where the endpoint chooses the key (no `FI_MR_PROV_KEY`), each registration requests a fresh
-    /// random 64-bit key (retrying `-FI_ENOKEY`, a key already in use, up to
-    /// [`REGION_KEY_ATTEMPTS`] times): one endpoint's descriptor is not valid at another whose
-    /// regions have the same shape, and a peer cannot guess a key it was not given. The source is
-    /// one `std` `RandomState` per endpoint hashing a counter: a SipHash under a 128-bit key that
-    /// `std` draws from the operating system's random source (`getrandom(2)`, once per thread, then
-    /// stepped for each new `RandomState`). No new dependency, no file descriptor, no failure path,
-    /// a few nanoseconds per key, and the outputs are unpredictable to anyone who does not hold
-    /// that key, which never leaves the process. It is a keyed hash (SipHash-1-3 today), not a
-    /// CSPRNG: the defence it gives is against guessing, which is what a key is for here. (Reading
-    /// `/dev/urandom` per key would cost a file descriptor or three system calls per registration,
-    /// and can fail; `getrandom(2)` through `libc` would be a new dependency.)
-    ///
-    /// # Errors
-    /// [`DmaError::InvalidArgument`] when the endpoint was opened without
-    /// [`Configuration::rma`](crate::configuration::Configuration::rma), for `len` 0 or above
-    /// [`MAX_REGION_LEN`] (naming both), when the
-    /// system cannot allocate `len` bytes, or for a provider that asks for `FI_MR_RAW`;
-    /// [`DmaError::Fabric`] when `fi_mr_reg` (after
-    /// [`REGION_KEY_ATTEMPTS`] keys already in use),
-    /// `fi_mr_bind` or `fi_mr_enable` fails. Nothing is left registered on an error.
-    ///
-    /// ```
-    /// use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
-    ///
-    /// let configuration = Configuration { rma: true, ..Configuration::default() };
-    /// let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
-    /// let Err(DmaError::InvalidArgument(reason)) = endpoint.register(1 << 44) else {
-    ///     panic!("16 TiB is above the bound");
-    /// };
-    /// assert!(reason.contains("17592186044416"), "{reason}");
-    /// # Ok::<(), DmaError>(())
-    /// ```
-    pub fn register(&self, len: usize) -> Result<MemoryRegion<'_>, DmaError> {
-        self.check_rma()?;
-        // SAFETY: the domain and the endpoint are open, and stay open until every registration
-        // is dropped: a `MemoryRegion` borrows this endpoint (or holds an `Arc` of it), and the
-        // clones held by operations are dropped by `Drop` before the handles close. The pool is
-        // the slab's, which is dropped after the handles close.
-        let registration = unsafe {
-            Registration::new(
-                self.handles.domain,
-                self.handles.ep,
-                self.mr_mode(),
-                len,
-                &self.operations.pool,
-                &mut || self.operations.keys.draw(),
-            )
-        }?;
-        Ok(MemoryRegion::new(registration))
-    }
-
-    /// `primary`'s memory (a region of another endpoint) registered in this endpoint's domain
-    /// too: for a rail set, whose region is one buffer registered on every rail. The new region
-    /// holds `primary`'s registration, so the memory lives until both are dropped (and is parked
-    /// by `primary`'s endpoint).
-    ///
-    /// # Safety
-    /// `primary`'s endpoint outlives this one: its pool frees the memory only once it has closed,
-    /// and a peer's transfer admitted under the new registration may reach the memory until this
-    /// endpoint's domain closes.
-    pub(crate) unsafe fn register_alias(
-        &self,
-        primary: &MemoryRegion<'_>,
-    ) -> Result<MemoryRegion<'_>, DmaError> {
-        self.check_rma()?;
-        // SAFETY: this endpoint's domain and endpoint are open and stay open until every
-        // registration of theirs is dropped (as in `register`); `primary`'s endpoint outlives
-        // this one (the caller's promise).
-        let registration = unsafe {
-            Registration::alias(
-                &primary.inner,
-                self.handles.domain,
-                self.handles.ep,
-                self.mr_mode(),
-                &self.operations.pool,
-                &mut || self.operations.keys.draw(),
-            )
-        }?;
-        Ok(MemoryRegion::new(registration))
-    }
-
-    /// How many bytes of dropped regions' memory the endpoint holds now, counted as allocated
-    /// (a pooled buffer's size class; an application's buffer's
-    /// [`StableBuffer::capacity`](super::buffer::StableBuffer::capacity), so a `Vec`'s capacity,
-    /// not its length): memory a peer's
-    /// transfer admitted before the drop may still reach, so it is freed only when the endpoint
-    /// drops, and reused meanwhile by later registrations of the same size class (see
-    /// [`MemoryRegion`], "Parking"). Bounded by the peak of registered memory, plus the
-    /// quarantine of each size class ([`PooledBuffer`]).
-    ///
-    /// ```
-    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
-    ///
-    /// let configuration = Configuration { rma: true, ..Configuration::default() };
-    /// let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
-    /// assert_eq!(0, endpoint.parked_memory());
-    /// drop(endpoint.register(1 << 20)?);
-    /// assert_eq!(1 << 20, endpoint.parked_memory(), "parked, not freed");
-    /// for _ in 0..100 {
-    ///     drop(endpoint.register(1 << 20)?); // reuses parked memory past the quarantine
-    /// }
-    /// assert!(endpoint.parked_memory() <= 4 << 20, "{}", endpoint.parked_memory());
-    /// # Ok::<(), dma_libfabric::DmaError>(())
-    /// ```
-    pub fn parked_memory(&self) -> usize {
-        self.operations.pool.parked()
-    }
-
-    /// [`register`](Self::register) for an endpoint shared through an `Arc`: the region keeps
-    /// the endpoint alive rather than borrowing it, so it can be stored beside it (a client that
-    /// advertises its memory for as long as it lives).
-    ///
-    /// # Errors
-    /// As `register`.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use dma_libfabric::{Configuration, LibfabricEndpoint, MemoryRegion};
-    ///
-    /// let configuration = Configuration { rma: true, ..Configuration::default() };
-    /// let endpoint = Arc::new(LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?);
-    /// let region: MemoryRegion<'static> = endpoint.register_shared(64)?;
-    /// drop(endpoint); // the region still holds it
-    /// assert_eq!(64, region.len());
-    /// # Ok::<(), dma_libfabric::DmaError>(())
-    /// ```
-    pub fn register_shared(
-        self: &Arc<Self>,
-        len: usize,
-    ) -> Result<MemoryRegion<'static>, DmaError> {
-        Ok(self.register(len)?.owned_by(Arc::clone(self)))
-    }
 }
 
 /// A registered buffer of this process: the local side of this endpoint's RMA operations and,

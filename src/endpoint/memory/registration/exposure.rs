@@ -1,10 +1,12 @@
 //! What a registration is of: who may reach its memory ([`Exposure`]) and where the memory
-//! lives ([`MemoryInterface`]), and how `fi_mr_regattr` is told where it lives.
+//! lives ([`MemoryInterface`]), and whether a provider can register memory that lives there:
+//! device memory only where `fi_getinfo` answered `FI_HMEM`, checked before any registration.
 
 #[cfg(doc)] // for the docs' links
 use crate::endpoint::LibfabricEndpoint;
 #[cfg(doc)]
 use crate::endpoint::memory::MemoryRegion;
+use crate::error::DmaError;
 use dma_libfabric_sys as sys;
 
 /// Who may reach a buffer registered with [`LibfabricEndpoint::register_buffer`].
@@ -68,5 +70,23 @@ impl MemoryInterface {
             Self::Ze { device } => Some((sys::FI_HMEM_ZE, device)),
             Self::Neuron { device } => Some((sys::FI_HMEM_NEURON, device)),
         }
+    }
+
+    /// Whether a provider whose `fi_info` answered `caps` can register memory that lives here:
+    /// host memory always (through `FI_HMEM_SYSTEM` too), device memory only with `FI_HMEM`.
+    ///
+    /// # Errors
+    /// [`DmaError::Unsupported`] for device memory without `FI_HMEM` in `caps`, naming the
+    /// interface, `provider` and the capabilities.
+    pub(crate) fn check_offered(self, caps: u64, provider: &str) -> Result<(), DmaError> {
+        if self.is_host() || 0 != caps & sys::FI_HMEM {
+            return Ok(());
+        }
+        Err(DmaError::Unsupported(format!(
+            "{self:?} memory needs FI_HMEM, and fi_getinfo answered {provider} with caps {caps:#x}, \
+             without FI_HMEM ({:#x}): open the endpoint with Configuration::hmem on a provider \
+             that offers it, or register host memory",
+            sys::FI_HMEM
+        )))
     }
 }
