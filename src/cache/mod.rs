@@ -4,7 +4,8 @@
 //! removal; the eight guarantees; why a resolve under a pin can be told to wait; drop) is on
 //! [`AddressCache`], where a user reads it. The proofs are the rooms': the writer's protocol and
 //! its bounds in bytes in `writer`, the lease counters' orderings in `lease`, the patience's
-//! answer in `blocking`, the doorbell's lost-wake-up argument in `doorbell`.
+//! answer in `blocking`, the doorbell's lost-wake-up argument in `doorbell`. How a reader's miss
+//! reaches the writer is `reader_side`'s.
 
 mod blocking;
 mod budget;
@@ -16,6 +17,7 @@ pub(crate) mod index;
 mod lease;
 mod lease_counts;
 mod pinned;
+mod reader_side;
 mod reply;
 mod role;
 mod senders;
@@ -25,7 +27,6 @@ mod stored;
 pub(crate) mod writer;
 
 use std::marker::PhantomData;
-use std::time::Duration;
 
 use self::epoch::Epochs;
 use self::inbox::Inbox;
@@ -33,140 +34,21 @@ pub(crate) use self::inbox::ReleaseQueue;
 use self::index::RegistrationIndex;
 pub use self::lease::Lease;
 pub use self::pinned::{Peer, Pinned};
+use self::reader_side::{ReaderSide, on_writer_thread, pinned_here};
 /// The writer role, for the loom models (`loom_tests/`).
 #[cfg(dma_loom)]
 pub use self::role::{Role, Served, Take};
 pub use self::stats::CacheStats;
-use self::stored::StoredAddress;
-use self::writer::{BATCH, INBOX_BOUND, Reply, Request, SharedState, Writer, on_writer_of};
+use self::writer::{INBOX_BOUND, Request, SharedState, Writer, on_writer_of};
 use crate::address::AddressFormat;
 /// The AV trait lives in [`crate::av`]; re-exported here, where the cache is generic over it.
 pub use crate::av::AvBackend;
 use crate::av::FabricAv;
+#[cfg(doc)] // for the docs' links
 use crate::error::DmaError;
 use crate::sync::{Arc, TrySendError, bounded, mpsc, thread};
+#[cfg(feature = "model")]
 use dma_libfabric_sys::fi_addr_t;
-
-/// What a reader needs, whatever the backend.
-struct ReaderSide {
-    /// Unique among the caches of this process, so a [`Peer`] can be checked against the cache
-    /// (and so the endpoint) it came from.
-    id: u64,
-    shared: Arc<SharedState>,
-    epochs: Epochs,
-    /// The writer's inbox: bounded, so a flood of queued misses waits instead of growing memory.
-    requests: Inbox,
-    format: AddressFormat,
-    address_len: usize,
-    /// The identity's length for every address of `address_len` bytes; `None` if the format
-    /// refuses that length (then every resolve is an `InvalidAddress`).
-    identity_len: Option<usize>,
-    /// The same for every sealed address (`address_len` bytes and a seal).
-    sealed_identity_len: Option<usize>,
-    /// The longest any call waits (see `blocking`).
-    patience: Duration,
-}
-
-/// The error for `call`, which may wait for a parked incarnation, made by a thread that holds a
-/// pin of the cache, which that incarnation would wait for: `instead` says what to use.
-fn pinned_here(call: &str, instead: &str) -> DmaError {
-    DmaError::InvalidArgument(format!(
-        "{call} called by a thread that holds a Pinned of this cache, which a parked incarnation \
-         would wait for: use {instead}"
-    ))
-}
-
-/// The error for a call that would wait for the writer, made on the writer's own thread.
-fn on_writer_thread(call: &str) -> DmaError {
-    DmaError::InvalidArgument(format!(
-        "{call} was called by the thread that holds the address cache's writer role (the writer \
-         thread, or a caller serving its miss: from a tracing subscriber or an AvBackend?), where \
-         waiting for the writer would wait for ever"
-    ))
-}
-
-impl ReaderSide {
-    /// Send the writer a miss, waiting for room in its inbox.
-    fn ask(&self, client: u64, address: &[u8], reply: Reply) -> Result<(), DmaError> {
-        let address = self.stored(address)?;
-        if on_writer_of(self.id) {
-            return Err(on_writer_thread("a resolve or lease that missed"));
-        }
-        self.requests
-            .send_and_serve(Request::Resolve {
-                client,
-                address,
-                reply,
-            })
-            .map_err(|_| DmaError::Closed)
-    }
-
-    /// Send the writer `misses` in chunks of at most [`BATCH`], all before waiting (so the writer
-    /// goes from one chunk to the next without a hand-off), then take its one answer a chunk:
-    /// each entry's result, in the order of `misses`. The writer applies requests in order, and
-    /// one channel carries every chunk's answer, so they arrive in order.
-    fn ask_chunks(&self, misses: &[(u64, StoredAddress)]) -> Vec<Result<fi_addr_t, DmaError>> {
-        let refused = |error: DmaError| misses.iter().map(|_| Err(error.clone())).collect();
-        if on_writer_of(self.id) {
-            return refused(on_writer_thread("resolve_all or lease_all"));
-        }
-        let (reply, answers) = mpsc::channel();
-        let mut sent = 0;
-        for chunk in misses.chunks(BATCH) {
-            // The chunk's misses count against the inbox's bound (see `budget`).
-            self.shared.chunk_misses.take(chunk.len());
-            let request = Request::ResolveChunk {
-                requests: chunk.to_vec(),
-                reply: reply.clone(),
-            };
-            // Served at once if the role is free, so a sender of more misses than the budget
-            // holds never waits on its own queued chunks.
-            if self.requests.send_and_serve(request).is_err() {
-                self.shared.chunk_misses.give_back(chunk.len());
-                break;
-            }
-            sent += chunk.len();
-        }
-        drop(reply);
-        let mut results = Vec::with_capacity(misses.len());
-        while results.len() < sent {
-            match answers.recv() {
-                Ok(chunk) => results.extend(chunk),
-                Err(_) => break,
-            }
-        }
-        // Whatever was not sent or not answered: the writer has stopped.
-        results.resize_with(misses.len(), || Err(DmaError::Closed));
-        results
-    }
-
-    /// `address`, checked, as a request carries it: inline, so a miss allocates no key. Only a
-    /// miss gets here, so this is where an all-zero address is refused (a hit never finds one:
-    /// the writer's own check keeps it out of the index).
-    fn stored(&self, address: &[u8]) -> Result<StoredAddress, DmaError> {
-        let identity_len = self.identity_len(address)?;
-        crate::address::refuse_unset(&address[..self.address_len.min(address.len())])?;
-        crate::address::secret_of(address, self.address_len)?;
-        Ok(StoredAddress::new(address, identity_len))
-    }
-
-    /// How many leading bytes of `address` are its identity, once it is checked: the length the
-    /// format gives for every address of the right length, worked out once per cache, so a hit
-    /// costs one length comparison. A wrong length (or a layout the format refuses) takes the
-    /// format's own check, for its error.
-    #[inline]
-    fn identity_len(&self, address: &[u8]) -> Result<usize, DmaError> {
-        match (self.identity_len, self.sealed_identity_len) {
-            (Some(identity_len), _) if address.len() == self.address_len => Ok(identity_len),
-            (_, Some(identity_len))
-                if address.len() == self.address_len + crate::address::SEAL_LEN =>
-            {
-                Ok(identity_len)
-            }
-            _ => self.format.identity_len(address, self.address_len),
-        }
-    }
-}
 
 /// A cache of address-vector entries shared by many posting threads.
 ///

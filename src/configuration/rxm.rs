@@ -3,7 +3,7 @@
 
 #[cfg(doc)] // for the docs' links
 use super::Configuration;
-use super::within;
+use super::bounds::within;
 use crate::error::DmaError;
 
 /// rxm's buffer sizes, which libfabric reads only from `FI_OFI_RXM_*` environment variables at

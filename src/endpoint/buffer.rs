@@ -8,16 +8,17 @@
 //!
 //! Who may touch the bytes and when, why that is sound, and the bounds are on [`StableBuffer`],
 //! where a user reads them. The access word that counts a `Local` region's slices and operations
-//! is `access.rs`'s.
+//! is `access.rs`'s; `register_buffer` itself is `memory/face.rs`'s, with the endpoint's other
+//! memory methods.
 
 use std::ops::Deref;
 use std::sync::Arc;
 
+#[cfg(doc)] // for the docs' links
 use super::LibfabricEndpoint;
 use super::memory::MemoryRegion;
 use super::memory::registration::{Exposure, MemoryInterface, Registration};
 use crate::error::DmaError;
-use dma_libfabric_sys as sys;
 
 /// A buffer whose bytes stay at one address, with one length, for as long as it is owned: what
 /// [`LibfabricEndpoint::register_buffer`] registers in place.
@@ -263,97 +264,6 @@ impl std::fmt::Debug for RegionSlice<'_> {
             .debug_struct("RegionSlice")
             .field("len", &self.bytes.len())
             .finish_non_exhaustive()
-    }
-}
-
-impl LibfabricEndpoint {
-    /// Register the application's `buffer` in place, for RMA and as the local side of this
-    /// endpoint's operations: the provider gets the buffer's own address, and nothing is copied.
-    /// The region owns the buffer; see [`StableBuffer`] for who may touch its bytes and when,
-    /// and how it comes back. Device memory (an [`interface`](
-    /// StableBuffer::interface) other than host) goes through `fi_mr_regattr`, and needs a
-    /// provider that offers `FI_HMEM`.
-    ///
-    /// # Errors
-    /// [`DmaError::InvalidArgument`] when the endpoint was opened without
-    /// [`Configuration::rma`](crate::configuration::Configuration::rma), for an empty buffer or one
-    /// longer than [`MAX_REGION_LEN`](super::memory::MAX_REGION_LEN), for a `memmap2::MmapMut`
-    /// that maps a file past its end (see [`StableBuffer`], "File mappings"), or for a provider that asks
-    /// for `FI_MR_RAW`; [`DmaError::Unsupported`] for device memory on a provider that does not
-    /// offer `FI_HMEM` (naming the capabilities `fi_getinfo` answered); [`DmaError::Fabric`] when
-    /// `fi_mr_reg`, `fi_mr_regattr`, `fi_mr_bind` or `fi_mr_enable` fails. The buffer is dropped on
-    /// an error, and nothing is left registered.
-    ///
-    /// ```
-    /// use dma_libfabric::{Configuration, Exposure, LibfabricEndpoint};
-    ///
-    /// let configuration = Configuration { rma: true, ..Configuration::default() };
-    /// let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
-    /// let pages = vec![7_u8; 4096];
-    /// let address = pages.as_ptr() as usize;
-    /// let mut region = endpoint.register_buffer(pages, Exposure::Local)?;
-    /// assert_eq!(address, region.as_slice()?.as_ptr() as usize, "the Vec's own bytes");
-    /// region.as_mut_slice()?[0] = 1; // no copy: the application writes the registered memory
-    /// let pages = region.into_buffer().map_err(|(_, error)| error)?; // and gets it back
-    /// assert_eq!((1, 7, address), (pages[0], pages[1], pages.as_ptr() as usize));
-    /// # Ok::<(), dma_libfabric::DmaError>(())
-    /// ```
-    pub fn register_buffer<B: StableBuffer>(
-        &self,
-        buffer: B,
-        exposure: Exposure,
-    ) -> Result<MemoryRegion<'_, B>, DmaError> {
-        self.check_rma()?;
-        let interface = buffer.interface();
-        self.check_interface(interface)?;
-        // The buffer goes to its resting place first, and its pointer is taken there: nothing
-        // moves it again until it is handed back.
-        let mut buffer = Box::new(buffer);
-        let start = buffer.as_mut_ptr();
-        let len = StableBuffer::len(&*buffer);
-        let held = StableBuffer::capacity(&*buffer);
-        #[cfg(feature = "memmap2")]
-        if std::any::TypeId::of::<B>() == std::any::TypeId::of::<memmap2::MmapMut>() {
-            super::memory::mapping::check_file_backing(start as usize, len)?;
-        }
-        // SAFETY: the domain and the endpoint are open and stay open until every registration
-        // is dropped (as for `register`: a region borrows this endpoint, and operations' holds
-        // are dropped before the handles close); the pool is the slab's, dropped after the
-        // handles close. The `len` bytes at `start` are `buffer`'s (its `StableBuffer`
-        // promise), which the registration owns, calling nothing on it but its `Drop`.
-        let registration = unsafe {
-            Registration::owned(
-                self.handles.domain,
-                self.handles.ep,
-                self.mr_mode(),
-                buffer,
-                (start, len, held),
-                (exposure, interface),
-                &self.operations.pool,
-                &mut || self.operations.keys.draw(),
-            )
-        }?;
-        Ok(MemoryRegion::new(registration))
-    }
-
-    /// Device memory needs `FI_HMEM` from the provider; host memory (through `FI_HMEM_SYSTEM`
-    /// too) does not.
-    fn check_interface(&self, interface: MemoryInterface) -> Result<(), DmaError> {
-        if interface.is_host() {
-            return Ok(());
-        }
-        // SAFETY: the endpoint was opened from `info`, which it frees only when it drops.
-        let caps = unsafe { (*self.handles.info).caps };
-        if 0 != caps & sys::FI_HMEM {
-            return Ok(());
-        }
-        Err(DmaError::Unsupported(format!(
-            "{interface:?} memory needs FI_HMEM, and fi_getinfo answered {} with caps {caps:#x}, \
-             without FI_HMEM ({:#x}): open the endpoint with Configuration::hmem on a provider \
-             that offers it, or register host memory",
-            self.describe().provider,
-            sys::FI_HMEM
-        )))
     }
 }
 

@@ -10,20 +10,33 @@
 //! the size classes and the quarantine on [`PooledBuffer`]; the keys on
 //! [`register`](LibfabricEndpoint::register).
 //!
+//! # Keys
+//!
+//! Where the provider does not choose a region's key (no `FI_MR_PROV_KEY`), every registration
+//! of an endpoint ([`register`](LibfabricEndpoint::register),
+//! [`register_buffer`](LibfabricEndpoint::register_buffer),
+//! [`rekey`](LibfabricEndpoint::rekey)) requests a fresh random key from the endpoint's one
+//! source (`registration/keys.rs`), and draws again while the domain answers that the key is in
+//! use, at most [`REGION_KEY_ATTEMPTS`] times. Why the keys are random, and how they are drawn,
+//! is on [`register`](LibfabricEndpoint::register) ("Keys").
+//!
 //! # Rooms
 //!
-//! This module holds the region types ([`MemoryRegion`], [`Segment`], [`RemoteRegion`]) and
-//! the endpoint's [`register`](LibfabricEndpoint::register) and
-//! [`register_shared`](LibfabricEndpoint::register_shared). Below it, `registration` holds a
-//! registration's life (`fi_mr_reg` under `mr_mode`, the keys, the holds of operations in
-//! flight, [`Exposure`] and [`MemoryInterface`]), `loans` who may touch a `Local` region's
-//! bytes now (operations' holds, slices, copies), `pool` the parked memory, `copies` the
-//! region's [`read_bytes`](MemoryRegion::read_bytes) and
+//! This module holds the region types ([`MemoryRegion`], [`Segment`]). Below it, `face` holds
+//! every public memory method of the endpoint ([`register`](LibfabricEndpoint::register),
+//! [`register_shared`](LibfabricEndpoint::register_shared),
+//! [`register_buffer`](LibfabricEndpoint::register_buffer),
+//! [`rekey`](LibfabricEndpoint::rekey), [`parked_memory`](LibfabricEndpoint::parked_memory)),
+//! `remote` the descriptor a peer is given ([`RemoteRegion`]), `registration` a registration's
+//! life (`fi_mr_reg` under `mr_mode`, the keys, the holds of operations in flight,
+//! [`Exposure`] and [`MemoryInterface`]), `renewal` a region's key renewed, `loans` who may
+//! touch a `Local` region's bytes now (operations' holds, slices, copies), `pool` the parked
+//! memory, `copies` the region's [`read_bytes`](MemoryRegion::read_bytes) and
 //! [`write_bytes`](MemoryRegion::write_bytes), and `shared_bytes` the atomic copies they (and the
 //! pool's zeroing) make of memory a peer may be writing, and `mapping` the check of a file
-//! mapping's length at registration. The
-//! application's own buffers, registered in place, are [`buffer`](super::buffer)'s, which uses
-//! this module and is used by none of it.
+//! mapping's length at registration. The application's own buffers, registered in place, are
+//! [`buffer`](super::buffer)'s, which uses this module; of this module only `face` uses it (for
+//! [`StableBuffer`](super::buffer::StableBuffer), the type `register_buffer` takes).
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -33,17 +46,20 @@ use super::LibfabricEndpoint;
 use crate::error::DmaError;
 
 mod copies;
+mod face;
 mod loans;
 #[cfg(feature = "memmap2")]
 pub(super) mod mapping;
 pub(super) mod pool;
 pub(super) mod registration;
+mod remote;
 mod renewal;
 mod shared_bytes;
 mod view;
 
 pub use self::pool::REGION_REUSE_QUARANTINE;
 pub use self::registration::{MAX_REGION_LEN, REGION_KEY_ATTEMPTS};
+pub use self::remote::RemoteRegion;
 pub use self::view::{RegionView, ViewBytes};
 
 /// The buffer type of a region made by [`LibfabricEndpoint::register`]: the endpoint's own
@@ -77,150 +93,6 @@ pub use self::view::{RegionView, ViewBytes};
 #[derive(Debug)]
 pub struct PooledBuffer {
     _private: (),
-}
-
-impl LibfabricEndpoint {
-    /// Register `len` bytes of fresh zeroed memory for RMA, honouring the provider's
-    /// memory-registration mode (see [`MemoryRegion`]). Where the provider does not choose keys,
-    /// the key is a fresh random 64-bit number (below). The memory comes from the endpoint's
-    /// parked memory when a buffer of its size class is past its quarantine (see
-    /// [`PooledBuffer`]), else from the allocator.
-    ///
-    /// # Keys
-    ///
-    /// Where the endpoint chooses the key (no `FI_MR_PROV_KEY`), each registration requests a fresh
-    /// random 64-bit key (retrying `-FI_ENOKEY`, a key already in use, up to
-    /// [`REGION_KEY_ATTEMPTS`] times): one endpoint's descriptor is not valid at another whose
-    /// regions have the same shape, and a peer cannot guess a key it was not given. The source is
-    /// one `std` `RandomState` per endpoint hashing a counter: a SipHash under a 128-bit key that
-    /// `std` draws from the operating system's random source (`getrandom(2)`, once per thread, then
-    /// stepped for each new `RandomState`). No new dependency, no file descriptor, no failure path,
-    /// a few nanoseconds per key, and the outputs are unpredictable to anyone who does not hold
-    /// that key, which never leaves the process. It is a keyed hash (SipHash-1-3 today), not a
-    /// CSPRNG: the defence it gives is against guessing, which is what a key is for here. (Reading
-    /// `/dev/urandom` per key would cost a file descriptor or three system calls per registration,
-    /// and can fail; `getrandom(2)` through `libc` would be a new dependency.)
-    ///
-    /// # Errors
-    /// [`DmaError::InvalidArgument`] when the endpoint was opened without
-    /// [`Configuration::rma`](crate::configuration::Configuration::rma), for `len` 0 or above
-    /// [`MAX_REGION_LEN`] (naming both), when the
-    /// system cannot allocate `len` bytes, or for a provider that asks for `FI_MR_RAW`;
-    /// [`DmaError::Fabric`] when `fi_mr_reg` (after
-    /// [`REGION_KEY_ATTEMPTS`] keys already in use),
-    /// `fi_mr_bind` or `fi_mr_enable` fails. Nothing is left registered on an error.
-    ///
-    /// ```
-    /// use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint};
-    ///
-    /// let configuration = Configuration { rma: true, ..Configuration::default() };
-    /// let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
-    /// let Err(DmaError::InvalidArgument(reason)) = endpoint.register(1 << 44) else {
-    ///     panic!("16 TiB is above the bound");
-    /// };
-    /// assert!(reason.contains("17592186044416"), "{reason}");
-    /// # Ok::<(), DmaError>(())
-    /// ```
-    pub fn register(&self, len: usize) -> Result<MemoryRegion<'_>, DmaError> {
-        self.check_rma()?;
-        // SAFETY: the domain and the endpoint are open, and stay open until every registration
-        // is dropped: a `MemoryRegion` borrows this endpoint (or holds an `Arc` of it), and the
-        // clones held by operations are dropped by `Drop` before the handles close. The pool is
-        // the slab's, which is dropped after the handles close.
-        let registration = unsafe {
-            Registration::new(
-                self.handles.domain,
-                self.handles.ep,
-                self.mr_mode(),
-                len,
-                &self.operations.pool,
-                &mut || self.operations.keys.draw(),
-            )
-        }?;
-        Ok(MemoryRegion::new(registration))
-    }
-
-    /// `primary`'s memory (a region of another endpoint) registered in this endpoint's domain
-    /// too: for a rail set, whose region is one buffer registered on every rail. The new region
-    /// holds `primary`'s registration, so the memory lives until both are dropped (and is parked
-    /// by `primary`'s endpoint).
-    ///
-    /// # Safety
-    /// `primary`'s endpoint outlives this one: its pool frees the memory only once it has closed,
-    /// and a peer's transfer admitted under the new registration may reach the memory until this
-    /// endpoint's domain closes.
-    pub(crate) unsafe fn register_alias(
-        &self,
-        primary: &MemoryRegion<'_>,
-    ) -> Result<MemoryRegion<'_>, DmaError> {
-        self.check_rma()?;
-        // SAFETY: this endpoint's domain and endpoint are open and stay open until every
-        // registration of theirs is dropped (as in `register`); `primary`'s endpoint outlives
-        // this one (the caller's promise).
-        let registration = unsafe {
-            Registration::alias(
-                &primary.inner,
-                self.handles.domain,
-                self.handles.ep,
-                self.mr_mode(),
-                &self.operations.pool,
-                &mut || self.operations.keys.draw(),
-            )
-        }?;
-        Ok(MemoryRegion::new(registration))
-    }
-
-    /// How many bytes of dropped regions' memory the endpoint holds now, counted as allocated
-    /// (a pooled buffer's size class; an application's buffer's
-    /// [`StableBuffer::capacity`](super::buffer::StableBuffer::capacity), so a `Vec`'s capacity,
-    /// not its length): memory a peer's
-    /// transfer admitted before the drop may still reach, so it is freed only when the endpoint
-    /// drops, and reused meanwhile by later registrations of the same size class (see
-    /// [`MemoryRegion`], "Parking"). Bounded by the peak of registered memory, plus the
-    /// quarantine of each size class ([`PooledBuffer`]).
-    ///
-    /// ```
-    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
-    ///
-    /// let configuration = Configuration { rma: true, ..Configuration::default() };
-    /// let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
-    /// assert_eq!(0, endpoint.parked_memory());
-    /// drop(endpoint.register(1 << 20)?);
-    /// assert_eq!(1 << 20, endpoint.parked_memory(), "parked, not freed");
-    /// for _ in 0..100 {
-    ///     drop(endpoint.register(1 << 20)?); // reuses parked memory past the quarantine
-    /// }
-    /// assert!(endpoint.parked_memory() <= 4 << 20, "{}", endpoint.parked_memory());
-    /// # Ok::<(), dma_libfabric::DmaError>(())
-    /// ```
-    pub fn parked_memory(&self) -> usize {
-        self.operations.pool.parked()
-    }
-
-    /// [`register`](Self::register) for an endpoint shared through an `Arc`: the region keeps
-    /// the endpoint alive rather than borrowing it, so it can be stored beside it (a client that
-    /// advertises its memory for as long as it lives).
-    ///
-    /// # Errors
-    /// As `register`.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use dma_libfabric::{Configuration, LibfabricEndpoint, MemoryRegion};
-    ///
-    /// let configuration = Configuration { rma: true, ..Configuration::default() };
-    /// let endpoint = Arc::new(LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?);
-    /// let region: MemoryRegion<'static> = endpoint.register_shared(64)?;
-    /// drop(endpoint); // the region still holds it
-    /// assert_eq!(64, region.len());
-    /// # Ok::<(), dma_libfabric::DmaError>(())
-    /// ```
-    pub fn register_shared(
-        self: &Arc<Self>,
-        len: usize,
-    ) -> Result<MemoryRegion<'static>, DmaError> {
-        Ok(self.register(len)?.owned_by(Arc::clone(self)))
-    }
 }
 
 /// A registered buffer of this process: the local side of this endpoint's RMA operations and,
@@ -557,117 +429,6 @@ impl Segment<'_> {
     /// Always `false`: segments are never empty.
     pub fn is_empty(&self) -> bool {
         0 == self.len
-    }
-}
-/// What a peer advertises so that others may write into or read from its memory: the address to
-/// post against (the virtual address under `FI_MR_VIRT_ADDR`, else an offset from 0), the key,
-/// and the length.
-///
-/// Encoded as 24 bytes, little-endian: address, key, length.
-///
-/// ```
-/// use dma_libfabric::{DmaError, RemoteRegion};
-///
-/// let remote = RemoteRegion { address: 0x1000, key: 7, len: 64 };
-/// let bytes = remote.to_bytes();
-/// assert_eq!(remote, RemoteRegion::from_bytes(&bytes)?);
-/// assert!(matches!(RemoteRegion::from_bytes(&bytes[..23]), Err(DmaError::InvalidArgument(_))));
-///
-/// let tail = remote.slice(60, 4)?; // the last four bytes
-/// assert_eq!((0x1000 + 60, 4), (tail.address, tail.len));
-/// assert!(remote.slice(61, 4).is_err());
-/// # Ok::<(), DmaError>(())
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RemoteRegion {
-    /// The address of the first byte, as RMA calls take it.
-    pub address: u64,
-    /// The registration's key.
-    pub key: u64,
-    /// How many bytes may be written or read from `address`.
-    pub len: u64,
-}
-
-impl RemoteRegion {
-    /// The length of [`to_bytes`](Self::to_bytes).
-    pub const ENCODED_LEN: usize = 24;
-
-    /// The fixed little-endian layout: address, key, length.
-    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
-        let mut bytes = [0; Self::ENCODED_LEN];
-        bytes[0..8].copy_from_slice(&self.address.to_le_bytes());
-        bytes[8..16].copy_from_slice(&self.key.to_le_bytes());
-        bytes[16..24].copy_from_slice(&self.len.to_le_bytes());
-        bytes
-    }
-
-    /// Parse [`to_bytes`](Self::to_bytes)'s layout.
-    ///
-    /// # Errors
-    /// [`DmaError::InvalidArgument`] for anything but exactly
-    /// [`ENCODED_LEN`](Self::ENCODED_LEN) bytes, an empty region, or one whose end overflows.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, DmaError> {
-        let Ok(bytes) = <&[u8; Self::ENCODED_LEN]>::try_from(bytes) else {
-            return Err(DmaError::InvalidArgument(format!(
-                "a remote region is {} bytes, not {}",
-                Self::ENCODED_LEN,
-                bytes.len()
-            )));
-        };
-        let word = |at: usize| {
-            let mut word = [0; 8];
-            word.copy_from_slice(&bytes[at..at + 8]);
-            u64::from_le_bytes(word)
-        };
-        let remote = Self {
-            address: word(0),
-            key: word(8),
-            len: word(16),
-        };
-        if 0 == remote.len || remote.address.checked_add(remote.len).is_none() {
-            return Err(DmaError::InvalidArgument(format!(
-                "a remote region of {} bytes at {:#x} is empty or overflows",
-                remote.len, remote.address
-            )));
-        }
-        Ok(remote)
-    }
-
-    /// `len` bytes at `offset` of this region.
-    ///
-    /// # Errors
-    /// [`DmaError::InvalidArgument`] for an empty range, one that does not fit, or one whose
-    /// address plus length overflows (libfabric's `ofi_mr_map_verify` adds them unchecked; see
-    /// `docs/rma.md`, "libfabric's `ofi_mr_map_verify` does not check for overflow").
-    ///
-    /// ```
-    /// use dma_libfabric::RemoteRegion;
-    ///
-    /// // Built by hand (the fields are public), so `from_bytes` never checked it.
-    /// let wrapping = RemoteRegion { address: u64::MAX - 15, key: 1, len: 64 };
-    /// assert!(wrapping.slice(0, 8).is_ok(), "ends below 2^64");
-    /// assert!(wrapping.slice(8, 8).is_err(), "ends at 2^64: address + len overflows");
-    /// assert!(wrapping.slice(16, 8).is_err(), "starts past the end of the address space");
-    /// ```
-    pub fn slice(&self, offset: u64, len: u64) -> Result<Self, DmaError> {
-        let end = offset.checked_add(len);
-        let address = self.address.checked_add(offset);
-        match (end, address) {
-            (Some(end), Some(address))
-                if 0 < len && end <= self.len && address.checked_add(len).is_some() =>
-            {
-                Ok(Self {
-                    address,
-                    key: self.key,
-                    len,
-                })
-            }
-            _ => Err(DmaError::InvalidArgument(format!(
-                "{len} bytes at offset {offset} do not fit a {}-byte remote region at {:#x}, or \
-                 their end overflows",
-                self.len, self.address
-            ))),
-        }
     }
 }
 

@@ -11,18 +11,15 @@
 //!
 //! A registration covers 1 to [`MAX_REGION_LEN`] bytes; one registration tries at most
 //! [`REGION_KEY_ATTEMPTS`] keys. [`Keys`] holds one hasher and one counter per endpoint.
+//!
+//! Below it: `opening` opens a registration (and renews its key), `keys` draws the keys, and
+//! `exposure` says what a registration is of ([`Exposure`], [`MemoryInterface`]).
 
 use std::any::Any;
-#[cfg(test)]
-use std::collections::VecDeque;
-use std::collections::hash_map::RandomState;
 use std::ffi::c_void;
-use std::hash::BuildHasher;
 use std::ptr;
 use std::sync::Arc;
-#[cfg(test)]
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 #[cfg(doc)] // for the docs' links
 use super::MemoryRegion;
@@ -33,7 +30,13 @@ use crate::endpoint::access::AccessWord;
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
 
+mod exposure;
+mod keys;
 mod opening;
+
+pub use self::exposure::{Exposure, MemoryInterface};
+pub(crate) use self::keys::Keys;
+pub use self::keys::REGION_KEY_ATTEMPTS;
 
 /// The longest region [`register`](crate::endpoint::LibfabricEndpoint::register) accepts: 1 TiB.
 ///
@@ -44,115 +47,6 @@ mod opening;
 /// registers and far below the sizes whose arithmetic overflows; a length under it that the
 /// system cannot allocate is an error too, never an abort.
 pub const MAX_REGION_LEN: usize = 1 << 40;
-
-/// How many random keys registration tries when the provider answers `-FI_ENOKEY` (the key is
-/// in use in the domain) before it gives up with that error.
-pub const REGION_KEY_ATTEMPTS: usize = 8;
-
-/// The keys an endpoint requests where the provider does not choose them (no
-/// `FI_MR_PROV_KEY`): each is `hasher.hash_one(counter)`, a SipHash of a counter under a key
-/// `std` drew from the operating system's random source (see
-/// [`register`](crate::endpoint::LibfabricEndpoint::register), "Keys").
-pub(crate) struct Keys {
-    hasher: RandomState,
-    /// The counter `hasher` hashes: a new input for every key drawn.
-    next: AtomicU64,
-    /// Keys a test wants requested first, in order.
-    #[cfg(test)]
-    pub(crate) forced: Mutex<VecDeque<u64>>,
-}
-
-impl Keys {
-    /// A fresh source, under a key of its own.
-    pub(crate) fn new() -> Self {
-        Self {
-            hasher: RandomState::new(),
-            next: AtomicU64::new(0),
-            #[cfg(test)]
-            forced: Mutex::new(VecDeque::new()),
-        }
-    }
-
-    /// A fresh random key to request (never `FI_KEY_NOTAVAIL`, `u64::MAX`).
-    pub(crate) fn draw(&self) -> u64 {
-        #[cfg(test)]
-        if let Some(key) = crate::sync::lock(&self.forced).pop_front() {
-            return key;
-        }
-        loop {
-            let key = self
-                .hasher
-                .hash_one(self.next.fetch_add(1, Ordering::Relaxed));
-            if u64::MAX != key {
-                return key;
-            }
-        }
-    }
-}
-
-/// Who may reach a buffer registered with [`LibfabricEndpoint::register_buffer`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Exposure {
-    /// Only this endpoint's own writes and reads, as their local side: no remote access flag,
-    /// and no key a peer could use. Lends slices when no operation holds it, and gives the
-    /// buffer back ([`MemoryRegion::into_buffer`]).
-    Local,
-    /// Peers may write into it and read from it with the key in
-    /// [`remote`](MemoryRegion::remote): safe code gets only copies and atomic views
-    /// ([`MemoryRegion::view`]), and the buffer is parked on drop until the endpoint closes
-    /// ([`LibfabricEndpoint::rekey`] renews the key and keeps it instead).
-    Remote,
-}
-
-/// Where a buffer's bytes live: libfabric's `fi_hmem_iface` and its device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum MemoryInterface {
-    /// Host memory, registered with `fi_mr_reg`.
-    #[default]
-    Host,
-    /// Host memory registered through libfabric's heterogeneous-memory path (`fi_mr_regattr`
-    /// with `FI_HMEM_SYSTEM`): what a device buffer takes, with host memory.
-    System,
-    /// NVIDIA GPU memory (`FI_HMEM_CUDA`) of CUDA device `device`.
-    Cuda {
-        /// The CUDA device ordinal.
-        device: i32,
-    },
-    /// AMD GPU memory (`FI_HMEM_ROCR`).
-    Rocr,
-    /// Intel GPU memory (`FI_HMEM_ZE`) of `device`, as `fi_hmem_ze_device(driver, device)`
-    /// encodes it.
-    Ze {
-        /// The encoded driver and device.
-        device: i32,
-    },
-    /// AWS Trainium/Inferentia memory (`FI_HMEM_NEURON`) of `device`.
-    Neuron {
-        /// The Neuron device.
-        device: i32,
-    },
-}
-
-impl MemoryInterface {
-    /// Whether host code may read and write the bytes ([`Host`](Self::Host),
-    /// [`System`](Self::System)).
-    pub fn is_host(self) -> bool {
-        matches!(self, Self::Host | Self::System)
-    }
-
-    /// `fi_mr_attr`'s `iface` and `device` for `fi_mr_regattr`, or `None` for plain `fi_mr_reg`.
-    pub(crate) fn hmem(self) -> Option<(sys::fi_hmem_iface, i32)> {
-        match self {
-            Self::Host => None,
-            Self::System => Some((sys::FI_HMEM_SYSTEM, 0)),
-            Self::Cuda { device } => Some((sys::FI_HMEM_CUDA, device)),
-            Self::Rocr => Some((sys::FI_HMEM_ROCR, 0)),
-            Self::Ze { device } => Some((sys::FI_HMEM_ZE, device)),
-            Self::Neuron { device } => Some((sys::FI_HMEM_NEURON, device)),
-        }
-    }
-}
 
 /// The memory a registration covers.
 enum Memory {
