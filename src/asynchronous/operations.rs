@@ -20,6 +20,8 @@ use super::{AsyncEndpoint, POST_PATIENCE};
 use crate::cache::{Lease, Peer};
 use crate::endpoint::deadline::Deadline;
 use crate::endpoint::engine::{Sink, WakerSink};
+use crate::endpoint::rma::messages;
+use crate::endpoint::vectored;
 use crate::endpoint::{
     Completion, LibfabricEndpoint, Notification, Operation, Received, RemoteRegion, RmaCall,
     Segment,
@@ -125,7 +127,7 @@ impl AsyncEndpoint {
         source: Segment<'_>,
     ) -> Result<Completion, DmaError> {
         self.posted(|endpoint, sink| {
-            endpoint.send_from_to(lease.clone(), source, 0, Duration::ZERO, sink)
+            messages::send_from_to(endpoint, lease.clone(), source, 0, Duration::ZERO, sink)
         })
         .await
     }
@@ -143,7 +145,7 @@ impl AsyncEndpoint {
     /// As [`LibfabricEndpoint::receive_into`], at the post; the completion's own error (a message
     /// longer than the destination: `FI_ETRUNC`) in [`Completion::result`].
     pub async fn receive_into(&self, destination: Segment<'_>) -> Result<Completion, DmaError> {
-        self.posted(|endpoint, sink| endpoint.receive_into_to(destination, 0, sink))
+        self.posted(|endpoint, sink| messages::receive_into_to(endpoint, destination, 0, sink))
             .await
     }
 
@@ -162,7 +164,8 @@ impl AsyncEndpoint {
         data: u64,
     ) -> Result<Completion, DmaError> {
         self.posted(|endpoint, sink| {
-            endpoint.write_with_data_to(
+            vectored::write_with_data_to(
+                endpoint,
                 lease.clone(),
                 source,
                 target,
@@ -189,7 +192,8 @@ impl AsyncEndpoint {
         target: RemoteRegion,
     ) -> Result<Completion, DmaError> {
         self.posted(|endpoint, sink| {
-            endpoint.post_vectored(
+            vectored::post_vectored(
+                endpoint,
                 Operation::Write,
                 lease.clone(),
                 sources,
@@ -214,7 +218,8 @@ impl AsyncEndpoint {
         source: RemoteRegion,
     ) -> Result<Completion, DmaError> {
         self.posted(|endpoint, sink| {
-            endpoint.post_vectored(
+            vectored::post_vectored(
+                endpoint,
                 Operation::Read,
                 lease.clone(),
                 destinations,

@@ -3,12 +3,16 @@
 //! drive it, and every wait for one sleeps (see `wait`). A waiter takes from the ready queue only
 //! the completion it waits for, so no waiter holds another's completion while it waits.
 
+use super::credits::flow;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::LibfabricEndpoint;
+use super::credits::What;
 use super::deadline::Deadline;
 use super::engine::Completion;
+use super::in_flight::{self, OverdueOperation};
+use super::rma::notifications::Notification;
 use crate::error::DmaError;
 
 impl LibfabricEndpoint {
@@ -120,5 +124,87 @@ impl LibfabricEndpoint {
             self.progress();
             (!std::mem::take(&mut first)).then_some(())
         });
+    }
+
+    /// How long the oldest RMA operation in flight has been in flight; `None` when none is. A
+    /// snapshot, read without a lock (see [`OverdueOperation`] for what it guarantees).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
+    ///
+    /// let endpoint = LibfabricEndpoint::open(&Configuration { rma: true, ..Configuration::default() }, None)?;
+    /// assert_eq!(None, endpoint.oldest_operation_age());
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn oldest_operation_age(&self) -> Option<Duration> {
+        let operations = &self.operations;
+        in_flight::oldest_age(operations.posted_at(), operations.born.elapsed())
+    }
+
+    /// Append to `out` every RMA operation that has been in flight for at least `deadline`, and
+    /// return how many were appended. The operations stay in flight (this call only reports
+    /// them): the caller decides what an overdue peer means to it. A snapshot, read without a
+    /// lock; [`OverdueOperation`] says why a server watches it, and what it guarantees.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
+    ///
+    /// let endpoint = LibfabricEndpoint::open(&Configuration { rma: true, ..Configuration::default() }, None)?;
+    /// let mut overdue = Vec::new();
+    /// endpoint.overdue_operations(Duration::from_secs(5), &mut overdue);
+    /// for operation in &overdue {
+    ///     println!(
+    ///         "{:?} {} to client {:?} (peer {:#x}) in flight for {:?}",
+    ///         operation.operation, operation.id, operation.client, operation.peer, operation.age
+    ///     );
+    /// }
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn overdue_operations(&self, deadline: Duration, out: &mut Vec<OverdueOperation>) -> usize {
+        let operations = &self.operations;
+        in_flight::overdue(
+            operations.posted_at(),
+            operations.born.elapsed(),
+            deadline,
+            out,
+        )
+    }
+
+    /// Read the receive queue, then move every [`Notification`] that has arrived into `out`,
+    /// oldest first. Returns how many it added.
+    ///
+    /// It delivers every notification whatever else the application's loop calls: it reads the
+    /// receive queue itself (messages it meets there are set aside, in order, for the next
+    /// [`try_receive`](Self::try_receive) or [`receive`](Self::receive), which also set aside
+    /// the notifications they meet). A target loop of `poll_notifications` alone works, and so
+    /// does one that also calls [`progress`](Self::progress) or `receive`.
+    pub fn poll_notifications(&self, out: &mut Vec<Notification>) -> usize {
+        self.reap_receive_queue();
+        let taken = self.operations.notifications.take_all();
+        let count = taken.len();
+        for (notification, sender) in taken {
+            // The application has it: its writer's notification credit is paid back.
+            flow::consumed(self, None, sender, What::Notification);
+            out.push(notification);
+        }
+        count
+    }
+
+    /// The oldest notification that has arrived, the receive queue read first (the async face's
+    /// `notification`).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async face's
+    pub(crate) fn next_notification(&self) -> Option<Notification> {
+        self.reap_receive_queue();
+        let (notification, sender) = self.operations.notifications.take_oldest()?;
+        flow::consumed(self, None, sender, What::Notification);
+        Some(notification)
+    }
+
+    /// How many notifications were dropped, oldest first, because
+    /// [`Configuration::cq_size`](crate::configuration::Configuration::cq_size) were already waiting.
+    pub fn dropped_notifications(&self) -> u64 {
+        self.operations.notifications.dropped()
     }
 }

@@ -12,6 +12,7 @@
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
+#[cfg(doc)]
 use super::LibfabricEndpoint;
 use super::engine::Operation;
 use dma_libfabric_sys as sys;
@@ -156,75 +157,46 @@ impl PostedAt {
     }
 }
 
-impl LibfabricEndpoint {
-    /// How long the oldest RMA operation in flight has been in flight; `None` when none is. A
-    /// snapshot, read without a lock (see [`OverdueOperation`] for what it guarantees).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
-    ///
-    /// let endpoint = LibfabricEndpoint::open(&Configuration { rma: true, ..Configuration::default() }, None)?;
-    /// assert_eq!(None, endpoint.oldest_operation_age());
-    /// # Ok::<(), dma_libfabric::DmaError>(())
-    /// ```
-    pub fn oldest_operation_age(&self) -> Option<Duration> {
-        let operations = &self.operations;
-        let now = operations.born.elapsed().as_nanos();
-        operations
-            .posted_at()
-            .filter_map(PostedAt::read)
-            .map(|posted| posted.nanos)
-            .min()
-            .map(|posted| {
-                Duration::from_nanos(
-                    u64::try_from(now.saturating_sub(u128::from(posted))).unwrap_or(u64::MAX),
-                )
-            })
-    }
+/// How long the oldest operation of `posted` has been in flight, `elapsed` after the slab's birth
+/// (the time every `PostedAt` counts from); `None` when none is.
+pub(super) fn oldest_age<'slab>(
+    posted: impl Iterator<Item = &'slab PostedAt>,
+    elapsed: Duration,
+) -> Option<Duration> {
+    let now = elapsed.as_nanos();
+    posted
+        .filter_map(PostedAt::read)
+        .map(|posted| posted.nanos)
+        .min()
+        .map(|posted| {
+            Duration::from_nanos(
+                u64::try_from(now.saturating_sub(u128::from(posted))).unwrap_or(u64::MAX),
+            )
+        })
+}
 
-    /// Append to `out` every RMA operation that has been in flight for at least `deadline`, and
-    /// return how many were appended. The operations stay in flight (this call only reports
-    /// them): the caller decides what an overdue peer means to it. A snapshot, read without a
-    /// lock; [`OverdueOperation`] says why a server watches it, and what it guarantees.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
-    ///
-    /// let endpoint = LibfabricEndpoint::open(&Configuration { rma: true, ..Configuration::default() }, None)?;
-    /// let mut overdue = Vec::new();
-    /// endpoint.overdue_operations(Duration::from_secs(5), &mut overdue);
-    /// for operation in &overdue {
-    ///     println!(
-    ///         "{:?} {} to client {:?} (peer {:#x}) in flight for {:?}",
-    ///         operation.operation, operation.id, operation.client, operation.peer, operation.age
-    ///     );
-    /// }
-    /// # Ok::<(), dma_libfabric::DmaError>(())
-    /// ```
-    pub fn overdue_operations(&self, deadline: Duration, out: &mut Vec<OverdueOperation>) -> usize {
-        let operations = &self.operations;
-        let now = operations.born.elapsed().as_nanos();
-        let before = out.len();
-        out.extend(
-            operations
-                .posted_at()
-                .filter_map(PostedAt::read)
-                .filter_map(|posted| {
-                    let age = u64::try_from(now.saturating_sub(u128::from(posted.nanos))).ok()?;
-                    let age = Duration::from_nanos(age);
-                    (age >= deadline).then_some(OverdueOperation {
-                        id: posted.id,
-                        age,
-                        operation: posted.operation,
-                        peer: posted.peer,
-                        client: posted.client,
-                    })
-                }),
-        );
-        out.len() - before
-    }
+/// Append to `out` every operation of `posted` in flight for at least `deadline`, `elapsed`
+/// after the slab's birth; how many were appended.
+pub(super) fn overdue<'slab>(
+    posted: impl Iterator<Item = &'slab PostedAt>,
+    elapsed: Duration,
+    deadline: Duration,
+    out: &mut Vec<OverdueOperation>,
+) -> usize {
+    let now = elapsed.as_nanos();
+    let before = out.len();
+    out.extend(posted.filter_map(PostedAt::read).filter_map(|posted| {
+        let age = u64::try_from(now.saturating_sub(u128::from(posted.nanos))).ok()?;
+        let age = Duration::from_nanos(age);
+        (age >= deadline).then_some(OverdueOperation {
+            id: posted.id,
+            age,
+            operation: posted.operation,
+            peer: posted.peer,
+            client: posted.client,
+        })
+    }));
+    out.len() - before
 }
 
 #[cfg(test)]

@@ -6,6 +6,15 @@
 //! that every wait is bounded, on [`LibfabricEndpoint`] ("Nothing waits for ever"). A send's slot
 //! is `sends`'s, its sender's bookkeeping `senders`'s, the sleep between attempts `wait`'s.
 
+use super::credits::flow;
+#[cfg(doc)]
+use super::engine::Operation;
+use super::engine::Sink;
+use super::memory::Segment;
+use super::receiving;
+use super::rma::messages;
+use super::senders::Received;
+use crate::cache::Lease;
 use std::ptr;
 use std::time::Duration;
 
@@ -219,10 +228,10 @@ impl LibfabricEndpoint {
         }
         // Credit first (a credited endpoint's peer must have granted room for it); given back
         // if nothing is posted.
-        let credit = self.take_credit(fi_addr, What::Message(message.len()))?;
+        let credit = flow::take_credit(self, fi_addr, What::Message(message.len()))?;
         // Past the transmit queue's depth: nothing is posted.
         let Some((index, buffer, context)) = sends.prepare(fi_addr, message) else {
-            self.give_back_credit(credit);
+            flow::give_back_credit(self, credit);
             return Err(DmaError::WouldBlock);
         };
         // SAFETY: the endpoint is open; the caller promises `fi_addr` is a live entry of this AV;
@@ -231,7 +240,8 @@ impl LibfabricEndpoint {
         // slot's, which lives as long as the endpoint's handles (the slab is dropped after them).
         // No descriptor: `open` refuses providers that require FI_MR_LOCAL.
         let code = unsafe {
-            self.post_send(
+            flow::post_send(
+                self,
                 buffer.cast_const(),
                 message.len(),
                 ptr::null_mut(),
@@ -244,7 +254,7 @@ impl LibfabricEndpoint {
         }
         // Not posted: the slot is still this thread's.
         sends.unprepare(index);
-        self.give_back_credit(credit);
+        flow::give_back_credit(self, credit);
         if code == -(sys::FI_EAGAIN as isize) {
             // Nothing may signal when it would go through (a connection being set up): see `wait`.
             self.operations.waiter.retry_soon();
@@ -306,7 +316,7 @@ impl LibfabricEndpoint {
     /// At drop: drive progress for sends in flight for at most [`SEND_DRAIN_PATIENCE`](Self::SEND_DRAIN_PATIENCE), then
     /// count what is left as discarded.
     pub(super) fn shut_down_sends(&self) {
-        self.cancel_receives_into();
+        messages::cancel_receives_into(self);
         // Nothing in flight: no progress at all. A progress pass here would accept a peer's
         // pending connection that the close then leaks inside libfabric (rxm's connection request,
         // 64 B on 2.6.0 and 376 B on 1.17, seen by AddressSanitizer).
@@ -343,17 +353,224 @@ impl LibfabricEndpoint {
     /// here, and the messages met there are set aside, in order, for
     /// [`try_receive`](Self::try_receive) (at most one per receive buffer).
     pub fn progress(&self) {
-        self.repost_unposted();
-        self.repost_controls();
-        self.send_unsent_grants();
+        receiving::repost_unposted(self);
+        flow::repost_controls(self);
+        flow::send_unsent_grants(self);
         if self.credits.is_some() {
             // Introductions and grants arrive on the receive queue, and a peer that only
             // progresses must still answer them (messages met there are set aside, at most one
             // per receive buffer, for `try_receive`).
             self.reap_receive_queue();
         } else {
-            self.reap_receives_into();
+            receiving::reap_receives_into(self);
         }
         self.operations.reap(self.handles.tx_cq);
+    }
+
+    /// Take one received message, if one has arrived. Its buffer is posted again before this
+    /// returns; if that post fails, the message is returned all the same and the buffer is kept
+    /// for the next `try_receive` or [`progress`](Self::progress) to post (see
+    /// [`unposted_receives`](Self::unposted_receives)). [`try_receive_from`](Self::try_receive_from)
+    /// says who sent it too.
+    ///
+    /// # Errors
+    /// [`DmaError::Fabric`] for an error completion (its buffer is posted again too) or a failed
+    /// read.
+    pub fn try_receive(&self) -> Result<Option<Vec<u8>>, DmaError> {
+        Ok(self.try_receive_from()?.map(|received| received.message))
+    }
+
+    /// Wait up to `timeout` for one received message, driving progress meanwhile. Any `Duration`
+    /// is accepted: one too long for a deadline (`Duration::MAX`) waits until a message arrives.
+    ///
+    /// # Errors
+    /// As [`try_receive`](Self::try_receive).
+    pub fn receive(&self, timeout: Duration) -> Result<Option<Vec<u8>>, DmaError> {
+        receiving::receive_with(self, timeout, || self.try_receive())
+    }
+
+    /// How many receive buffers are not posted now because their re-post failed; the next
+    /// [`try_receive`](Self::try_receive) or [`progress`](Self::progress) tries them again.
+    /// Zero in normal operation.
+    pub fn unposted_receives(&self) -> usize {
+        self.receives.unposted()
+    }
+
+    /// [`try_receive`](Self::try_receive), with who sent the message: see [`Received::sender`].
+    ///
+    /// # Errors
+    /// As [`try_receive`](Self::try_receive).
+    pub fn try_receive_from(&self) -> Result<Option<Received>, DmaError> {
+        receiving::take_received(self)
+    }
+
+    /// [`receive`](Self::receive), with who sent the message: see [`Received::sender`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
+    ///
+    /// let server = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
+    /// let client = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
+    /// // The server knows the client as client 7: its address is in the server's AV.
+    /// let pinned = server.cache().pin();
+    /// let client_index = pinned.resolve(7, &client.local_address()?)?.fi_addr();
+    /// let received = std::thread::scope(|scope| {
+    ///     let receiving = scope.spawn(|| server.receive_from(Duration::from_secs(20)));
+    ///     let pinned = client.cache().pin();
+    ///     let to_server = pinned.resolve(1, &server.local_address()?)?;
+    ///     client.send_within(to_server, b"hello", Duration::from_secs(20))?;
+    ///     // The client's provider progresses while it waits for the reply that never comes.
+    ///     let _ = client.receive(Duration::from_millis(200));
+    ///     receiving.join().expect("the receiving thread")
+    /// })?
+    /// .expect("a message");
+    /// assert_eq!(b"hello".to_vec(), received.message);
+    /// // The default provider, tcp;ofi_rxm, names a sender that is in the AV.
+    /// assert_eq!(Some(client_index), received.sender);
+    /// assert_eq!(vec![7], server.cache().clients_at(client_index));
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`receive`](Self::receive).
+    pub fn receive_from(&self, timeout: Duration) -> Result<Option<Received>, DmaError> {
+        receiving::receive_with(self, timeout, || receiving::take_received(self))
+    }
+
+    /// Read the receive queue until it is empty, at most once per operation slot and receive
+    /// buffer: `receive_into` completions and notifications are handed on, and the endpoint's own
+    /// buffers' arrivals are set aside for the next `try_receive`, at most one per buffer.
+    ///
+    /// Whatever it took off the queue, it wakes the thread asleep in this endpoint's wait (a
+    /// blocked `receive`, the async driver, whose pass then wakes the async receivers): the
+    /// reading thread may be another (a send looking for a grant, a `progress`), and the
+    /// sleeper's descriptors no longer show what it took, so without the ring the one waiting
+    /// for it would sleep its whole sleep.
+    pub(crate) fn reap_receive_queue(&self) {
+        receiving::reap_queue(self);
+    }
+
+    /// `fi_send` of `source` to the lease's peer, from the registered memory itself (no copy),
+    /// retrying backpressure for up to a second. The message is received like any other (by
+    /// [`receive`](Self::receive), into a buffer of `receive_size`: a longer one is a truncation
+    /// error there). The completion, with `id` and [`Operation::Send`], comes from
+    /// [`poll_completions`](Self::poll_completions) or [`wait_for`](Self::wait_for); until it has
+    /// been read the endpoint holds the lease and the source's memory. On tcp the completion
+    /// means the peer's provider has the message (`FI_TRANSMIT_COMPLETE`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint, Operation};
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let sender = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    /// let receiver = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    /// let region = sender.register(4096)?;
+    /// region.write_bytes(0, &[7; 4096])?;
+    /// let message = std::thread::scope(|scope| {
+    ///     // The receiver progresses inside `receive`: rxm connects on the first send.
+    ///     let receiving = scope.spawn(|| receiver.receive(Duration::from_secs(20)));
+    ///     let lease = sender.cache().lease(1, &receiver.local_address()?)?;
+    ///     sender.send_from_within(lease, region.segment(0, 4096)?, 42, Duration::from_secs(20))?;
+    ///     assert_eq!(1, sender.cache().stats().leases, "held until the completion is read");
+    ///     let completion = sender.wait_for(42, Duration::from_secs(20))?;
+    ///     assert_eq!((Operation::Send, 4096, Ok(())), (completion.operation, completion.len, completion.result));
+    ///     assert_eq!(0, sender.cache().stats().leases);
+    ///     receiving.join().expect("the receiving thread")
+    /// })?;
+    /// assert_eq!(Some(vec![7; 4096]), message);
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`send_from_within`](Self::send_from_within).
+    pub fn send_from(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+        id: u64,
+    ) -> Result<(), DmaError> {
+        self.send_from_within(lease, source, id, Duration::from_secs(1))
+    }
+
+    /// [`send_from`](Self::send_from), retrying backpressure for at most `timeout` (any
+    /// `Duration`: one too long for a deadline, `Duration::MAX`, retries until the post is taken).
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA, a lease of
+    /// another endpoint's cache or a segment of another endpoint's memory;
+    /// [`DmaError::PeerUnreachable`] when the provider has reported the peer gone (an earlier
+    /// send's completion, see [`send`](Self::send)); [`DmaError::WouldBlock`] when the provider or
+    /// the slab still pushed back after `timeout` (nothing posted); [`DmaError::Busy`] when a
+    /// slice or copy of a `Local` source region stayed lent for the whole `timeout` (the post
+    /// waits for them, refusing new ones meanwhile; nothing posted); [`DmaError::Fabric`] when
+    /// `fi_send` failed (a message past the provider's `max_msg_size` included).
+    pub fn send_from_within(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        messages::send_from_to(self, lease, source, id, timeout, Sink::Application)
+    }
+
+    /// Post a receive into `destination`, registered memory of this endpoint: the next message
+    /// to arrive that no earlier-posted receive takes lands there, with no copy. Receives match
+    /// in the order they were posted, the endpoint's own buffers (posted at `open` and again after
+    /// each message) included. The completion, with `id`, [`Operation::Receive`] and `len` the
+    /// length received, comes from [`poll_completions`](Self::poll_completions) or
+    /// [`wait_for`](Self::wait_for) (or is set aside by [`try_receive`](Self::try_receive) for
+    /// them); until then the endpoint holds the destination's memory. A message longer than
+    /// `destination` completes with `-FI_ETRUNC`. The completion's
+    /// [`sender`](crate::endpoint::Completion::sender) names who sent the message where the provider says
+    /// (tcp;ofi_rxm, for a sender in this endpoint's AV: see
+    /// [`receive_from`](Self::receive_from)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dma_libfabric::{Configuration, LibfabricEndpoint, Operation};
+    ///
+    /// let configuration = Configuration { rma: true, receive_buffers: 1, ..Configuration::default() };
+    /// let receiver = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    /// let sender = LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?;
+    /// let landing = receiver.register(64 << 10)?;
+    /// receiver.receive_into(landing.segment(0, 64 << 10)?, 9)?;
+    /// let source = sender.register(10_000)?;
+    /// source.write_bytes(0, &[4; 10_000])?;
+    /// std::thread::scope(|scope| {
+    ///     // The endpoint's own buffer takes the first message; `landing` the second.
+    ///     let receiving = scope.spawn(|| {
+    ///         let first = receiver.receive(Duration::from_secs(20));
+    ///         (first, receiver.wait_for(9, Duration::from_secs(20)))
+    ///     });
+    ///     let pinned = sender.cache().pin();
+    ///     let peer = pinned.resolve(1, &receiver.local_address()?)?;
+    ///     sender.send_within(peer, b"first", Duration::from_secs(20))?;
+    ///     drop(pinned);
+    ///     let lease = sender.cache().lease(1, &receiver.local_address()?)?;
+    ///     sender.send_from_within(lease, source.segment(0, 10_000)?, 1, Duration::from_secs(20))?;
+    ///     sender.wait_for(1, Duration::from_secs(20))?;
+    ///     let (first, landed) = receiving.join().expect("the receiving thread");
+    ///     assert_eq!(Some(b"first".to_vec()), first?);
+    ///     let landed = landed?;
+    ///     assert_eq!((Operation::Receive, 10_000, Ok(())), (landed.operation, landed.len, landed.result));
+    ///     let mut bytes = vec![0; 10_000];
+    ///     landing.read_bytes(0, &mut bytes)?;
+    ///     assert_eq!(vec![4; 10_000], bytes);
+    ///     Ok::<(), dma_libfabric::DmaError>(())
+    /// })?;
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA or a segment of
+    /// another endpoint's memory; [`DmaError::WouldBlock`] when every operation slot is in flight
+    /// or the provider asks to retry (nothing posted); [`DmaError::Busy`], at once, while a
+    /// slice or copy of a `Local` destination region is lent (a receive has no patience to wait
+    /// for it; nothing posted); [`DmaError::Fabric`] when `fi_recv` failed.
+    pub fn receive_into(&self, destination: Segment<'_>, id: u64) -> Result<(), DmaError> {
+        messages::receive_into_to(self, destination, id, Sink::Application)
     }
 }

@@ -28,10 +28,10 @@ mod messaging;
 mod open;
 mod receive;
 mod receiving;
-mod rma;
+pub(crate) mod rma;
 mod senders;
 mod sends;
-mod vectored;
+pub(crate) mod vectored;
 pub(crate) mod wait;
 
 use std::mem::ManuallyDrop;

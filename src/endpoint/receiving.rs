@@ -5,6 +5,7 @@
 //! again (`receive`'s module docs); `receive_into` completions, notifications and the credit
 //! protocol's control messages met on the way are handed on.
 
+use super::credits::flow;
 use std::ptr;
 use std::time::Duration;
 
@@ -16,331 +17,6 @@ use super::senders::{self, Received};
 use super::{LibfabricEndpoint, RECEIVE_POST_PATIENCE};
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
-
-impl LibfabricEndpoint {
-    /// Take one received message, if one has arrived. Its buffer is posted again before this
-    /// returns; if that post fails, the message is returned all the same and the buffer is kept
-    /// for the next `try_receive` or [`progress`](Self::progress) to post (see
-    /// [`unposted_receives`](Self::unposted_receives)). [`try_receive_from`](Self::try_receive_from)
-    /// says who sent it too.
-    ///
-    /// # Errors
-    /// [`DmaError::Fabric`] for an error completion (its buffer is posted again too) or a failed
-    /// read.
-    pub fn try_receive(&self) -> Result<Option<Vec<u8>>, DmaError> {
-        Ok(self.try_receive_from()?.map(|received| received.message))
-    }
-
-    /// [`try_receive_from`](Self::try_receive_from)'s work: one received message and its sender.
-    pub(super) fn take_received(&self) -> Result<Option<Received>, DmaError> {
-        self.repost_unposted();
-        match self.next_arrival()? {
-            Some(arrival) => self.deliver(arrival),
-            None => Ok(None),
-        }
-    }
-
-    /// The oldest arrival: one set aside, else the next one the receive queue holds. Taken in
-    /// the receive queue's order: the queue is read under the slab's order lock, by this and by
-    /// [`reap_receive_queue`](Self::reap_receive_queue), so no arrival read before another is
-    /// set aside after it.
-    fn next_arrival(&self) -> Result<Option<SlotArrival>, DmaError> {
-        let _order = self.receives.order();
-        if let Some(arrival) = self.receives.take_arrived() {
-            return Ok(Some(arrival));
-        }
-        // Each pass reads one entry; `receive_into` completions are handed on and the read goes
-        // on, at most once per operation slot and receive buffer.
-        for _ in 0..=MAX_RECEIVES_INTO {
-            match self.read_arrival() {
-                Arrival::Nothing => return Ok(None),
-                Arrival::Operation => {}
-                Arrival::Slot(arrival) => return Ok(Some(arrival)),
-                Arrival::Failed(error) => return Err(error),
-            }
-        }
-        Ok(None)
-    }
-
-    /// The message of the slot of `arrival`, whose completion this thread read (its length, or
-    /// its error), and the slot posted again.
-    fn deliver(&self, (index, outcome, sender): SlotArrival) -> Result<Option<Received>, DmaError> {
-        let message = match (outcome, self.receives.get(index)) {
-            (Ok(len), Some(slot)) => {
-                // SAFETY: this thread read the slot's completion and has not re-posted it.
-                unsafe { slot.received(len) }.map(|message| Some(Received { message, sender }))
-            }
-            (Ok(_), None) => Ok(None),
-            (Err(error), _) => Err(error),
-        };
-        self.repost(index);
-        message
-    }
-
-    /// Read one entry of the receive queue: a `receive_into`'s completion is handed to its
-    /// operation; a receive buffer's is the caller's to deliver (it owns the slot now).
-    fn read_arrival(&self) -> Arrival {
-        let mut entry = sys::fi_cq_tagged_entry::default();
-        let mut source = sys::FI_ADDR_NOTAVAIL;
-        // SAFETY: the queue is open, `entry` has room for the one entry asked for and `source`
-        // for its one source address (`FI_ADDR_NOTAVAIL` where the provider has none: fi_cq(3)).
-        let read = unsafe {
-            sys::fi_cq_readfrom(
-                self.handles.rx_cq,
-                (&raw mut entry).cast(),
-                1,
-                &raw mut source,
-            )
-        };
-        let sender = senders::named(source);
-        if read == -(sys::FI_EAGAIN as isize) {
-            return Arrival::Nothing;
-        }
-        if read == -(sys::FI_EAVAIL as isize) {
-            return self.read_error(self.handles.rx_cq);
-        }
-        if read < 0 {
-            return Arrival::Failed(DmaError::fabric("fi_cq_readfrom", read as i64));
-        }
-        // A peer's write that notified (`fi_writedata`): set aside, not a message.
-        if self.operations.notifications.accept(
-            &sys::fi_cq_data_entry {
-                op_context: entry.op_context,
-                flags: entry.flags,
-                len: entry.len,
-                buf: entry.buf,
-                data: entry.data,
-            },
-            sender,
-        ) {
-            return Arrival::Operation;
-        }
-        if let Some(index) = self.controls.index_of(entry.op_context) {
-            self.control_arrived(index, Ok(entry.len));
-            return Arrival::Operation;
-        }
-        let foreign = self.foreign_version(entry.tag);
-        let sender = if foreign.is_none() {
-            // Off the provider's queue and into a buffer of the endpoint's (at most one per
-            // buffer waits there) or the application's: its sender's credit is paid back, and
-            // the sender is the one that proved the tag's secret.
-            self.consumed(Some(entry.tag), sender, What::Message(entry.len))
-        } else {
-            sender
-        };
-        if self.operations.owns(entry.op_context) {
-            let outcome = foreign.map_or(Ok(()), Err);
-            self.operations
-                .complete_receive(entry.op_context, entry.len, sender, outcome);
-            return Arrival::Operation;
-        }
-        match self.receives.index_of(entry.op_context) {
-            Some(index) => Arrival::Slot((index, foreign.map_or(Ok(entry.len), Err), sender)),
-            None => Arrival::Failed(DmaError::InvalidArgument(
-                "a receive completion named a context this endpoint never posted".into(),
-            )),
-        }
-    }
-
-    /// While `receive_into`s are posted, read the receive queue (for [`progress`](Self::progress),
-    /// and so for `poll_completions` and `wait_for`): their completions are handed on, and the
-    /// endpoint's own buffers' are set aside for the next `try_receive`, at most one per buffer.
-    pub(super) fn reap_receives_into(&self) {
-        if 0 < self.operations.receives_into() {
-            self.reap_receive_queue();
-        }
-    }
-
-    /// Read the receive queue until it is empty, at most once per operation slot and receive
-    /// buffer: `receive_into` completions and notifications are handed on, and the endpoint's own
-    /// buffers' arrivals are set aside for the next `try_receive`, at most one per buffer.
-    ///
-    /// Whatever it took off the queue, it wakes the thread asleep in this endpoint's wait (a
-    /// blocked `receive`, the async driver, whose pass then wakes the async receivers): the
-    /// reading thread may be another (a send looking for a grant, a `progress`), and the
-    /// sleeper's descriptors no longer show what it took, so without the ring the one waiting
-    /// for it would sleep its whole sleep.
-    pub(crate) fn reap_receive_queue(&self) {
-        let order = self.receives.order();
-        let mut took = false;
-        for _ in 0..=(MAX_RECEIVES_INTO + self.receives.len()) {
-            match self.read_arrival() {
-                Arrival::Nothing => break,
-                Arrival::Operation => took = true,
-                Arrival::Slot(arrival) => {
-                    self.receives.set_aside(arrival);
-                    took = true;
-                }
-                Arrival::Failed(error) => {
-                    tracing::warn!(%error, "reading the receive queue failed");
-                    break;
-                }
-            }
-        }
-        drop(order);
-        if took {
-            self.operations.waiter.ring();
-        }
-    }
-
-    /// Wait up to `timeout` for one received message, driving progress meanwhile. Any `Duration`
-    /// is accepted: one too long for a deadline (`Duration::MAX`) waits until a message arrives.
-    ///
-    /// # Errors
-    /// As [`try_receive`](Self::try_receive).
-    pub fn receive(&self, timeout: Duration) -> Result<Option<Vec<u8>>, DmaError> {
-        self.receive_with(timeout, || self.try_receive())
-    }
-
-    /// Wait up to `timeout` for what `take` finds (a message, or a message with its sender),
-    /// sleeping on the queues between attempts and driving progress when it finds nothing; its
-    /// error ends the wait.
-    pub(super) fn receive_with<T>(
-        &self,
-        timeout: Duration,
-        mut take: impl FnMut() -> Result<Option<T>, DmaError>,
-    ) -> Result<Option<T>, DmaError> {
-        let mut failed = None;
-        let mut attempt = || match take() {
-            Ok(Some(found)) => Some(Some(found)),
-            Ok(None) => None,
-            Err(error) => {
-                failed = Some(error);
-                Some(None)
-            }
-        };
-        let received = self.wait_until(Deadline::after(timeout), || {
-            attempt().or_else(|| {
-                // Reading the transmit queue too is what moves a manual-progress provider; on a
-                // credited endpoint the pass reads the receive queue as well, so what it set
-                // aside is taken before the wait sleeps on queues it has emptied.
-                self.progress();
-                attempt()
-            })
-        });
-        match failed {
-            Some(error) => Err(error),
-            None => Ok(received.flatten()),
-        }
-    }
-
-    /// How many receive buffers are not posted now because their re-post failed; the next
-    /// [`try_receive`](Self::try_receive) or [`progress`](Self::progress) tries them again.
-    /// Zero in normal operation.
-    pub fn unposted_receives(&self) -> usize {
-        self.receives.unposted()
-    }
-
-    /// Post slot `index` at `open`, retrying `-FI_EAGAIN` with progress for at most
-    /// [`RECEIVE_POST_PATIENCE`].
-    pub(super) fn post_patiently(&self, index: usize) -> Result<(), DmaError> {
-        let deadline = Deadline::after(RECEIVE_POST_PATIENCE);
-        let attempt = || {
-            let posted = self.post_receive(index);
-            if let Err(DmaError::WouldBlock) = posted {
-                // `-FI_EAGAIN`: what the wait is for is the provider's own progress.
-                self.operations.waiter.retry_soon();
-            }
-            posted
-        };
-        match self.retry_until(deadline, attempt) {
-            Err(DmaError::WouldBlock) => Err(DmaError::Fabric {
-                call: "fi_recv",
-                code: -i64::from(sys::FI_EAGAIN),
-                message: format!(
-                    "the provider still asked to retry after {RECEIVE_POST_PATIENCE:?}, with \
-                     {index} of {} receive buffers posted",
-                    self.receives.len()
-                ),
-            }),
-            result => result,
-        }
-    }
-
-    /// Post slot `index` again after its completion was read, once; if that fails, keep it for a
-    /// later [`repost_unposted`](Self::repost_unposted). The caller owns the slot and hands it on.
-    fn repost(&self, index: usize) {
-        match self.post_receive(index) {
-            Ok(()) => {}
-            Err(error) => {
-                if DmaError::WouldBlock != error {
-                    tracing::warn!(%error, index, "could not re-post a receive buffer; will retry");
-                }
-                self.receives.defer_post(index);
-            }
-        }
-    }
-
-    /// Try once more to post every slot whose re-post failed.
-    pub(super) fn repost_unposted(&self) {
-        for index in self.receives.take_unposted() {
-            self.repost(index);
-        }
-    }
-
-    /// One `fi_recv` of slot `index`: [`DmaError::WouldBlock`] for `-FI_EAGAIN`.
-    fn post_receive(&self, index: usize) -> Result<(), DmaError> {
-        #[cfg(test)]
-        {
-            use std::sync::atomic::Ordering;
-            let fail = self
-                .failing_posts
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-            if fail.is_ok() {
-                if self.posts_ask_to_retry.load(Ordering::Relaxed) {
-                    return Err(DmaError::WouldBlock);
-                }
-                return Err(DmaError::fabric("fi_recv", -i64::from(sys::FI_EIO)));
-            }
-        }
-        let Some(slot) = self.receives.get(index) else {
-            return Ok(());
-        };
-        let (buffer, len) = slot.buffer();
-        // SAFETY: the endpoint is open, and the slot's buffer and context live in the slab, which
-        // outlives the endpoint's libfabric objects; this slot is not posted (it is new, its
-        // completion was just read by this thread, or this thread took it from the unposted
-        // list).
-        let code = unsafe { self.post_data_receive(buffer, len, ptr::null_mut(), slot.context()) };
-        match code {
-            0 => Ok(()),
-            code if code == -(sys::FI_EAGAIN as isize) => Err(DmaError::WouldBlock),
-            code => Err(DmaError::fabric("fi_recv", code as i64)),
-        }
-    }
-
-    /// Read the error entry an `FI_EAVAIL` announced, re-posting its buffer if it was a receive
-    /// (or keeping it for a later re-post, as `try_receive` does).
-    ///
-    /// The provider's error data is copied into a buffer of this call's own (`err_data_size` > 0,
-    /// API 1.5 and later): left at zero, libfabric hands back a buffer it shares per queue and
-    /// frees at the next `fi_cq_readerr`, which another thread may call at any time.
-    fn read_error(&self, cq: *mut sys::fid_cq) -> Arrival {
-        let entry = match read_error_entry(cq) {
-            Ok(Some(entry)) => entry,
-            Ok(None) => return Arrival::Nothing,
-            Err(error) => return Arrival::Failed(error),
-        };
-        if self.operations.owns(entry.op_context) {
-            self.operations.complete_receive(
-                entry.op_context,
-                entry.len,
-                None,
-                Err(entry.error("fi_recv")),
-            );
-            return Arrival::Operation;
-        }
-        if let Some(index) = self.controls.index_of(entry.op_context) {
-            self.control_arrived(index, Err(entry.error("fi_cq_readfrom")));
-            return Arrival::Operation;
-        }
-        match self.receives.index_of(entry.op_context) {
-            // This thread read the slot's (error) completion, so it owns the slot.
-            Some(index) => Arrival::Slot((index, Err(entry.error("fi_cq_readfrom")), None)),
-            None => Arrival::Failed(entry.error("fi_cq_readfrom")),
-        }
-    }
-}
 
 /// What one read of the receive queue found.
 enum Arrival {
@@ -357,6 +33,305 @@ enum Arrival {
 
 /// The most `receive_into`s (operation slots) one read loop passes over before it stops.
 const MAX_RECEIVES_INTO: usize = super::MAX_OPERATIONS;
+
+/// [`try_receive_from`](LibfabricEndpoint::try_receive_from)'s work: one received message and its sender.
+pub(super) fn take_received(endpoint: &LibfabricEndpoint) -> Result<Option<Received>, DmaError> {
+    repost_unposted(endpoint);
+    match next_arrival(endpoint)? {
+        Some(arrival) => deliver(endpoint, arrival),
+        None => Ok(None),
+    }
+}
+
+/// The oldest arrival: one set aside, else the next one the receive queue holds. Taken in
+/// the receive queue's order: the queue is read under the slab's order lock, by this and by
+/// [`reap_receive_queue`](LibfabricEndpoint::reap_receive_queue), so no arrival read before another is
+/// set aside after it.
+fn next_arrival(endpoint: &LibfabricEndpoint) -> Result<Option<SlotArrival>, DmaError> {
+    let _order = endpoint.receives.order();
+    if let Some(arrival) = endpoint.receives.take_arrived() {
+        return Ok(Some(arrival));
+    }
+    // Each pass reads one entry; `receive_into` completions are handed on and the read goes
+    // on, at most once per operation slot and receive buffer.
+    for _ in 0..=MAX_RECEIVES_INTO {
+        match read_arrival(endpoint) {
+            Arrival::Nothing => return Ok(None),
+            Arrival::Operation => {}
+            Arrival::Slot(arrival) => return Ok(Some(arrival)),
+            Arrival::Failed(error) => return Err(error),
+        }
+    }
+    Ok(None)
+}
+
+/// The message of the slot of `arrival`, whose completion this thread read (its length, or
+/// its error), and the slot posted again.
+fn deliver(
+    endpoint: &LibfabricEndpoint,
+    (index, outcome, sender): SlotArrival,
+) -> Result<Option<Received>, DmaError> {
+    let message = match (outcome, endpoint.receives.get(index)) {
+        (Ok(len), Some(slot)) => {
+            // SAFETY: this thread read the slot's completion and has not re-posted it.
+            unsafe { slot.received(len) }.map(|message| Some(Received { message, sender }))
+        }
+        (Ok(_), None) => Ok(None),
+        (Err(error), _) => Err(error),
+    };
+    repost(endpoint, index);
+    message
+}
+
+/// Read one entry of the receive queue: a `receive_into`'s completion is handed to its
+/// operation; a receive buffer's is the caller's to deliver (it owns the slot now).
+fn read_arrival(endpoint: &LibfabricEndpoint) -> Arrival {
+    let mut entry = sys::fi_cq_tagged_entry::default();
+    let mut source = sys::FI_ADDR_NOTAVAIL;
+    // SAFETY: the queue is open, `entry` has room for the one entry asked for and `source`
+    // for its one source address (`FI_ADDR_NOTAVAIL` where the provider has none: fi_cq(3)).
+    let read = unsafe {
+        sys::fi_cq_readfrom(
+            endpoint.handles.rx_cq,
+            (&raw mut entry).cast(),
+            1,
+            &raw mut source,
+        )
+    };
+    let sender = senders::named(source);
+    if read == -(sys::FI_EAGAIN as isize) {
+        return Arrival::Nothing;
+    }
+    if read == -(sys::FI_EAVAIL as isize) {
+        return read_error(endpoint, endpoint.handles.rx_cq);
+    }
+    if read < 0 {
+        return Arrival::Failed(DmaError::fabric("fi_cq_readfrom", read as i64));
+    }
+    // A peer's write that notified (`fi_writedata`): set aside, not a message.
+    if endpoint.operations.notifications.accept(
+        &sys::fi_cq_data_entry {
+            op_context: entry.op_context,
+            flags: entry.flags,
+            len: entry.len,
+            buf: entry.buf,
+            data: entry.data,
+        },
+        sender,
+    ) {
+        return Arrival::Operation;
+    }
+    if let Some(index) = endpoint.controls.index_of(entry.op_context) {
+        flow::control_arrived(endpoint, index, Ok(entry.len));
+        return Arrival::Operation;
+    }
+    let foreign = flow::foreign_version(endpoint, entry.tag);
+    let sender = if foreign.is_none() {
+        // Off the provider's queue and into a buffer of the endpoint's (at most one per
+        // buffer waits there) or the application's: its sender's credit is paid back, and
+        // the sender is the one that proved the tag's secret.
+        flow::consumed(endpoint, Some(entry.tag), sender, What::Message(entry.len))
+    } else {
+        sender
+    };
+    if endpoint.operations.owns(entry.op_context) {
+        let outcome = foreign.map_or(Ok(()), Err);
+        endpoint
+            .operations
+            .complete_receive(entry.op_context, entry.len, sender, outcome);
+        return Arrival::Operation;
+    }
+    match endpoint.receives.index_of(entry.op_context) {
+        Some(index) => Arrival::Slot((index, foreign.map_or(Ok(entry.len), Err), sender)),
+        None => Arrival::Failed(DmaError::InvalidArgument(
+            "a receive completion named a context this endpoint never posted".into(),
+        )),
+    }
+}
+
+/// While `receive_into`s are posted, read the receive queue (for [`progress`](LibfabricEndpoint::progress),
+/// and so for `poll_completions` and `wait_for`): their completions are handed on, and the
+/// endpoint's own buffers' are set aside for the next `try_receive`, at most one per buffer.
+pub(super) fn reap_receives_into(endpoint: &LibfabricEndpoint) {
+    if 0 < endpoint.operations.receives_into() {
+        endpoint.reap_receive_queue();
+    }
+}
+
+/// Wait up to `timeout` for what `take` finds (a message, or a message with its sender),
+/// sleeping on the queues between attempts and driving progress when it finds nothing; its
+/// error ends the wait.
+pub(super) fn receive_with<T>(
+    endpoint: &LibfabricEndpoint,
+    timeout: Duration,
+    mut take: impl FnMut() -> Result<Option<T>, DmaError>,
+) -> Result<Option<T>, DmaError> {
+    let mut failed = None;
+    let mut attempt = || match take() {
+        Ok(Some(found)) => Some(Some(found)),
+        Ok(None) => None,
+        Err(error) => {
+            failed = Some(error);
+            Some(None)
+        }
+    };
+    let received = endpoint.wait_until(Deadline::after(timeout), || {
+        attempt().or_else(|| {
+            // Reading the transmit queue too is what moves a manual-progress provider; on a
+            // credited endpoint the pass reads the receive queue as well, so what it set
+            // aside is taken before the wait sleeps on queues it has emptied.
+            endpoint.progress();
+            attempt()
+        })
+    });
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(received.flatten()),
+    }
+}
+
+/// Post slot `index` at `open`, retrying `-FI_EAGAIN` with progress for at most
+/// [`RECEIVE_POST_PATIENCE`].
+pub(super) fn post_patiently(endpoint: &LibfabricEndpoint, index: usize) -> Result<(), DmaError> {
+    let deadline = Deadline::after(RECEIVE_POST_PATIENCE);
+    let attempt = || {
+        let posted = post_receive(endpoint, index);
+        if let Err(DmaError::WouldBlock) = posted {
+            // `-FI_EAGAIN`: what the wait is for is the provider's own progress.
+            endpoint.operations.waiter.retry_soon();
+        }
+        posted
+    };
+    match endpoint.retry_until(deadline, attempt) {
+        Err(DmaError::WouldBlock) => Err(DmaError::Fabric {
+            call: "fi_recv",
+            code: -i64::from(sys::FI_EAGAIN),
+            message: format!(
+                "the provider still asked to retry after {RECEIVE_POST_PATIENCE:?}, with \
+                 {index} of {} receive buffers posted",
+                endpoint.receives.len()
+            ),
+        }),
+        result => result,
+    }
+}
+
+/// Post slot `index` again after its completion was read, once; if that fails, keep it for a
+/// later [`repost_unposted`](LibfabricEndpoint::repost_unposted). The caller owns the slot and hands it on.
+fn repost(endpoint: &LibfabricEndpoint, index: usize) {
+    match post_receive(endpoint, index) {
+        Ok(()) => {}
+        Err(error) => {
+            if DmaError::WouldBlock != error {
+                tracing::warn!(%error, index, "could not re-post a receive buffer; will retry");
+            }
+            endpoint.receives.defer_post(index);
+        }
+    }
+}
+
+/// Try once more to post every slot whose re-post failed.
+pub(super) fn repost_unposted(endpoint: &LibfabricEndpoint) {
+    for index in endpoint.receives.take_unposted() {
+        repost(endpoint, index);
+    }
+}
+
+/// One `fi_recv` of slot `index`: [`DmaError::WouldBlock`] for `-FI_EAGAIN`.
+fn post_receive(endpoint: &LibfabricEndpoint, index: usize) -> Result<(), DmaError> {
+    #[cfg(test)]
+    {
+        use std::sync::atomic::Ordering;
+        let fail = endpoint
+            .failing_posts
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        if fail.is_ok() {
+            if endpoint.posts_ask_to_retry.load(Ordering::Relaxed) {
+                return Err(DmaError::WouldBlock);
+            }
+            return Err(DmaError::fabric("fi_recv", -i64::from(sys::FI_EIO)));
+        }
+    }
+    let Some(slot) = endpoint.receives.get(index) else {
+        return Ok(());
+    };
+    let (buffer, len) = slot.buffer();
+    // SAFETY: the endpoint is open, and the slot's buffer and context live in the slab, which
+    // outlives the endpoint's libfabric objects; this slot is not posted (it is new, its
+    // completion was just read by this thread, or this thread took it from the unposted
+    // list).
+    let code =
+        unsafe { flow::post_data_receive(endpoint, buffer, len, ptr::null_mut(), slot.context()) };
+    match code {
+        0 => Ok(()),
+        code if code == -(sys::FI_EAGAIN as isize) => Err(DmaError::WouldBlock),
+        code => Err(DmaError::fabric("fi_recv", code as i64)),
+    }
+}
+
+/// Read the error entry an `FI_EAVAIL` announced, re-posting its buffer if it was a receive
+/// (or keeping it for a later re-post, as `try_receive` does).
+///
+/// The provider's error data is copied into a buffer of this call's own (`err_data_size` > 0,
+/// API 1.5 and later): left at zero, libfabric hands back a buffer it shares per queue and
+/// frees at the next `fi_cq_readerr`, which another thread may call at any time.
+fn read_error(endpoint: &LibfabricEndpoint, cq: *mut sys::fid_cq) -> Arrival {
+    let entry = match read_error_entry(cq) {
+        Ok(Some(entry)) => entry,
+        Ok(None) => return Arrival::Nothing,
+        Err(error) => return Arrival::Failed(error),
+    };
+    if endpoint.operations.owns(entry.op_context) {
+        endpoint.operations.complete_receive(
+            entry.op_context,
+            entry.len,
+            None,
+            Err(entry.error("fi_recv")),
+        );
+        return Arrival::Operation;
+    }
+    if let Some(index) = endpoint.controls.index_of(entry.op_context) {
+        flow::control_arrived(endpoint, index, Err(entry.error("fi_cq_readfrom")));
+        return Arrival::Operation;
+    }
+    match endpoint.receives.index_of(entry.op_context) {
+        // This thread read the slot's (error) completion, so it owns the slot.
+        Some(index) => Arrival::Slot((index, Err(entry.error("fi_cq_readfrom")), None)),
+        None => Arrival::Failed(entry.error("fi_cq_readfrom")),
+    }
+}
+
+/// Read the receive queue until it is empty, at most once per operation slot and receive
+/// buffer: `receive_into` completions and notifications are handed on, and the endpoint's own
+/// buffers' arrivals are set aside for the next `try_receive`, at most one per buffer.
+///
+/// Whatever it took off the queue, it wakes the thread asleep in this endpoint's wait (a
+/// blocked `receive`, the async driver, whose pass then wakes the async receivers): the
+/// reading thread may be another (a send looking for a grant, a `progress`), and the
+/// sleeper's descriptors no longer show what it took, so without the ring the one waiting
+/// for it would sleep its whole sleep.
+pub(super) fn reap_queue(endpoint: &LibfabricEndpoint) {
+    let order = endpoint.receives.order();
+    let mut took = false;
+    for _ in 0..=(MAX_RECEIVES_INTO + endpoint.receives.len()) {
+        match read_arrival(endpoint) {
+            Arrival::Nothing => break,
+            Arrival::Operation => took = true,
+            Arrival::Slot(arrival) => {
+                endpoint.receives.set_aside(arrival);
+                took = true;
+            }
+            Arrival::Failed(error) => {
+                tracing::warn!(%error, "reading the receive queue failed");
+                break;
+            }
+        }
+    }
+    drop(order);
+    if took {
+        endpoint.operations.waiter.ring();
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -470,7 +445,7 @@ mod tests {
         let endpoint = tcp(1, 64);
         endpoint.posts_ask_to_retry.store(true, Ordering::Relaxed);
         endpoint.failing_posts.store(usize::MAX, Ordering::Relaxed);
-        match endpoint.post_patiently(0) {
+        match post_patiently(&endpoint, 0) {
             Err(DmaError::Fabric {
                 call,
                 code,

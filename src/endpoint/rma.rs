@@ -15,6 +15,9 @@
 //! What dropping the endpoint does with its operations in flight is on
 //! [`LibfabricEndpoint::DRAIN_PATIENCE`], where a user reads it.
 //!
+#[cfg(doc)]
+use self::notifications::Notification;
+use super::vectored::{self, MAX_PIECES};
 use std::time::Duration;
 
 use super::LibfabricEndpoint;
@@ -26,7 +29,7 @@ use crate::error::DmaError;
 use dma_libfabric_sys as sys;
 
 mod calls;
-mod messages;
+pub(crate) mod messages;
 pub(super) mod notifications;
 
 pub(crate) use self::calls::{RmaCall, rma_calls};
@@ -302,5 +305,205 @@ impl LibfabricEndpoint {
             abandoned,
             "RMA operations still in flight when the endpoint closed were abandoned"
         );
+    }
+
+    /// `fi_writemsg` of `sources` (segments of one region), back to back, into the peer's
+    /// `target`, against `lease`, retrying backpressure for up to a second; split past the
+    /// provider's limit of pieces and joined into one completion with `id` (see
+    /// `src/endpoint/vectored.rs`, "Scatter and gather").
+    ///
+    /// # Errors
+    /// As [`write_gather_within`](Self::write_gather_within).
+    ///
+    /// ```
+    /// use dma_libfabric::{Configuration, Exposure, LibfabricEndpoint};
+    /// # use std::time::Duration;
+    ///
+    /// let configuration = Configuration { rma: true, ..Configuration::default() };
+    /// let (server, client) = (
+    ///     LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?,
+    ///     LibfabricEndpoint::open(&configuration, Some("127.0.0.1"))?,
+    /// );
+    /// let mut pages = vec![0_u8; 4 * 4096];
+    /// for (page, chunk) in pages.chunks_mut(4096).enumerate() {
+    ///     chunk.fill(page as u8);
+    /// }
+    /// let pool = server.register_buffer(pages, Exposure::Local)?;
+    /// let target = client.register(2 * 4096)?;
+    /// let address = client.local_address()?;
+    /// let done = std::sync::atomic::AtomicBool::new(false);
+    /// std::thread::scope(|scope| {
+    ///     // The target lands the bytes as it progresses (tcp progresses manually).
+    ///     scope.spawn(|| while !done.load(std::sync::atomic::Ordering::Acquire) {
+    ///         client.progress();
+    ///     });
+    ///     let lease = server.cache().lease(1, &address)?;
+    ///     // Pages 3 and 1, in that order, into the peer's two pages: one message, no copy.
+    ///     let pieces = [pool.segment(3 * 4096, 4096)?, pool.segment(4096, 4096)?];
+    ///     server.write_gather(lease, &pieces, target.remote(), 7)?;
+    ///     let completion = server.wait_for(7, Duration::from_secs(20));
+    ///     let mut last = [0];
+    ///     while completion.is_ok() && { target.read_bytes(2 * 4096 - 1, &mut last)?; 1 != last[0] } {}
+    ///     done.store(true, std::sync::atomic::Ordering::Release);
+    ///     let completion = completion?;
+    ///     assert_eq!((2 * 4096, Ok(())), (completion.len, completion.result));
+    ///     Ok::<(), dma_libfabric::DmaError>(())
+    /// })?;
+    /// # Ok::<(), dma_libfabric::DmaError>(())
+    /// ```
+    pub fn write_gather(
+        &self,
+        lease: Lease<'_>,
+        sources: &[Segment<'_>],
+        target: RemoteRegion,
+        id: u64,
+    ) -> Result<(), DmaError> {
+        self.write_gather_within(lease, sources, target, id, Duration::from_secs(1))
+    }
+
+    /// [`write_gather`](Self::write_gather), retrying backpressure for at most `timeout` (any
+    /// `Duration`).
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] (nothing posted) for an endpoint without RMA, no sources,
+    /// sources of more than one region or of another endpoint's memory, a lease of another
+    /// endpoint's cache, sources longer together than the target, or a target whose end
+    /// overflows; [`DmaError::Busy`] when a slice of the region stayed lent for the whole
+    /// `timeout` (the post waits for slices lent, refusing new ones meanwhile);
+    /// [`DmaError::WouldBlock`] or [`DmaError::Fabric`] when the first message could not be
+    /// posted (nothing posted). A later message that fails to post fails the joined completion
+    /// instead.
+    pub fn write_gather_within(
+        &self,
+        lease: Lease<'_>,
+        sources: &[Segment<'_>],
+        target: RemoteRegion,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        vectored::post_vectored(
+            self,
+            Operation::Write,
+            lease,
+            sources,
+            target,
+            id,
+            timeout,
+            Sink::Application,
+        )
+    }
+
+    /// `fi_readmsg` of the peer's `source` into `destinations` (segments of one region), back to
+    /// back; otherwise as [`write_gather`](Self::write_gather).
+    ///
+    /// # Errors
+    /// As [`write_gather_within`](Self::write_gather_within).
+    pub fn read_scatter(
+        &self,
+        lease: Lease<'_>,
+        destinations: &[Segment<'_>],
+        source: RemoteRegion,
+        id: u64,
+    ) -> Result<(), DmaError> {
+        self.read_scatter_within(lease, destinations, source, id, Duration::from_secs(1))
+    }
+
+    /// [`read_scatter`](Self::read_scatter), retrying backpressure for at most `timeout`.
+    ///
+    /// # Errors
+    /// As [`write_gather_within`](Self::write_gather_within).
+    pub fn read_scatter_within(
+        &self,
+        lease: Lease<'_>,
+        destinations: &[Segment<'_>],
+        source: RemoteRegion,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        vectored::post_vectored(
+            self,
+            Operation::Read,
+            lease,
+            destinations,
+            source,
+            id,
+            timeout,
+            Sink::Application,
+        )
+    }
+
+    /// How many pieces one message carries here: the provider's `tx_attr.iov_limit` and
+    /// `rma_iov_limit`, the smaller, and at most [`MAX_PIECES`].
+    pub fn pieces_per_message(&self) -> usize {
+        // SAFETY: the endpoint was opened from `info`, which it frees only when it drops;
+        // fi_getinfo fills every attribute pointer.
+        let (iov, rma_iov) = unsafe {
+            let tx = (*self.handles.info).tx_attr;
+            ((*tx).iov_limit, (*tx).rma_iov_limit)
+        };
+        iov.min(rma_iov).clamp(1, MAX_PIECES)
+    }
+
+    /// `fi_writedata` of `source` into the peer's `target` with `data`, against `lease`,
+    /// retrying backpressure for up to a second: the target is told, with a
+    /// [`Notification`] carrying `data`, once the bytes have landed. The completion, with `id`,
+    /// is an [`Operation::Write`] as for [`write`](Self::write).
+    ///
+    /// # Errors
+    /// [`DmaError::Unsupported`] for a provider without remote CQ data
+    /// (`domain_attr.cq_data_size` 0), and [`DmaError::InvalidArgument`] for `data` wider than
+    /// it carries; otherwise as [`write_within`](Self::write_within). Nothing is posted on an
+    /// error.
+    pub fn write_with_data(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+        target: RemoteRegion,
+        data: u64,
+        id: u64,
+    ) -> Result<(), DmaError> {
+        vectored::write_with_data_to(
+            self,
+            lease,
+            source,
+            target,
+            data,
+            id,
+            Duration::from_secs(1),
+            Sink::Application,
+        )
+    }
+
+    /// [`write_with_data`](Self::write_with_data), retrying backpressure, and waiting for the
+    /// target's notification credit, for at most `timeout` (any `Duration`: `Duration::ZERO`
+    /// tries once; one too long for a deadline, `Duration::MAX`, waits until the post is taken).
+    ///
+    /// On a credited endpoint ([`PeerProtocol::Credited`](crate::configuration::PeerProtocol::Credited))
+    /// a target grants each writer a window of notifications
+    /// ([`ReceiveWindow::notifications`](crate::configuration::ReceiveWindow::notifications)) and
+    /// grants again as its application polls them, so a target that stops polling makes its
+    /// writers wait and then answers [`DmaError::WouldBlock`]; it never drops one.
+    ///
+    /// # Errors
+    /// As [`write_with_data`](Self::write_with_data).
+    pub fn write_with_data_within(
+        &self,
+        lease: Lease<'_>,
+        source: Segment<'_>,
+        target: RemoteRegion,
+        data: u64,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        vectored::write_with_data_to(
+            self,
+            lease,
+            source,
+            target,
+            data,
+            id,
+            timeout,
+            Sink::Application,
+        )
     }
 }

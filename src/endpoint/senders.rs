@@ -41,10 +41,8 @@
 //! Reading the sender costs nothing on the hot path: no allocation, no lock; the lookup through
 //! the cache is the caller's choice, off the receive path.
 
-use std::time::Duration;
-
+#[cfg(doc)]
 use super::LibfabricEndpoint;
-use crate::error::DmaError;
 use dma_libfabric_sys as sys;
 
 /// A received message and who sent it, as [`LibfabricEndpoint::try_receive_from`] and
@@ -79,50 +77,6 @@ pub struct Received {
 /// `source` as a receive's sender: `None` for the values that name nobody.
 pub(super) fn named(source: sys::fi_addr_t) -> Option<sys::fi_addr_t> {
     (sys::FI_ADDR_NOTAVAIL != source && sys::FI_ADDR_UNSPEC != source).then_some(source)
-}
-
-impl LibfabricEndpoint {
-    /// [`try_receive`](Self::try_receive), with who sent the message: see [`Received::sender`].
-    ///
-    /// # Errors
-    /// As [`try_receive`](Self::try_receive).
-    pub fn try_receive_from(&self) -> Result<Option<Received>, DmaError> {
-        self.take_received()
-    }
-
-    /// [`receive`](Self::receive), with who sent the message: see [`Received::sender`].
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use dma_libfabric::{Configuration, LibfabricEndpoint};
-    ///
-    /// let server = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
-    /// let client = LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1"))?;
-    /// // The server knows the client as client 7: its address is in the server's AV.
-    /// let pinned = server.cache().pin();
-    /// let client_index = pinned.resolve(7, &client.local_address()?)?.fi_addr();
-    /// let received = std::thread::scope(|scope| {
-    ///     let receiving = scope.spawn(|| server.receive_from(Duration::from_secs(20)));
-    ///     let pinned = client.cache().pin();
-    ///     let to_server = pinned.resolve(1, &server.local_address()?)?;
-    ///     client.send_within(to_server, b"hello", Duration::from_secs(20))?;
-    ///     // The client's provider progresses while it waits for the reply that never comes.
-    ///     let _ = client.receive(Duration::from_millis(200));
-    ///     receiving.join().expect("the receiving thread")
-    /// })?
-    /// .expect("a message");
-    /// assert_eq!(b"hello".to_vec(), received.message);
-    /// // The default provider, tcp;ofi_rxm, names a sender that is in the AV.
-    /// assert_eq!(Some(client_index), received.sender);
-    /// assert_eq!(vec![7], server.cache().clients_at(client_index));
-    /// # Ok::<(), dma_libfabric::DmaError>(())
-    /// ```
-    ///
-    /// # Errors
-    /// As [`receive`](Self::receive).
-    pub fn receive_from(&self, timeout: Duration) -> Result<Option<Received>, DmaError> {
-        self.receive_with(timeout, || self.take_received())
-    }
 }
 
 #[cfg(test)]

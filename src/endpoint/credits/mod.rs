@@ -37,7 +37,7 @@
 //! peer introduced to it (by index too: an introduction on an index replaces the entry there),
 //! and the queue of waiting grants holds each introduced peer at most once.
 
-mod flow;
+pub(in crate::endpoint) mod flow;
 pub(crate) mod wire;
 
 pub(in crate::endpoint) use self::flow::CONTROL_RECEIVES;

@@ -27,7 +27,9 @@ mod submit;
 
 pub use self::completion::{Completion, Operation};
 pub(crate) use self::join::{Join, JoinPart};
-pub(crate) use self::sink::{CompletionOwner, Owner, Sink, WakerSink};
+#[cfg(feature = "tokio")]
+pub(crate) use self::sink::WakerSink;
+pub(crate) use self::sink::{CompletionOwner, Owner, Sink};
 pub use self::slab::MAX_OPERATIONS;
 pub(in crate::endpoint) use self::slab::Operations;
 pub(crate) use self::submit::Posted;

@@ -36,6 +36,7 @@ pub(crate) enum Sink {
     /// The application's ready queue.
     Application,
     /// One future's slot.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async face's
     Waker(Arc<WakerSink>),
     /// A party of the crate above the endpoint.
     Owner(Owner),
@@ -61,6 +62,7 @@ impl WakerSink {
     }
 
     /// The completion, if it has been delivered; else `waker` is kept, to be woken when it is.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async face's
     pub(crate) fn take(&self, waker: &Waker) -> Option<Completion> {
         let mut state = lock(&self.state);
         let completion = state.0.take();

@@ -13,8 +13,6 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::endpoint::LibfabricEndpoint;
-use crate::endpoint::credits::What;
 use dma_libfabric_sys as sys;
 
 /// A peer's write that notified (`fi_writedata`), as the target's receive queue reported it.
@@ -64,49 +62,23 @@ impl Notifications {
         waiting.push_back((Notification { data: entry.data }, sender));
         true
     }
-}
 
-impl LibfabricEndpoint {
-    /// Read the receive queue, then move every [`Notification`] that has arrived into `out`,
-    /// oldest first. Returns how many it added.
-    ///
-    /// It delivers every notification whatever else the application's loop calls: it reads the
-    /// receive queue itself (messages it meets there are set aside, in order, for the next
-    /// [`try_receive`](Self::try_receive) or [`receive`](Self::receive), which also set aside
-    /// the notifications they meet). A target loop of `poll_notifications` alone works, and so
-    /// does one that also calls [`progress`](Self::progress) or `receive`.
-    pub fn poll_notifications(&self, out: &mut Vec<Notification>) -> usize {
-        self.reap_receive_queue();
-        let taken: Vec<_> = crate::sync::lock(&self.operations.notifications.waiting)
-            .drain(..)
-            .collect();
-        let count = taken.len();
-        for (notification, sender) in taken {
-            // The application has it: its writer's notification credit is paid back.
-            self.consumed(None, sender, What::Notification);
-            out.push(notification);
-        }
-        count
+    /// Every notification waiting, oldest first, each with the writer the provider named.
+    pub(in crate::endpoint) fn take_all(&self) -> Vec<(Notification, Option<sys::fi_addr_t>)> {
+        crate::sync::lock(&self.waiting).drain(..).collect()
     }
 
-    /// The oldest notification that has arrived, the receive queue read first (the async face's
-    /// `notification`).
+    /// The oldest notification waiting, with the writer the provider named.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async face's
-    pub(crate) fn next_notification(&self) -> Option<Notification> {
-        self.reap_receive_queue();
-        let (notification, sender) =
-            crate::sync::lock(&self.operations.notifications.waiting).pop_front()?;
-        self.consumed(None, sender, What::Notification);
-        Some(notification)
+    pub(in crate::endpoint) fn take_oldest(
+        &self,
+    ) -> Option<(Notification, Option<sys::fi_addr_t>)> {
+        crate::sync::lock(&self.waiting).pop_front()
     }
 
-    /// How many notifications were dropped, oldest first, because
-    /// [`Configuration::cq_size`](crate::configuration::Configuration::cq_size) were already waiting.
-    pub fn dropped_notifications(&self) -> u64 {
-        self.operations
-            .notifications
-            .dropped
-            .load(Ordering::Relaxed)
+    /// How many were dropped, oldest first, for want of room.
+    pub(in crate::endpoint) fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 }
 
