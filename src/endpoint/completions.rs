@@ -1,7 +1,9 @@
 //! The application's side of completions: `poll_completions` and `wait_for` take from the ready
 //! queue the engine's reaper fills (see `engine`), `drain_operations` and `progress_sleeping`
 //! drive it, and every wait for one sleeps (see `wait`). A waiter takes from the ready queue only
-//! the completion it waits for, so no waiter holds another's completion while it waits.
+//! the completion it waits for, so no waiter holds another's completion while it waits. Beside
+//! them, what a server watches: the ages of the operations in flight (`in_flight`'s scans) and
+//! the peers' notifications.
 
 use super::credits::flow;
 use std::sync::atomic::Ordering;

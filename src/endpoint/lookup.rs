@@ -1,5 +1,6 @@
-//! What an endpoint tells about itself and its address vector: its cache, what the provider
-//! chose, its own address, and the address the AV holds at an index.
+//! What an endpoint tells about itself and its address vector: how a name is read from libfabric
+//! (`sized_name`, asked again with the length it says) and how `fi_getinfo`'s choice is
+//! described; the calls (`local_address`, `lookup`, `describe`) are beside `open`.
 //!
 //! [`lookup`](LibfabricEndpoint::lookup) reads only indices this AV has handed out: libfabric
 //! 1.17 crashes on the others.

@@ -1,5 +1,9 @@
-//! Messaging: sends (to a [`Peer`], or `unsafe` to a raw `fi_addr_t`), receives into the
-//! endpoint's own buffers, driving progress, and reading error completions.
+//! The message face: every call that sends or receives a message, with its guarantees in its
+//! docs: copied sends (to a [`Peer`], or `unsafe` to a raw `fi_addr_t`), receives into the
+//! endpoint's own buffers (`receive`, `receive_from`), messages of registered memory
+//! (`send_from`, `receive_into`, through the engine), and `progress`. What they call is below
+//! them: `sends` (the copy slab), `receiving` (reading the receive queue), `senders` (who sent),
+//! `rma::messages` (registered messages), `credits::flow` (the credit protocol).
 //!
 //! How a send is bounded, reported and drained is on
 //! [`send_within`](LibfabricEndpoint::send_within) ("Bounded, and never lost without an error");

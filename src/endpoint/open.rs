@@ -2,7 +2,9 @@
 //! what the provider it chose demands and allows ([`choose`], in `choosing`: the refusals and
 //! size checks made before any libfabric object opens); open the fabric, domain and address
 //! vector, the completion queues, and the endpoint, bound and enabled (`objects`); put the
-//! endpoint together; post its receives.
+//! endpoint together; post its receives. Beside `open`, what an open endpoint tells about itself
+//! (its cache, its description, its own address, what its AV holds at an index: the helpers in
+//! `lookup`) and its credit protocol's counts.
 //!
 //! Every check here runs before the first object opens, and a failure part-way through the
 //! opening closes what was opened (the [`Handles`] own it) and names the call that failed.

@@ -4,6 +4,9 @@
 //! hands the slot to the one thread that read it, which copies the message out and posts it
 //! again (`receive`'s module docs); `receive_into` completions, notifications and the credit
 //! protocol's control messages met on the way are handed on.
+//!
+//! Module functions on the endpoint, called by the message face (`messaging`) and by
+//! `progress`; the calls a user makes are there.
 
 use super::credits::flow;
 use std::ptr;

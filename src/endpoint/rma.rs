@@ -1,4 +1,5 @@
-//! RMA: `fi_write` and `fi_read` against a [`Lease`], with completions any thread may reap.
+//! The RMA face: `fi_write` and `fi_read` against a [`Lease`], gathers, scatters and writes that
+//! notify (posted by `vectored`), each completing to any thread that reaps.
 //!
 //! # Operations in flight
 //!

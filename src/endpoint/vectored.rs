@@ -1,4 +1,6 @@
-//! Scatter and gather (`fi_writemsg`, `fi_readmsg`) and writes that notify (`fi_writedata`).
+//! Scatter and gather (`fi_writemsg`, `fi_readmsg`) and writes that notify (`fi_writedata`):
+//! how they are posted, as module functions on the endpoint; the calls a user makes are on the
+//! RMA face (`rma`), the async face calls these functions with a sink of its own.
 //!
 //! # Scatter and gather
 //!

@@ -11,6 +11,7 @@
 mod caches;
 mod group;
 mod region;
+mod registering;
 mod resolve;
 mod set;
 mod shape;

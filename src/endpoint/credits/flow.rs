@@ -1,5 +1,6 @@
 //! The credit protocol on a live endpoint: taking credit before a post, introducing this
-//! endpoint, answering introductions, reading grants, and granting as the application reads.
+//! endpoint, answering introductions, reading grants, and granting as the application reads;
+//! module functions on the endpoint, which the message and RMA faces call.
 //!
 //! Every control message goes out through a send slot outside the per-peer budget
 //! (`Sends::prepare_control`), to an index that is live while it is posted: a sender's

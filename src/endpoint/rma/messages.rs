@@ -3,7 +3,8 @@
 //! completes through [`poll_completions`](LibfabricEndpoint::poll_completions) and
 //! [`wait_for`](LibfabricEndpoint::wait_for) like a write: it takes a slot of the operation slab,
 //! which holds the lease and the region's memory until the completion has been read (the
-//! parent module's "Operations in flight" applies unchanged).
+//! parent module's "Operations in flight" applies unchanged). The calls a user makes are on the
+//! message face (`messaging`); these module functions post them, with any sink.
 
 use crate::endpoint::credits::flow;
 use std::time::Duration;
