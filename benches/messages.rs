@@ -4,8 +4,9 @@
 //! iteration).
 //!
 //! Ours: two endpoints in this process, a pinger thread and a ponger thread, each `send` (a copy
-//! into a send slot, `fi_send` with a completion) then `receive` (the endpoint's own buffers, one
-//! copy out). One-way latency is the round trip over two; the median of `ROUNDS` rounds of
+//! into a send slot, `fi_send` with a completion) then waits for the other's message (the
+//! endpoint's own buffers, one copy out): asleep in `receive`, or spinning on `try_receive` as
+//! fabtests spins on its queues; the ratio is the spinning one's. One-way latency is the round trip over two; the median of `ROUNDS` rounds of
 //! `ITERATIONS` round trips is printed, then fabtests' figure with the same iterations, and the
 //! ratio. `cargo bench --bench messages` (a plain `main`, no criterion: a round trip is a
 //! syscall-bound microsecond affair, and criterion's sampling would add nothing but time).
@@ -25,8 +26,27 @@ fn endpoint() -> LibfabricEndpoint {
     LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1")).expect("tcp endpoint")
 }
 
-/// The median one-way latency, in microseconds, of `ITERATIONS` round trips of `size` bytes.
-fn ours(size: usize) -> f64 {
+/// Wait for the next message on `endpoint`: asleep in `receive`, or spinning on `try_receive`
+/// (as fabtests does, its queues opened with `FI_WAIT_NONE`).
+fn next_message(endpoint: &LibfabricEndpoint, spin: bool) -> Vec<u8> {
+    if !spin {
+        return endpoint
+            .receive(PATIENCE)
+            .expect("receive")
+            .expect("a message");
+    }
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(message) = endpoint.try_receive().expect("try_receive") {
+            return message;
+        }
+        assert!(Instant::now() < deadline, "no message within {PATIENCE:?}");
+    }
+}
+
+/// The median one-way latency, in microseconds, of `ITERATIONS` round trips of `size` bytes,
+/// each side waiting for the other's message asleep or spinning.
+fn ours(size: usize, spin: bool) -> f64 {
     let (ping, pong) = (endpoint(), endpoint());
     let (ping_address, pong_address) = (
         ping.local_address().expect("address"),
@@ -40,7 +60,7 @@ fn ours(size: usize) -> f64 {
             let pinned = pong.cache().pin();
             let peer = pinned.resolve(1, &ping_address).expect("resolve");
             for _ in 0..total {
-                let received = pong.receive(PATIENCE).expect("receive").expect("a ping");
+                let received = next_message(&pong, spin);
                 pong.send_within(peer, &received, PATIENCE).expect("pong");
             }
             // Let the last pong's completion arrive before the endpoint goes.
@@ -56,7 +76,7 @@ fn ours(size: usize) -> f64 {
             let started = Instant::now();
             for _ in 0..ITERATIONS {
                 ping.send_within(peer, &message, PATIENCE).expect("ping");
-                let answer = ping.receive(PATIENCE).expect("receive").expect("a pong");
+                let answer = next_message(&ping, spin);
                 assert_eq!(size, answer.len());
             }
             let one_way = started.elapsed().as_secs_f64() * 1e6 / (2 * ITERATIONS) as f64;
@@ -125,15 +145,18 @@ fn main() {
             .unwrap_or_default()
             .trim()
     );
-    println!("| size | ours (µs) | fi_pingpong (µs) | ratio |");
-    println!("|---|---|---|---|");
+    println!(
+        "| size | ours, asleep in receive (µs) | ours, spinning on try_receive (µs) | fi_pingpong (µs) | spinning ÷ fi_pingpong |"
+    );
+    println!("|---|---|---|---|---|");
     for size in SIZES {
-        let ours = ours(size);
+        let asleep = ours(size, false);
+        let spinning = ours(size, true);
         let baseline = fabtests(size);
         let (baseline_text, ratio) = match baseline {
-            Some(base) => (format!("{base:.2}"), format!("{:.2}", ours / base)),
+            Some(base) => (format!("{base:.2}"), format!("{:.2}", spinning / base)),
             None => ("-".into(), "-".into()),
         };
-        println!("| {size} B | {ours:.2} | {baseline_text} | {ratio} |");
+        println!("| {size} B | {asleep:.2} | {spinning:.2} | {baseline_text} | {ratio} |");
     }
 }

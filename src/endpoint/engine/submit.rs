@@ -334,16 +334,6 @@ impl LibfabricEndpoint {
         let slot = &operations.slots[index];
         // SAFETY: the slot is this thread's (the caller's promise).
         let stage = unsafe { std::mem::replace(&mut *slot.stage.get(), Stage::Delivering) };
-        let sink = match stage {
-            Stage::Posted(posted) => {
-                if posted.client.is_some() {
-                    let budget = &operations.sends.budget;
-                    budget.give_back(posted.fi_addr, posted.incarnation);
-                }
-                posted.sink.clone()
-            }
-            _ => Sink::Application,
-        };
         slot.posted_at.clear();
         operations.in_flight.fetch_sub(1, Ordering::AcqRel);
         if Operation::Receive == operation {
@@ -354,6 +344,19 @@ impl LibfabricEndpoint {
         } else {
             DmaError::fabric(operation.call(), code as i64)
         };
+        // `submit` filled the slot, and no other thread owns it: always `Posted`.
+        let Stage::Posted(posted) = stage else {
+            tracing::warn!(index, "a slot whose post failed held no operation");
+            operations.free_slot(index);
+            return Err(error);
+        };
+        if posted.client.is_some() {
+            let budget = &operations.sends.budget;
+            budget.give_back(posted.fi_addr, posted.incarnation);
+        }
+        let sink = posted.sink.clone();
+        // Its lease and memory go now.
+        drop(posted);
         match join {
             Some(part) if !part.first => {
                 match part.join.finish(part.unposted, Err(error)) {
