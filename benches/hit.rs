@@ -271,7 +271,8 @@ fn lease(criterion: &mut Criterion) {
 
 /// Issue 43's comparison, outside criterion: blocks of [`BLOCK`] probes, ours and papaya's `get`
 /// of the same `(client, identity)` keys in the same order, each round running every contestant
-/// once (interleaved, so the machine's load falls on all alike), best and median of [`ROUNDS`].
+/// once in a shuffled order (interleaved, so the machine's load falls on all alike), each block
+/// timed after an untimed run of the same probes, best and median of [`ROUNDS`].
 const BLOCK: usize = 65_536;
 const ROUNDS: usize = 40;
 
@@ -452,13 +453,20 @@ fn interleave(keys: &Keys, contestants: &mut [Block<'_>]) -> Vec<(f64, f64)> {
     for ((_, block), cursor) in contestants.iter_mut().zip(&mut cursors) {
         block(cursor);
     }
-    // Each round starts one contestant further on, so none always follows the same other one
-    // (whose memory the caches hold when it starts).
+    // Each round runs the contestants in an order of its own (none always follows the same
+    // other one), and each runs its block twice, timing the second: what a block costs depends
+    // on whose memory the caches hold when it starts, so each is timed with its own warm, as
+    // criterion times a bench that runs alone for seconds.
     let count = contestants.len();
-    for round in 0..ROUNDS {
-        for turn in 0..count {
-            let at = (round + turn) % count;
+    let mut random = common::Random::new(0x43);
+    let mut turns: Vec<usize> = (0..count).collect();
+    for _ in 0..ROUNDS {
+        for i in (1..count).rev() {
+            turns.swap(i, random.below(i as u64 + 1) as usize);
+        }
+        for &at in &turns {
             let block = &mut contestants[at].1;
+            block(&mut cursors[at].clone());
             times[at].push(block(&mut cursors[at]).as_nanos() as f64 / BLOCK as f64);
         }
     }

@@ -191,6 +191,7 @@ impl Keys {
 /// draws its probes through [`next_probe`](Self::next_probe): a sequential read of the next
 /// probe (client and inline address, in visiting order) and an increment that wraps with a
 /// compare, no modulo and no pointer to follow before the probe itself.
+#[derive(Clone)]
 pub struct Cursor<'k> {
     walk: &'k [Probe],
     at: usize,
