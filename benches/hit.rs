@@ -10,9 +10,9 @@ mod common;
 
 use std::hint::black_box;
 use std::sync::{Arc, Barrier, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use common::{Cursor, Keys, Kind, Reference, Subject};
+use common::{Cursor, Keys, Kind, Order, Reference, Subject};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use dma_libfabric::sys::fi_addr_t;
@@ -269,7 +269,283 @@ fn lease(criterion: &mut Criterion) {
     assert_eq!(0, cache.stats().leases, "every lease was dropped");
 }
 
+/// Issue 43's comparison, outside criterion: blocks of [`BLOCK`] probes, ours and papaya's `get`
+/// of the same `(client, identity)` keys in the same order, each round running every contestant
+/// once in a shuffled order (interleaved, so the machine's load falls on all alike), each block
+/// timed after an untimed run of the same probes, best and median of [`ROUNDS`].
+const BLOCK: usize = 65_536;
+const ROUNDS: usize = 40;
+
+/// One contestant: its name, and a block of `BLOCK` probes from the cursor, timed.
+type Block<'a> = (
+    &'static str,
+    Box<dyn FnMut(&mut Cursor<'_>) -> Duration + 'a>,
+);
+
+/// Ours, batch (one pin a block) and single (a pin a probe).
+fn ours_blocks<B: AvBackend>(cache: &AddressCache<B>) -> [Block<'_>; 2] {
+    [
+        (
+            "ours_batch",
+            Box::new(move |cursor: &mut Cursor<'_>| {
+                let pinned = cache.pin();
+                let started = Instant::now();
+                for _ in 0..BLOCK {
+                    let (client, address) = cursor.next_probe();
+                    black_box(pinned.resolve(client, address).unwrap().fi_addr());
+                }
+                started.elapsed()
+            }),
+        ),
+        (
+            "ours_single",
+            Box::new(move |cursor: &mut Cursor<'_>| {
+                let started = Instant::now();
+                for _ in 0..BLOCK {
+                    let (client, address) = cursor.next_probe();
+                    black_box(cache.pin().resolve(client, address).unwrap().fi_addr());
+                }
+                started.elapsed()
+            }),
+        ),
+    ]
+}
+
+/// papaya's `get` of the floor's `(client, identity)` keys: under one guard a block, and with a
+/// guard of its own a probe.
+fn papaya_blocks(floor: &common::Floor, identity_len: usize) -> [Block<'_>; 2] {
+    [
+        (
+            "papaya_get",
+            Box::new(move |cursor: &mut Cursor<'_>| {
+                let guard = floor.guard();
+                let started = Instant::now();
+                for _ in 0..BLOCK {
+                    let (client, address) = cursor.next_probe();
+                    black_box(
+                        common::probe_floor(floor, &guard, identity_len, client, address).unwrap(),
+                    );
+                }
+                started.elapsed()
+            }),
+        ),
+        (
+            "papaya_get_own_guard",
+            Box::new(move |cursor: &mut Cursor<'_>| {
+                let started = Instant::now();
+                for _ in 0..BLOCK {
+                    let (client, address) = cursor.next_probe();
+                    let guard = floor.guard();
+                    black_box(
+                        common::probe_floor(floor, &guard, identity_len, client, address).unwrap(),
+                    );
+                }
+                started.elapsed()
+            }),
+        ),
+    ]
+}
+
+/// papaya keyed by the client and a boxed identity: a key shape a user might write, whose
+/// probe follows the node to the identity's own allocation.
+#[derive(PartialEq, Eq)]
+struct BoxedKey {
+    client: u64,
+    identity: Box<[u8]>,
+}
+
+impl std::hash::Hash for BoxedKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::hash::Hash::hash(
+            &common::Lookup {
+                client: self.client,
+                identity: &self.identity,
+            },
+            state,
+        );
+    }
+}
+
+impl papaya::Equivalent<BoxedKey> for common::Lookup<'_> {
+    fn equivalent(&self, key: &BoxedKey) -> bool {
+        self.client == key.client && *self.identity == *key.identity
+    }
+}
+
+type Boxed = papaya::HashMap<BoxedKey, fi_addr_t, common::Hasher>;
+type Confirmed = papaya::HashMap<common::Key, common::Value, common::Hasher>;
+
+fn papaya_map<K: std::hash::Hash + Eq, V>(
+    capacity: usize,
+) -> papaya::HashMap<K, V, common::Hasher> {
+    papaya::HashMap::builder()
+        .hasher(common::Hasher::default())
+        .capacity(capacity)
+        .resize_mode(papaya::ResizeMode::Blocking)
+        .build()
+}
+
+fn boxed_keys(keys: &Keys, capacity: usize) -> Boxed {
+    let map = papaya_map(capacity);
+    let identity_len = keys.kind.identity_len();
+    for (client, address) in keys.addresses.iter().enumerate() {
+        let key = BoxedKey {
+            client: client as u64,
+            identity: address[..identity_len].into(),
+        };
+        map.pin().insert(key, client as fi_addr_t);
+    }
+    map
+}
+
+/// papaya keyed as the floor, its value the whole address and the `fi_addr_t`: a probe that does
+/// the cache's whole work (the identity compared in the key, the address confirmed, the index
+/// read).
+fn confirmed_keys(keys: &Keys, capacity: usize) -> Confirmed {
+    let map = papaya_map(capacity);
+    for (key, value) in common::entries(keys) {
+        map.pin().insert(key, value);
+    }
+    map
+}
+
+/// The diagnostic shapes, under one guard a block.
+fn shapes<'a>(boxed: &'a Boxed, confirmed: &'a Confirmed, identity_len: usize) -> [Block<'a>; 2] {
+    [
+        (
+            "papaya_get_boxed_key",
+            Box::new(move |cursor: &mut Cursor<'_>| {
+                let guard = boxed.guard();
+                let started = Instant::now();
+                for _ in 0..BLOCK {
+                    let (client, address) = cursor.next_probe();
+                    let lookup = common::Lookup::of(client, address, identity_len);
+                    black_box(*boxed.get(&lookup, &guard).unwrap());
+                }
+                started.elapsed()
+            }),
+        ),
+        (
+            "papaya_get_confirmed",
+            Box::new(move |cursor: &mut Cursor<'_>| {
+                let guard = confirmed.guard();
+                let started = Instant::now();
+                for _ in 0..BLOCK {
+                    let (client, address) = cursor.next_probe();
+                    let lookup = common::Lookup::of(client, address, identity_len);
+                    let value = confirmed.get(&lookup, &guard).unwrap();
+                    assert!(value.confirms(address));
+                    black_box(value.fi_addr);
+                }
+                started.elapsed()
+            }),
+        ),
+    ]
+}
+
+/// Run every contestant `ROUNDS` times, interleaved, each on a cursor of its own over the same
+/// walk (so each block of each round probes the same keys); the best and the median ns a probe
+/// of each.
+fn interleave(keys: &Keys, contestants: &mut [Block<'_>]) -> Vec<(f64, f64)> {
+    let mut cursors: Vec<Cursor<'_>> = contestants.iter().map(|_| keys.cursor(0)).collect();
+    let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(ROUNDS); contestants.len()];
+    // One untimed round: every contestant's first block warms what it touches.
+    for ((_, block), cursor) in contestants.iter_mut().zip(&mut cursors) {
+        block(cursor);
+    }
+    // Each round runs the contestants in an order of its own (none always follows the same
+    // other one), and each runs its block twice, timing the second: what a block costs depends
+    // on whose memory the caches hold when it starts, so each is timed with its own warm, as
+    // criterion times a bench that runs alone for seconds.
+    let count = contestants.len();
+    let mut random = common::Random::new(0x43);
+    let mut turns: Vec<usize> = (0..count).collect();
+    for _ in 0..ROUNDS {
+        for i in (1..count).rev() {
+            turns.swap(i, random.below(i as u64 + 1) as usize);
+        }
+        for &at in &turns {
+            let block = &mut contestants[at].1;
+            block(&mut cursors[at].clone());
+            times[at].push(block(&mut cursors[at]).as_nanos() as f64 / BLOCK as f64);
+        }
+    }
+    times
+        .into_iter()
+        .map(|mut times| {
+            times.sort_by(f64::total_cmp);
+            (times[0], times[times.len() / 2])
+        })
+        .collect()
+}
+
+/// Whether the command line's filter (criterion's first free argument), if any, selects `name`.
+fn selected(name: &str) -> bool {
+    let filter = std::env::args()
+        .skip(1)
+        .find(|argument| !argument.starts_with('-'));
+    filter.is_none_or(|filter| name.contains(&filter))
+}
+
+/// Ours ÷ papaya's `get`, batch and single, in both orders, for 100,000 efa and tcp identities.
+fn orders() {
+    let n = 100_000;
+    for kind in [Kind::Efa, Kind::Tcp] {
+        let name = format!("hit_orders_{}_{n}", kind.name());
+        if !selected(&name) {
+            continue;
+        }
+        let subject = Subject::new(kind, n);
+        let warming = Keys::new(kind, n);
+        subject.warm(&warming);
+        let floor = common::floor(&warming, n);
+        let (boxed, confirmed) = (boxed_keys(&warming, n), confirmed_keys(&warming, n));
+        for order in [Order::Inserted, Order::Random] {
+            let keys = Keys::with_order(kind, n, order);
+            let mut contestants: Vec<Block<'_>> = Vec::new();
+            match &subject {
+                Subject::Tcp(endpoint) => contestants.extend(ours_blocks(endpoint.cache())),
+                Subject::Efa(cache) => contestants.extend(ours_blocks(cache)),
+            }
+            contestants.extend(papaya_blocks(&floor, kind.identity_len()));
+            contestants.extend(shapes(&boxed, &confirmed, kind.identity_len()));
+            let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+            let figures = interleave(&keys, &mut contestants);
+            println!(
+                "{name}, {} order, best / median of {ROUNDS} interleaved blocks of {BLOCK} (load {}):",
+                order.name(),
+                load.trim()
+            );
+            for ((label, _), (best, median)) in contestants.iter().zip(&figures) {
+                println!("  {label:>22}: {best:7.1} / {median:7.1} ns");
+                common::record(
+                    "hit",
+                    &format!("{name}_{}_{label}_best", order.name()),
+                    *best,
+                );
+                common::record(
+                    "hit",
+                    &format!("{name}_{}_{label}_median", order.name()),
+                    *median,
+                );
+            }
+            for (ours, papaya, mode) in [(0, 2, "batch"), (1, 3, "single")] {
+                let (best, median) = (
+                    figures[ours].0 / figures[papaya].0,
+                    figures[ours].1 / figures[papaya].1,
+                );
+                println!(
+                    "  {mode} ÷ {}: {best:.2} (best) / {median:.2} (median)",
+                    contestants[papaya].0
+                );
+            }
+        }
+    }
+}
+
 fn main() {
+    common::reset("hit");
+    orders();
     let mut criterion = common::criterion();
     hit(&mut criterion);
     lease(&mut criterion);

@@ -364,14 +364,14 @@ fn evictions_driven_on_one_rail_with_the_rail_set_never_called_keep_nothing() {
 }
 
 /// What a registered client may cost at any number of them, as the writer's module docs and
-/// `docs/guarantees.md` state it (issue 29's 64 B): its place in its entry's holders set and in
-/// the index (papaya's 16-byte node, the client and its entry's index, and its table slot). The
+/// `docs/guarantees.md` state it (104 B; issue 29's 64 B until issue 43 put the address a hit
+/// confirms in the index's node): its place in its entry's holders set and in the index
+/// (papaya's 56-byte node, the client, its entry's index and address, and its table slot). The
 /// writer keeps no map of its own for them: the index, which it alone writes, says where each
-/// published client is. The tables' slack makes it vary with the count: 51-52 B a client just
-/// after they double (16,384, 16,385, 32,769, 65,537, 131,073 or 262,145 clients), 39 B at
-/// 200,000; the peak, while papaya holds its old and new tables at a doubling, 60-61 B. (With
-/// the writer's own `clients` map beside the index, before: 86 B just after a doubling.)
-const REGISTERED_CLIENT: usize = 64;
+/// published client is. The tables' slack makes it vary with the count: 90-92 B a client just
+/// after they double (16,384, 131,073 or 262,145 clients); with the 16-byte node it was 51-52 B
+/// (39 B at 200,000; the peak, while papaya holds its old and new tables at a doubling, 60-61 B).
+const REGISTERED_CLIENT: usize = 104;
 
 /// What a cache over a 64-entry AV keeps above its empty self once every client is released and
 /// the cache quiesced, whatever the number of clients was, on a thread that had used the cache

@@ -96,7 +96,7 @@ pub fn efa(n: u32) -> Vec<u8> {
 pub struct Keys {
     pub kind: Kind,
     pub addresses: Vec<Vec<u8>>,
-    /// The order probes visit them in: a random permutation, the same for every contestant.
+    /// The order probes visit them in (see [`Order`]), the same for every contestant.
     pub order: Vec<u32>,
     /// The probes in that order, each address inline: what a [`Cursor`] walks.
     walk: Vec<Probe>,
@@ -110,13 +110,40 @@ struct Probe {
     address: [u8; 32],
 }
 
+/// The order a walk visits the keys in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// A random permutation, the same for every contestant.
+    Random,
+    /// The order the keys were inserted in (client 0, 1, 2, ...), as the cache was warmed and
+    /// every baseline built.
+    Inserted,
+}
+
+impl Order {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Random => "random",
+            Self::Inserted => "inserted",
+        }
+    }
+}
+
 impl Keys {
+    /// `n` keys of `kind`, walked in a random order.
     pub fn new(kind: Kind, n: usize) -> Self {
+        Self::with_order(kind, n, Order::Random)
+    }
+
+    /// `n` keys of `kind`, walked in `order`.
+    pub fn with_order(kind: Kind, n: usize, visit: Order) -> Self {
         let addresses: Vec<Vec<u8>> = (0..n as u32).map(|i| kind.address(i)).collect();
         let mut order: Vec<u32> = (0..n as u32).collect();
-        let mut random = Random::new(0x5eed_1234_abcd_0001);
-        for i in (1..order.len()).rev() {
-            order.swap(i, random.below(i as u64 + 1) as usize);
+        if visit == Order::Random {
+            let mut random = Random::new(0x5eed_1234_abcd_0001);
+            for i in (1..order.len()).rev() {
+                order.swap(i, random.below(i as u64 + 1) as usize);
+            }
         }
         let walk = order
             .iter()
@@ -164,6 +191,7 @@ impl Keys {
 /// draws its probes through [`next_probe`](Self::next_probe): a sequential read of the next
 /// probe (client and inline address, in visiting order) and an increment that wraps with a
 /// compare, no modulo and no pointer to follow before the probe itself.
+#[derive(Clone)]
 pub struct Cursor<'k> {
     walk: &'k [Probe],
     at: usize,

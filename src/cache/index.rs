@@ -1,24 +1,25 @@
-//! The published index readers probe: one registration per client, mapping it to the AV index of
-//! the entry it holds, and the address of every entry, by index.
+//! The published index readers probe: one registration per client, holding everything its hit
+//! needs, the AV index of the entry it is registered on and that entry's whole address.
 //!
 //! A hit is one probe of the map by the client id (a `u64`: the cheapest key to hash), then a
-//! compare of the probe's whole address with the address of the entry the client is registered
-//! on, read from a per-entry array the writer fills when it installs the entry. So a registration
-//! is found only for a client the writer registered on that very address, and a new QKEY on a
-//! known efa slot, or a client that was evicted, is a miss that goes to the writer. A client is
-//! registered on at most one entry (the writer's invariant), which is what lets the client alone
-//! be the key: a map node is 16 bytes (client and index), where a node that carried the address
-//! it confirms would be 56.
+//! compare of the probe's whole address with the address in the registration papaya returned,
+//! in place: the registration is the map's value, inline in the node papaya's probe has already
+//! loaded, so the hit's one chain of dependent loads is papaya's own (its table, the slot, the
+//! node) and nothing behind it. So a registration is found only for a client the writer
+//! registered on that very address, and a new QKEY on a known efa slot, or a client that was
+//! evicted, is a miss that goes to the writer. A client is registered on at most one entry (the
+//! writer's invariant), which is what lets the client alone be the key. An address longer than
+//! [`INLINE_ADDRESS`](super::stored::INLINE_ADDRESS) bytes (none of the providers the cache is
+//! tested on) is kept on the heap, and its hit reads it there.
 //!
 //! Only the writer inserts and removes; readers only probe. The writer also reads it, to find
 //! the entry a published client holds (`registered`, and what `unlink` took out): the index
-//! stands in for a writer-side map of every client, which cost 16 B a client and its slack.
-//! papaya's own reclamation (seize) keeps a node alive while a reader's guard may still see it,
-//! so a reader may read a node the writer has just unlinked. That is memory safety only:
-//! whether the *fi_addr_t* in it is still in the AV is the epoch deferral's business (see the
-//! `cache` module), and so is the address slot it reads: the writer rewrites an index's slot
-//! only for a new entry at that index, after the old one's `fi_av_remove`, which waited for
-//! every reader that could have found it.
+//! stands in for a writer-side map of every client. A registration is never changed in place:
+//! the writer publishes a new node, and papaya's own reclamation (seize) keeps the old one alive
+//! while a reader's guard may still see it, so a reader may read a node the writer has just
+//! unlinked or replaced, and what it reads is the pair the writer published together. That is
+//! memory safety only: whether the *fi_addr_t* in it is still in the AV is the epoch deferral's
+//! business (see the `cache` module).
 //!
 //! Two implementations keep [`RegistrationIndex`]'s contract: `lock_free`'s `PapayaIndex`, in
 //! the build that ships (its reader guards and table replacement, and their bounds, are that
@@ -36,6 +37,33 @@ mod locked;
 use self::lock_free::PapayaIndex;
 #[cfg(dma_loom)]
 use self::locked::LockedIndex;
+
+/// A published registration: the entry's AV index and its whole address, the map's value.
+#[derive(Clone, Debug)]
+pub(crate) struct Registration {
+    fi_addr: fi_addr_t,
+    address: StoredAddress,
+}
+
+impl Registration {
+    pub(crate) fn new(fi_addr: fi_addr_t, address: &StoredAddress) -> Self {
+        Self {
+            fi_addr,
+            address: address.clone(),
+        }
+    }
+
+    /// The entry's AV index.
+    pub(crate) fn fi_addr(&self) -> fi_addr_t {
+        self.fi_addr
+    }
+
+    /// `fi_addr` for a probe of exactly this address, `None` for any other.
+    #[inline]
+    pub(crate) fn confirm(&self, address: &[u8]) -> Option<fi_addr_t> {
+        same_bytes(self.address.bytes(), address).then_some(self.fi_addr)
+    }
+}
 
 /// Whether `a` and `b` hold the same bytes: as one fixed-size compare for the lengths addresses
 /// have (a `sockaddr_in`'s 16, efa's 32), which the compiler inlines, instead of a call to
@@ -66,8 +94,8 @@ pub(crate) trait RegistrationIndex: Send + Sync {
         Self: 'a;
     /// A reader that has not probed yet.
     fn reader(&self) -> Self::Reader<'_>;
-    /// The entry `client` is registered on for exactly `address`, whose first `identity_len`
-    /// bytes are its identity, as `reader` sees the index: when the writer has changed it since
+    /// The entry `client` is registered on for exactly `address` (its whole bytes, compared in
+    /// the registration), as `reader` sees the index: when the writer has changed it since
     /// `reader`'s last probe, `reader` first lets go of what was retired meanwhile (which may
     /// reclaim it on this thread) and moves to the table readers probe now.
     ///
@@ -81,17 +109,13 @@ pub(crate) trait RegistrationIndex: Send + Sync {
         client: u64,
         address: &[u8],
     ) -> Option<fi_addr_t>;
-    /// Record `address` as the address of the entry at `fi_addr`, before any registration on it
-    /// is published. Writer only, for an entry it has just inserted: no reader can read the slot
-    /// of an index the AV has just handed out (its previous entry's readers are gone).
-    fn install(&self, fi_addr: fi_addr_t, address: &StoredAddress);
     /// The entry `client`'s published registration names, if it has one. Writer only: the
     /// writer reads its own writes (papaya is linearizable), so this is where it finds a
     /// registered client's entry, with no map of its own beside the index.
     fn registered(&self, client: u64) -> Option<fi_addr_t>;
-    /// Publish `client`'s registration on the entry at `fi_addr`, whose address is installed.
-    /// Writer only.
-    fn publish(&self, client: u64, fi_addr: fi_addr_t);
+    /// Publish `client`'s registration on the entry at `fi_addr`, whose address is `address`,
+    /// replacing any it had. Writer only.
+    fn publish(&self, client: u64, fi_addr: fi_addr_t, address: &StoredAddress);
     /// Unlink `client`'s registration; the entry it named, if it had one. Writer only. Unlinking
     /// a client with no registration changes nothing (readers are not told to refresh).
     fn unlink(&self, client: u64) -> Option<fi_addr_t>;

@@ -128,7 +128,7 @@ use dma_libfabric_sys::fi_addr_t;
 ///    relaxed load of a counter tells), the hit refreshes the pin's papaya guard, which reclaims
 ///    a batch of index nodes the writer retired when the hit's thread is the last to leave them
 ///    (`docs/guarantees.md` has what it costs and how often). On an index the writer leaves
-///    alone, a hit is one load, one probe, one load of the entry's address and one compare.
+///    alone, a hit is one load, one probe and a compare of the address in the node the probe found.
 ///
 /// # Why a resolve under a pin can be told to wait
 ///

@@ -277,8 +277,8 @@ impl<'cache> Pinned<'cache> {
         ))
     }
 
-    /// The hot path: one relaxed load, one probe by the client, one load of the entry's address and
-    /// a compare; no allocation, no lock, no shared write.
+    /// The hot path: one relaxed load, one probe by the client and a compare of the address in
+    /// the node the probe found; no allocation, no lock, no shared write.
     ///
     /// The index's memory guard (papaya's) is the pin's, taken once: entering and leaving it per
     /// probe would add an atomic swap to every hit. Held as long as the pin, though, it would keep every

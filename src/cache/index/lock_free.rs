@@ -1,5 +1,4 @@
-//! The index that ships: registrations in a papaya map, one table at a time, and the address
-//! of every entry in an array by AV index. What [`PapayaIndex`] guarantees a reader beyond
+//! The index that ships: registrations in a papaya map, one table at a time. What [`PapayaIndex`] guarantees a reader beyond
 //! [`RegistrationIndex`]'s contract: its guard's memory stays bounded, and so does the index's
 //! own across a peak of registrations.
 //!
@@ -17,14 +16,13 @@
 //! the old one is freed once every reader pinned at the replacement has unpinned (see
 //! [`PapayaIndex`]). Bounded: one table of fewer than three slots a registration (the writer
 //! doubles it at 70% full, `GROW_AT_TENTHS`) or the capacity's, the table it outgrew handed to
-//! reclamation as it grows, at most one replaced table waiting for its readers, and the address
-//! slots, one per AV index (40 bytes each, allocated with the cache).
+//! reclamation as it grows, and at most one replaced table waiting for its readers; a
+//! registration's node holds the client, the entry's index and its address (56 bytes).
 
-use std::cell::UnsafeCell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-use super::{RegistrationIndex, same_bytes};
+use super::{Registration, RegistrationIndex};
 use crate::cache::epoch::EpochPin;
 use crate::cache::stored::StoredAddress;
 use dma_libfabric_sys::fi_addr_t;
@@ -35,7 +33,7 @@ pub(crate) type IndexHasher = foldhash::fast::RandomState;
 
 /// One table of registrations: a papaya map, and what the writer knows of its size.
 struct Table {
-    map: papaya::HashMap<u64, fi_addr_t, IndexHasher>,
+    map: papaya::HashMap<u64, Registration, IndexHasher>,
     /// Which of the index's two collectors the map reclaims through.
     collector: usize,
     /// How many registrations it holds, and the most it has held (at least what it was built
@@ -112,21 +110,7 @@ pub(crate) struct PapayaIndex {
     collectors: [Arc<seize::Collector>; 2],
     /// See [`RegistrationIndex::replacements`]: the writer's alone, read by tests.
     replacements: AtomicU64,
-    /// The address of the entry at each AV index below the capacity: what a hit compares the
-    /// probe's address with.
-    addresses: Box<[AddressSlot]>,
 }
-
-/// The address of the entry at one AV index.
-struct AddressSlot(UnsafeCell<StoredAddress>);
-
-// SAFETY: the writer alone writes a slot, and only in `install`, for an index the AV has just
-// handed out: the entry that held it before was removed after every reader that could have
-// found a registration on it unpinned, and no registration on the new entry is published yet,
-// so no reader reads the slot while it is written. A reader reads a slot only at the index of a
-// registration it found under its pin; the publish of that registration (papaya's insert,
-// `Release`, paired with its `get`'s `Acquire`) orders the slot's write before the read.
-unsafe impl Sync for AddressSlot {}
 
 /// A value alone on its cache line (128 bytes: a pair of lines, as the adjacent-line prefetcher
 /// fetches them), so the writer's stores to it do not take the line of what readers load.
@@ -156,9 +140,6 @@ impl PapayaIndex {
             presized: capacity,
             collectors,
             replacements: AtomicU64::new(0),
-            addresses: (0..capacity)
-                .map(|_| AddressSlot(UnsafeCell::new(StoredAddress::new(&[], 0))))
-                .collect(),
         }
     }
 
@@ -230,36 +211,24 @@ impl RegistrationIndex for PapayaIndex {
         // as long as `reader` (this function's contract), and the writer frees a replaced table
         // only once every reader pinned at its replacement has unpinned.
         let table = unsafe { &*reader.table };
-        let fi_addr = *table.map.get(&client, guard)?;
-        let slot = self.addresses.get(usize::try_from(fi_addr).ok()?)?;
-        // SAFETY: `fi_addr` is the index of a registration found under the caller's pin, so its
-        // slot holds that entry's address and is not written while the pin lives (see
-        // `AddressSlot`).
-        let stored = unsafe { &*slot.0.get() };
-        same_bytes(stored.bytes(), address).then_some(fi_addr)
-    }
-
-    fn install(&self, fi_addr: fi_addr_t, address: &StoredAddress) {
-        let Some(slot) = usize::try_from(fi_addr)
-            .ok()
-            .and_then(|index| self.addresses.get(index))
-        else {
-            return;
-        };
-        // SAFETY: the writer alone calls this, for an index the AV has just handed out, whose
-        // slot no reader reads until a registration on it is published (see `AddressSlot`).
-        unsafe { *slot.0.get() = address.clone() };
+        // The registration is the node's value: the address is compared where papaya's probe
+        // left it, and the index read beside it.
+        table.map.get(&client, guard)?.confirm(address)
     }
 
     fn registered(&self, client: u64) -> Option<fi_addr_t> {
         let table = self.table();
-        table.map.get(&client, &table.map.guard()).copied()
+        table
+            .map
+            .get(&client, &table.map.guard())
+            .map(Registration::fi_addr)
     }
 
-    fn publish(&self, client: u64, fi_addr: fi_addr_t) {
+    fn publish(&self, client: u64, fi_addr: fi_addr_t, address: &StoredAddress) {
         let table = self.table();
         let guard = table.map.guard();
-        if table.map.insert(client, fi_addr, &guard).is_none() {
+        let registration = Registration::new(fi_addr, address);
+        if table.map.insert(client, registration, &guard).is_none() {
             let live = table.live.load(Ordering::Relaxed) + 1;
             table.live.store(live, Ordering::Relaxed);
             if table.grown_to.load(Ordering::Relaxed) < live {
@@ -288,7 +257,7 @@ impl RegistrationIndex for PapayaIndex {
     fn unlink(&self, client: u64) -> Option<fi_addr_t> {
         let table = self.table();
         let guard = table.map.guard();
-        let unlinked = table.map.remove(&client, &guard).copied();
+        let unlinked = table.map.remove(&client, &guard).map(Registration::fi_addr);
         if unlinked.is_some() {
             let live = table.live.load(Ordering::Relaxed).saturating_sub(1);
             table.live.store(live, Ordering::Relaxed);
@@ -315,7 +284,7 @@ impl RegistrationIndex for PapayaIndex {
         let map = &self.pinned(pinned).map;
         let guard = map.guard();
         map.iter(&guard)
-            .filter(|(_, index)| fi_addr == **index)
+            .filter(|(_, registration)| fi_addr == registration.fi_addr())
             .map(|(&client, _)| client)
             .collect()
     }
@@ -337,8 +306,8 @@ impl RegistrationIndex for PapayaIndex {
         );
         {
             let (from, to) = (old.map.guard(), fresh.map.guard());
-            for (&client, &fi_addr) in old.map.iter(&from) {
-                fresh.map.insert(client, fi_addr, &to);
+            for (&client, registration) in old.map.iter(&from) {
+                fresh.map.insert(client, registration.clone(), &to);
             }
         }
         fresh.live.store(live, Ordering::Relaxed);

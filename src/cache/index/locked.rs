@@ -2,7 +2,7 @@
 //! change of the index as an ordered step. It keeps [`RegistrationIndex`]'s contract, a probe
 //! after an unlink misses, and never replaces its table.
 
-use super::{RegistrationIndex, same_bytes};
+use super::{Registration, RegistrationIndex};
 use crate::cache::epoch::EpochPin;
 use crate::cache::stored::StoredAddress;
 use dma_libfabric_sys::fi_addr_t;
@@ -12,11 +12,10 @@ pub(crate) struct LockedIndex {
     maps: loom::sync::Mutex<LockedMaps>,
 }
 
-/// The clients' registrations and the entries' addresses, under one lock.
+/// The clients' registrations, under one lock.
 #[derive(Default)]
 struct LockedMaps {
-    clients: std::collections::HashMap<u64, fi_addr_t>,
-    addresses: std::collections::HashMap<fi_addr_t, Box<[u8]>>,
+    clients: std::collections::HashMap<u64, Registration>,
 }
 
 impl LockedIndex {
@@ -44,28 +43,27 @@ impl RegistrationIndex for LockedIndex {
         client: u64,
         address: &[u8],
     ) -> Option<fi_addr_t> {
-        let maps = self.locked();
-        let fi_addr = *maps.clients.get(&client)?;
-        let registered = maps.addresses.get(&fi_addr)?;
-        same_bytes(registered, address).then_some(fi_addr)
-    }
-
-    fn install(&self, fi_addr: fi_addr_t, address: &StoredAddress) {
-        self.locked()
-            .addresses
-            .insert(fi_addr, address.bytes().into());
+        self.locked().clients.get(&client)?.confirm(address)
     }
 
     fn registered(&self, client: u64) -> Option<fi_addr_t> {
-        self.locked().clients.get(&client).copied()
+        self.locked()
+            .clients
+            .get(&client)
+            .map(Registration::fi_addr)
     }
 
-    fn publish(&self, client: u64, fi_addr: fi_addr_t) {
-        self.locked().clients.insert(client, fi_addr);
+    fn publish(&self, client: u64, fi_addr: fi_addr_t, address: &StoredAddress) {
+        self.locked()
+            .clients
+            .insert(client, Registration::new(fi_addr, address));
     }
 
     fn unlink(&self, client: u64) -> Option<fi_addr_t> {
-        self.locked().clients.remove(&client)
+        self.locked()
+            .clients
+            .remove(&client)
+            .map(|registration| registration.fi_addr())
     }
 
     fn len(&self, _pinned: &EpochPin) -> usize {
@@ -76,7 +74,7 @@ impl RegistrationIndex for LockedIndex {
         self.locked()
             .clients
             .iter()
-            .filter(|(_, index)| fi_addr == **index)
+            .filter(|(_, registration)| fi_addr == registration.fi_addr())
             .map(|(client, _)| *client)
             .collect()
     }

@@ -164,9 +164,6 @@ impl<B: AvBackend> Writer<B> {
         let Ok(index) = usize::try_from(fi_addr) else {
             return;
         };
-        // Readers compare a hit's address with the index's copy: in place before any
-        // registration on the entry is published.
-        self.shared.index.install(fi_addr, &address);
         self.table.install(index, fi_addr, address);
         self.stats.entries += 1;
     }
@@ -410,13 +407,13 @@ impl<B: AvBackend> Writer<B> {
         }
         // Published: the index says where it is from now on.
         self.parking.unindexed.remove(&client);
-        self.shared.index.publish(client, fi_addr);
+        self.shared.index.publish(client, fi_addr, &entry.address);
     }
 
     /// Publish the registration of `client` on the entry at `fi_addr`, which it holds.
     fn publish(&self, client: u64, fi_addr: fi_addr_t) {
-        if self.table.entry(fi_addr).is_some() {
-            self.shared.index.publish(client, fi_addr);
+        if let Some(entry) = self.table.entry(fi_addr) {
+            self.shared.index.publish(client, fi_addr, &entry.address);
         }
     }
 

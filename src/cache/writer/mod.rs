@@ -161,8 +161,8 @@
 //!                               that share their error (a full AV's refusals); 240 B a
 //!                               record with an error of its own (960 KiB in all); an address
 //!                               over 32 bytes adds its length: `cache::failures`
-//! + per registered client 64 B its place in its entry's holders set and its index
-//!                               registration (papaya's 16-byte node and table slot)
+//! + per registered client 104 B its place in its entry's holders set and its index
+//!                               registration (papaya's 56-byte node and table slot)
 //! + per parked client 64 B      its place in `unindexed` and in its parked incarnation's set;
 //!                               while its admission publishes it, both terms at once
 //! + per blocked lease 256 B     a caller waiting in `lease` on a parked incarnation: its waiter
@@ -176,16 +176,15 @@
 //! however long a probing reader stays pinned (a pin refreshes its guard on the index whenever
 //! the writer has changed it; an idle pin holds the index nodes retired until its next probe, a
 //! per-pin cost: `cache::index`) and however many releases, revives, retries and patience
-//! expiries go by. The per-client term covers papaya's node (16 B: the index is keyed by the
-//! client alone, as a hit reads the address it confirms from the index's per-entry slots), its
+//! expiries go by. The per-client term covers papaya's node (56 B: the client, its entry's index
+//! and the address a hit confirms, inline so the hit follows no pointer past papaya's), its
 //! table slot and the client's place in the holders sets, at the tables' worst load (just after
 //! they double) and while papaya holds its old and new tables at a doubling; the writer keeps no
 //! map of the clients beside the index. The parked-client term covers `unindexed` and the parked
 //! set just after they double; at the peak of its admission a client is counted in both terms (a
 //! holder, and published, while its parked place is still held). The blocked-lease term covers a
 //! 48-byte waiter in a hash map at its worst load and a 32-byte deadline in a B-tree whose leaves
-//! hold 5 to 11 of them. The index's address slots, 40 B an AV index, are allocated with the
-//! cache.
+//! hold 5 to 11 of them.
 //! Once every client is released and the cache quiesced, nothing stays per former client or
 //! entry: the writer replaces the index's table once it has emptied to an eighth of what it
 //! grew to (`cache::index`), and once the cache holds no entry its own tables give back all
@@ -203,7 +202,7 @@
 //! 4,096), the failure records (4,096 refused clients on a full 64-entry AV, each refused with
 //! the same 4 KiB provider text; each with a text of its own in
 //! `tests/cache_worst_case_bounds.rs`), the clients (200,000 on 64 entries, and just past each
-//! doubling, up to 262,145 clients, against 64 B a client), the parked clients (14,337 and
+//! doubling, up to 262,145 clients, against 104 B a client), the parked clients (14,337 and
 //! 57,345, against 64 B a client, and 128 B at the admission's peak) and an entry's holders
 //! (100,000 moves away and back keep nothing); the `cache_ops` fuzz target checks the first two
 //! terms after every step. What each of them measured, and the figures measured by hand:

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use super::Hasher;
 use super::apply::ADMISSION_SLICE;
-use super::state::{Deadlines, Entry, Holding, Parked};
+use super::state::{Deadlines, Holding, Parked};
 use super::table::Table;
 use super::tables::roomy;
 use crate::cache::index::{Index, RegistrationIndex};
@@ -102,8 +102,9 @@ impl Parking {
             };
             let holding = self.forward(place);
             let fi_addr = holding.fi_addr();
-            if !holding.is_parked() && table.entry(fi_addr).is_some_and(Entry::is_live) {
-                index.publish(client, fi_addr);
+            let live = table.entry(fi_addr).filter(|entry| entry.is_live());
+            if let (false, Some(entry)) = (holding.is_parked(), live) {
+                index.publish(client, fi_addr, &entry.address);
             } else {
                 self.unindexed.insert(client, place);
             }
