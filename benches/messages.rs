@@ -10,6 +10,8 @@
 //! `ITERATIONS` round trips is printed, then fabtests' figure with the same iterations, and the
 //! ratio. `cargo bench --bench messages` (a plain `main`, no criterion: a round trip is a
 //! syscall-bound microsecond affair, and criterion's sampling would add nothing but time).
+//! `MESSAGES_BUSY_POLL=1` opens both endpoints with `Configuration::busy_poll` (`FI_WAIT_NONE`
+//! queues, as fabtests opens its own), to see what the queues' wait objects cost.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::process::{Command, Stdio};
@@ -23,7 +25,12 @@ const SIZES: [usize; 2] = [64, 4096];
 const PATIENCE: Duration = Duration::from_secs(20);
 
 fn endpoint() -> LibfabricEndpoint {
-    LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1")).expect("tcp endpoint")
+    let busy_poll = std::env::var_os("MESSAGES_BUSY_POLL").is_some();
+    let configuration = Configuration {
+        busy_poll,
+        ..Configuration::default()
+    };
+    LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("tcp endpoint")
 }
 
 /// Wait for the next message on `endpoint`: asleep in `receive`, or spinning on `try_receive`
