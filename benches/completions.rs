@@ -70,13 +70,18 @@ fn idle_receive(busy_poll: bool) -> f64 {
     percent(clock(libc::CLOCK_THREAD_CPUTIME_ID) - cpu, wall.elapsed())
 }
 
-/// The share of a core the whole process uses over 2 s of an idle `AsyncEndpoint`.
-fn idle_async() -> f64 {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// A runtime of two worker threads, as the sync side's two threads.
+fn two_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// The share of a core the whole process uses over 2 s of an idle `AsyncEndpoint`.
+fn idle_async() -> f64 {
+    let runtime = two_thread_runtime();
     runtime.block_on(async {
         let endpoint = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -215,11 +220,7 @@ fn sync_round_trip(rounds: usize) -> (Duration, Duration) {
 /// The same round trips through the async face: the echo a task of its own, on a two-thread
 /// runtime (as sync's two threads).
 fn async_round_trip(rounds: usize) -> (Duration, Duration) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_thread_runtime();
     runtime.block_on(async {
         let pinger = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
         let ponger = AsyncEndpoint::new(Arc::new(open(false))).unwrap();

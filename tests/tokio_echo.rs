@@ -14,16 +14,10 @@
 use std::sync::Arc;
 
 use dma_libfabric::asynchronous::AsyncEndpoint;
-use dma_libfabric::{Configuration, LibfabricEndpoint};
-use testkit::PATIENCE;
+use testkit::{PATIENCE, rma_tcp};
 
 fn open() -> AsyncEndpoint {
-    let configuration = Configuration {
-        rma: true,
-        ..Configuration::default()
-    };
-    let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap();
-    AsyncEndpoint::new(Arc::new(endpoint)).unwrap()
+    AsyncEndpoint::new(Arc::new(rma_tcp())).unwrap()
 }
 
 async fn bounded<F: std::future::Future>(what: String, future: F) -> F::Output {

@@ -262,12 +262,7 @@ impl LibfabricEndpoint {
     /// is this endpoint's memory and fits the remote region, and the remote region does not
     /// wrap past 2^64.
     fn check_transfer(&self, local: &Segment<'_>, remote: &RemoteRegion) -> Result<(), DmaError> {
-        self.check_rma()?;
-        if local.region.domain() != self.handles.domain {
-            return Err(DmaError::InvalidArgument(
-                "the local segment is memory of another endpoint".into(),
-            ));
-        }
+        self.check_memory(local, "local")?;
         if (local.len as u64) > remote.len {
             return Err(DmaError::InvalidArgument(format!(
                 "{} local bytes do not fit the {}-byte remote region",

@@ -79,11 +79,7 @@ fn check_pieces<'a>(
             "the segments of one scatter/gather transfer are of one region".into(),
         ));
     }
-    if first.region.domain() != endpoint.handles.domain {
-        return Err(DmaError::InvalidArgument(
-            "the local segments are memory of another endpoint".into(),
-        ));
-    }
+    endpoint.check_memory(first, "local")?;
     let total = pieces
         .iter()
         .try_fold(0_usize, |total, piece| total.checked_add(piece.len))
@@ -267,11 +263,7 @@ pub(crate) fn write_with_data_to(
             "{data:#x} is wider than the provider's {width}-byte remote CQ data"
         )));
     }
-    if source.region.domain() != endpoint.handles.domain {
-        return Err(DmaError::InvalidArgument(
-            "the local segment is memory of another endpoint".into(),
-        ));
-    }
+    endpoint.check_memory(&source, "local")?;
     if (source.len as u64) > target.len || target.address.checked_add(target.len).is_none() {
         return Err(DmaError::InvalidArgument(format!(
             "{} local bytes do not fit the {}-byte remote region at {:#x}, or its end \

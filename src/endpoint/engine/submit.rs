@@ -4,8 +4,9 @@
 //!
 //! # Guarantees
 //!
-//! - **One check of the target.** A lease or peer of another endpoint's cache is refused
-//!   (`check_peer`) before anything is taken; a peer an earlier completion reported gone is
+//! - **One check of each side.** A lease or peer of another endpoint's cache is refused
+//!   (`check_peer`), and so is memory of another endpoint (`check_memory`), before anything is
+//!   taken; a peer an earlier completion reported gone is
 //!   refused at once with [`DmaError::PeerUnreachable`].
 //! - **One backpressure policy.** The peer's budget, a free slot and the provider's `-FI_EAGAIN`
 //!   are each waited for with progress, asleep on the queues between attempts (`after_progress`,
@@ -34,6 +35,7 @@ use super::slab::{InFlight, Stage};
 use crate::cache::{Lease, Peer};
 use crate::endpoint::LibfabricEndpoint;
 use crate::endpoint::deadline::Deadline;
+use crate::endpoint::memory::Segment;
 use crate::endpoint::memory::registration::OperationHold;
 use crate::error::DmaError;
 use crate::sync::lock;
@@ -95,6 +97,27 @@ impl LibfabricEndpoint {
                 "peer {} was resolved by another cache than this endpoint's: its index means \
                  nothing in this endpoint's address vector",
                 peer.fi_addr()
+            )))
+        }
+    }
+
+    /// The one check that local memory may be posted from: RMA is on, and `segment` is memory
+    /// of this endpoint's domain (a key of another domain means nothing to this provider).
+    /// `role` names it in the error (`source`, `destination`, `local`).
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] for an endpoint without RMA or memory of another endpoint.
+    pub(in crate::endpoint) fn check_memory(
+        &self,
+        segment: &Segment<'_>,
+        role: &str,
+    ) -> Result<(), DmaError> {
+        self.check_rma()?;
+        if segment.region.domain() == self.handles.domain {
+            Ok(())
+        } else {
+            Err(DmaError::InvalidArgument(format!(
+                "the {role} segment is memory of another endpoint"
             )))
         }
     }

@@ -27,12 +27,7 @@ pub(crate) fn send_from_to(
     timeout: Duration,
     sink: Sink,
 ) -> Result<(), DmaError> {
-    endpoint.check_rma()?;
-    if source.region.domain() != endpoint.handles.domain {
-        return Err(DmaError::InvalidArgument(
-            "the source segment is memory of another endpoint".into(),
-        ));
-    }
+    endpoint.check_memory(&source, "source")?;
     endpoint.check_peer(lease.peer())?;
     // A peer reported gone is refused by `submit`, before anything is posted.
     // Before the slot: a region lending a slice is waited for within the patience (then
@@ -85,12 +80,7 @@ pub(crate) fn receive_into_to(
     id: u64,
     sink: Sink,
 ) -> Result<(), DmaError> {
-    endpoint.check_rma()?;
-    if destination.region.domain() != endpoint.handles.domain {
-        return Err(DmaError::InvalidArgument(
-            "the destination segment is memory of another endpoint".into(),
-        ));
-    }
+    endpoint.check_memory(&destination, "destination")?;
     // Before the slot: a region lending a slice answers Busy at once (a receive has no
     // patience: it answers WouldBlock at once for want of a slot too), and nothing is taken.
     let hold = destination.region.hold(Deadline::after(Duration::ZERO))?;
