@@ -142,7 +142,7 @@ pub use rails::RailsPinned;
 #[cfg(dma_loom)]
 pub use cache::{Role, Served, Take};
 #[cfg(dma_loom)]
-pub use endpoint::{AccessWord, Deadline, Handoff};
+pub use endpoint::{AccessWord, Deadline, Handoff, PostedAt};
 
 /// The layers are private: one path per name, the root's. Each of these fails to compile
 /// (`E0603`, a private module), so a layer made public again by mistake fails the doc tests

@@ -9,7 +9,7 @@
 //! the time again, and skips the slot if the two times differ: a reuse in between changes the
 //! time or clears it.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering, fence};
+use crate::sync::atomic::{AtomicU8, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 #[cfg(doc)]
@@ -62,9 +62,10 @@ pub struct OverdueOperation {
     pub client: Option<u64>,
 }
 
-/// A slot's post time and what was posted, readable by any thread.
+/// A slot's post time and what was posted, readable by any thread. (Public only for the loom
+/// model `posted_at`, under `--cfg dma_loom`.)
 #[derive(Debug, Default)]
-pub(super) struct PostedAt {
+pub struct PostedAt {
     /// Nanoseconds from the slab's `born` to the post, plus one; 0 while the slot is free.
     nanos: AtomicU64,
     id: AtomicU64,
@@ -99,6 +100,18 @@ impl PostedAt {
         client: Option<u64>,
     ) {
         let nanos = u64::try_from(born.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        self.publish(nanos, id, operation, peer, client);
+    }
+
+    /// [`set`](Self::set) at `nanos` from the slab's birth. (Public only for the loom model.)
+    pub fn publish(
+        &self,
+        nanos: u64,
+        id: u64,
+        operation: Operation,
+        peer: sys::fi_addr_t,
+        client: Option<u64>,
+    ) {
         let code = match operation {
             Operation::Write => 0,
             Operation::Read => 1,
@@ -119,8 +132,15 @@ impl PostedAt {
     }
 
     /// The slot's operation is over (completed, or never posted).
-    pub(super) fn clear(&self) {
+    pub fn clear(&self) {
         self.nanos.store(0, Ordering::Release);
+    }
+
+    /// The id and post time of the operation in this slot, as [`read`](Self::read) gives them.
+    /// (Public only for the loom model.)
+    #[cfg(dma_loom)]
+    pub fn read_id(&self) -> Option<(u64, u64)> {
+        self.read().map(|posted| (posted.id, posted.nanos))
     }
 
     /// The operation in this slot, if any; `None` too when the slot was reused while it was

@@ -47,6 +47,9 @@ pub use self::engine::{Completion, MAX_OPERATIONS, Operation};
 use self::error_entry::read_error_entry;
 use self::handles::Handles;
 pub use self::in_flight::OverdueOperation;
+/// A slot's post record, for the loom model `posted_at` (`loom_tests/`).
+#[cfg(dma_loom)]
+pub use self::in_flight::PostedAt;
 pub use self::memory::registration::{Exposure, MemoryInterface};
 pub use self::memory::{MemoryRegion, PooledBuffer, RemoteRegion, Segment};
 use self::receive::ReceiveSlots;
