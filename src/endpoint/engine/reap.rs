@@ -249,19 +249,30 @@ impl Operations {
 
     /// Put slot `index`, owned by this thread and holding nothing, back on the free list.
     pub(in crate::endpoint) fn free_slot(&self, index: usize) {
-        // SAFETY: the caller owns the slot; the free list takes it over.
-        unsafe { *self.slots[index].stage.get() = Stage::Free };
-        lock(&self.free).push(index);
+        self.free_slots([index]);
+    }
+
+    /// Put `indices`, slots owned by this thread and holding nothing, back on the free list, under
+    /// one lock of it.
+    pub(in crate::endpoint) fn free_slots(&self, indices: impl IntoIterator<Item = usize>) {
+        let mut free = lock(&self.free);
+        for index in indices {
+            // SAFETY: the caller owns the slot; the free list takes it over with this push.
+            unsafe { *self.slots[index].stage.get() = Stage::Free };
+            free.push(index);
+        }
     }
 
     /// Move every ready completion to `out`, freeing their slots.
     pub(in crate::endpoint) fn take_all_ready(&self, out: &mut Vec<Completion>) -> usize {
         let ready: Vec<_> = lock(&self.ready).drain(..).collect();
         let count = ready.len();
+        let mut indices = Vec::with_capacity(count);
         for (index, completion) in ready {
             out.push(completion);
-            self.free_slot(index);
+            indices.push(index);
         }
+        self.free_slots(indices);
         count
     }
 

@@ -160,9 +160,7 @@ impl LibfabricEndpoint {
 
     /// Give back slots [`reserve_slots`](Self::reserve_slots) took and nothing was posted in.
     pub(in crate::endpoint) fn release_slots(&self, slots: impl IntoIterator<Item = usize>) {
-        for index in slots {
-            self.operations.free_slot(index);
-        }
+        self.operations.free_slots(slots);
     }
 
     /// Post one operation through a slot: the target checked and stored, the peer's budget and
