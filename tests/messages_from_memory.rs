@@ -156,3 +156,38 @@ fn receive_into_lands_messages_in_registered_memory_and_reports_truncation() {
     assert_eq!(1, receiver.operations_in_flight());
     drop(receiver); // cancels it: no message will come
 }
+
+/// `receive_into` has no patience: once every operation slot holds a posted receive that no
+/// message has taken, the next answers `WouldBlock` at once, posting nothing and holding nothing
+/// more; the receives already posted stay in flight, and the endpoint's drop cancels them.
+#[test]
+fn receive_into_past_a_full_slab_answers_would_block_and_posts_nothing() {
+    let configuration = Configuration {
+        rma: true,
+        tx_size: Some(16),
+        ..Configuration::default()
+    };
+    let endpoint = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap();
+    let landing = endpoint.register(4096).unwrap();
+    let mut posted = 0_u64;
+    let refused = loop {
+        match endpoint.receive_into(landing.segment(0, 4096).unwrap(), posted) {
+            Ok(()) => posted += 1,
+            Err(error) => break error,
+        }
+        assert!(posted <= 4096, "more receives posted than any slab holds");
+    };
+    assert_eq!(DmaError::WouldBlock, refused);
+    assert!(0 < posted, "no receive was posted at all");
+    let in_flight = endpoint.operations_in_flight();
+    assert_eq!(
+        posted as usize, in_flight,
+        "one operation per posted receive"
+    );
+    // Refused again, still at once, and still nothing more in flight.
+    assert_eq!(
+        Err(DmaError::WouldBlock),
+        endpoint.receive_into(landing.segment(0, 4096).unwrap(), posted)
+    );
+    assert_eq!(in_flight, endpoint.operations_in_flight());
+}
