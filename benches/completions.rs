@@ -447,6 +447,22 @@ fn main() {
         println!("{:?}", sync_throughput(throughput_writes));
         return;
     }
+    if std::env::args().any(|argument| "--round-trip" == argument) {
+        // Only the round trips, sync then async, and their ratio.
+        let (sync50, sync99) = sync_round_trip(latency_writes);
+        let (async50, async99) = async_round_trip(latency_writes);
+        let trip = async50.as_secs_f64() / sync50.as_secs_f64();
+        println!(
+            "4 KiB round trip p50 / p99: sync {} / {}, async {} / {}: async ÷ sync {trip:.2}×",
+            micros(sync50),
+            micros(sync99),
+            micros(async50),
+            micros(async99)
+        );
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        println!("load average at the end: {}", load.trim());
+        return;
+    }
     if std::env::args().any(|argument| "--throughput" == argument) {
         let _ratio = throughput(throughput_writes);
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

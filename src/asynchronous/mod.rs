@@ -68,6 +68,7 @@
 //! writes complete once its fate is known.
 
 mod operations;
+mod reactor;
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -91,6 +92,14 @@ pub const BACKPRESSURE_NAP: Duration = Duration::from_millis(5);
 
 /// The longest the driver sleeps between passes when nothing wakes it.
 pub const IDLE_NAP: Duration = Duration::from_secs(1);
+
+/// The longest the driver stands by between passes while futures are parked on their runtimes'
+/// reactors, which wake them for the descriptors in its stead (module docs, "The driver").
+pub const STANDBY_NAP: Duration = Duration::from_millis(50);
+
+/// How long the standing-by driver leaves a readable queue to the futures its runtime's reactor
+/// woke before it reads the queue itself (module docs, "The driver").
+pub const STANDBY_GRACE: Duration = Duration::from_millis(1);
 
 /// A [`LibfabricEndpoint`] whose operations are futures. Cheap to clone: clones share the
 /// endpoint and its driver, which stops when the last clone drops (operations still in flight
@@ -155,14 +164,13 @@ impl Drop for Shared {
         // Wake the driver before handing over: after the hand-off this clone owns nothing to ring
         // with. A driver that passes in between sleeps at most `IDLE_NAP` before it sees the
         // stop.
-        endpoint.wake_sleepers();
+        self.driver.wake(&endpoint);
         *crate::sync::lock(&self.driver.handed_over) = Some(endpoint);
         self.driver.stop.store(true, Ordering::Release);
     }
 }
 
 /// What the driver thread and the futures share.
-#[derive(Default)]
 struct Driver {
     stop: AtomicBool,
     /// The last clone's endpoint, dropped by the driver as it stops (so the drain, if any, runs
@@ -174,18 +182,27 @@ struct Driver {
     progressed: Notify,
     /// Posts waiting for backpressure to clear: while any is, the driver naps short.
     backpressured: AtomicUsize,
+    /// The queues' descriptors, registered with the reactors of the runtimes that poll.
+    reactors: reactor::Reactors,
 }
 
 impl Driver {
     /// The driver thread's loop (module docs, "The driver").
     fn run(&self, endpoint: &LibfabricEndpoint) {
         while !self.stop.load(Ordering::Acquire) {
-            let nap = if 0 < self.backpressured.load(Ordering::Acquire) {
-                BACKPRESSURE_NAP
+            if 0 < self.backpressured.load(Ordering::Acquire) {
+                endpoint.progress_sleeping(BACKPRESSURE_NAP);
+            } else if self.reactors.in_use() {
+                // A runtime's reactor watches the descriptors for the futures on it, which read
+                // the queues as they wake: the driver gives them the first go, and reads what
+                // they left (a runtime busy elsewhere) after a grace, at most once per grace.
+                if self.reactors.stand_by(STANDBY_NAP) {
+                    std::thread::sleep(STANDBY_GRACE);
+                }
+                endpoint.progress();
             } else {
-                IDLE_NAP
-            };
-            endpoint.progress_sleeping(nap);
+                endpoint.progress_sleeping(IDLE_NAP);
+            }
             endpoint.reap_receive_queue();
             self.received.notify_waiters();
             self.progressed.notify_waiters();
@@ -197,9 +214,15 @@ impl Driver {
     /// driver's current sleep, which may be a long one.
     fn start_waiting(&self, endpoint: &LibfabricEndpoint) -> Waiting<'_> {
         if 0 == self.backpressured.fetch_add(1, Ordering::AcqRel) {
-            endpoint.wake_sleepers();
+            self.wake(endpoint);
         }
         Waiting(self)
+    }
+
+    /// Cut the driver's current sleep, on the descriptors or standing by.
+    fn wake(&self, endpoint: &LibfabricEndpoint) {
+        endpoint.wake_sleepers();
+        self.reactors.ring();
     }
 
     /// The driver's next pass (every pass ends by waking these).
@@ -238,7 +261,14 @@ impl AsyncEndpoint {
                 endpoint.describe().provider
             )));
         }
-        let driver = Arc::new(Driver::default());
+        let driver = Arc::new(Driver {
+            stop: AtomicBool::new(false),
+            handed_over: Mutex::new(None),
+            received: Notify::new(),
+            progressed: Notify::new(),
+            backpressured: AtomicUsize::new(0),
+            reactors: reactor::Reactors::of(&endpoint),
+        });
         let (thread_driver, thread_endpoint) = (Arc::clone(&driver), Arc::clone(&endpoint));
         std::thread::Builder::new()
             .name("dma-libfabric-async".into())

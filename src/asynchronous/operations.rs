@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use super::reactor::Registration;
 use super::{AsyncEndpoint, POST_PATIENCE};
 use crate::cache::{Lease, Peer};
 use crate::endpoint::deadline::Deadline;
@@ -252,6 +253,7 @@ impl AsyncEndpoint {
     /// As [`LibfabricEndpoint::try_receive_from`].
     pub async fn receive_from(&self) -> Result<Received, DmaError> {
         let shared = &self.shared;
+        let (reactor, mut looks) = (shared.driver.reactors.current(), 0);
         loop {
             let notified = shared.driver.received.notified();
             let mut notified = std::pin::pin!(notified);
@@ -261,7 +263,8 @@ impl AsyncEndpoint {
             if let Some(received) = shared.endpoint().try_receive_from()? {
                 return Ok(received);
             }
-            notified.await;
+            self.next_event(notified, reactor.as_deref(), &mut looks)
+                .await;
         }
     }
 
@@ -272,6 +275,7 @@ impl AsyncEndpoint {
     /// Cancel safe: a notification is taken only in the poll that returns it.
     pub async fn notification(&self) -> Notification {
         let shared = &self.shared;
+        let (reactor, mut looks) = (shared.driver.reactors.current(), 0);
         loop {
             let notified = shared.driver.received.notified();
             let mut notified = std::pin::pin!(notified);
@@ -279,8 +283,41 @@ impl AsyncEndpoint {
             if let Some(notification) = shared.endpoint().next_notification() {
                 return notification;
             }
-            notified.await;
+            self.next_event(notified, reactor.as_deref(), &mut looks)
+                .await;
         }
+    }
+
+    /// Until the driver's next pass that read the receive queue (`received`, enabled before the
+    /// caller looked), or, on a runtime with a reactor, until a queue's descriptor is readable:
+    /// then the transmit queue is read here (progress), and the caller looks again, which reads
+    /// the receive queue. Every [`LOOKS`]th call yields to the runtime first, so a queue that
+    /// keeps having work is served between other tasks, not spun on.
+    async fn next_event(
+        &self,
+        mut received: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+        reactor: Option<&Registration>,
+        looks: &mut usize,
+    ) {
+        *looks += 1;
+        if 0 == *looks % LOOKS {
+            tokio::task::yield_now().await;
+        }
+        let endpoint = self.shared.endpoint();
+        std::future::poll_fn(|context| {
+            if received.as_mut().poll(context).is_ready() {
+                return Poll::Ready(());
+            }
+            let Some(reactor) = reactor else {
+                return Poll::Pending;
+            };
+            let ready = reactor.poll_ready(endpoint, context);
+            if ready.is_ready() {
+                endpoint.progress();
+            }
+            ready
+        })
+        .await;
     }
 
     /// `attempt` until it answers other than [`DmaError::WouldBlock`], for up to
@@ -320,16 +357,24 @@ impl AsyncEndpoint {
         Completed {
             pending: state,
             endpoint: self.shared.endpoint(),
+            reactor: self.shared.driver.reactors.current(),
             read: false,
         }
         .await
     }
 }
 
+/// How many times one poll reads the queues and finds a descriptor ready again before it yields
+/// to the runtime (a queue that keeps having work is served between other tasks, not spun on).
+const LOOKS: usize = 4;
+
 /// Resolves when the operation's completion has been delivered to its [`WakerSink`].
 struct Completed<'endpoint> {
     pending: Arc<WakerSink>,
     endpoint: &'endpoint LibfabricEndpoint,
+    /// The polling runtime's reactor, which wakes the future when a queue's descriptor is
+    /// readable; without one, the driver's thread reads the queue and the sink wakes it.
+    reactor: Option<Arc<Registration>>,
     /// Whether its first poll has read the queue itself.
     read: bool,
 }
@@ -341,17 +386,31 @@ impl Future for Completed<'_> {
         mut self: std::pin::Pin<&mut Self>,
         context: &mut std::task::Context<'_>,
     ) -> Poll<Self::Output> {
-        if let Some(completion) = self.pending.take(context.waker()) {
+        let this = &mut *self;
+        if let Some(completion) = this.pending.take(context.waker()) {
             return Poll::Ready(Ok(completion));
         }
-        // On tcp a small write often completes as it is posted: one read of the queue here saves
-        // the round trip through the driver's thread.
-        if !std::mem::replace(&mut self.read, true) {
-            self.endpoint.progress();
-            if let Some(completion) = self.pending.take(context.waker()) {
+        let Some(reactor) = &this.reactor else {
+            // On tcp a small write often completes as it is posted: one read of the queue here
+            // saves the round trip through the driver's thread.
+            if !std::mem::replace(&mut this.read, true) {
+                this.endpoint.progress();
+                if let Some(completion) = this.pending.take(context.waker()) {
+                    return Poll::Ready(Ok(completion));
+                }
+            }
+            return Poll::Pending;
+        };
+        for _ in 0..LOOKS {
+            this.endpoint.progress();
+            if let Some(completion) = this.pending.take(context.waker()) {
                 return Poll::Ready(Ok(completion));
             }
+            if reactor.poll_ready(this.endpoint, context).is_pending() {
+                return Poll::Pending;
+            }
         }
+        context.waker().wake_by_ref();
         Poll::Pending
     }
 }

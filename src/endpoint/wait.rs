@@ -256,8 +256,16 @@ impl Source {
         }
     }
 
-    /// `fi_trywait` on both queues: whether the caller may block on the descriptors now.
-    fn may_sleep(&self) -> bool {
+    /// The queues' wait descriptors (epoll descriptors on tcp), which the async face registers
+    /// with a runtime's reactor; `-1` each for a source read blocking.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async face's
+    pub(crate) fn fds(&self) -> [RawFd; 2] {
+        self.fds
+    }
+
+    /// `fi_trywait` on both queues: whether the caller may block on the descriptors now (the
+    /// module docs' protocol: when it answers `false`, read the queues again first).
+    pub(crate) fn may_sleep(&self) -> bool {
         self.may_sleep_on(&self.cqs)
     }
 

@@ -1,0 +1,222 @@
+//! Waking a future from the reactor of the runtime that polls it, with no thread between the
+//! descriptor and the future.
+//!
+//! # What it guarantees
+//!
+//! - **No wake-up slept through.** A future parks on its runtime's reactor only after its
+//!   descriptors are registered for its waker *and* `fi_trywait` on the endpoint's queues has
+//!   answered that nothing is left to read (the protocol of `endpoint::wait`'s module docs):
+//!   what arrives later makes a descriptor readable, which wakes it; what was there already is
+//!   read first. A readiness is cleared only before the queues are read again, so none is lost
+//!   between the read and the next registration (tokio clears only what it reported).
+//! - **Any runtime.** A registration belongs to one runtime (by its [`Id`]) and is used only
+//!   by futures polled on that runtime, which is therefore running. Where there is no reactor
+//!   to use (a future polled outside tokio, or on a runtime built without `enable_io`), there is
+//!   no registration, and the future is woken by the driver's thread alone (the parent module's
+//!   "The driver"), as it always is besides.
+//! - **Bounded.** An `AsyncEndpoint` keeps at most [`MOST_RUNTIMES`] registrations, each at most
+//!   two duplicated descriptors (one per completion queue) registered with one reactor; a
+//!   runtime seen after that replaces the one seen longest ago (its futures keep theirs until
+//!   they resolve). A runtime without IO is remembered as such, once: tokio answers the
+//!   registration with a panic (caught here; tokio's panic hook prints its message, which says to
+//!   call `enable_io`), and nothing is tried again on that runtime.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::runtime::{Handle, Id};
+
+use crate::endpoint::LibfabricEndpoint;
+
+/// The most runtimes whose reactors one `AsyncEndpoint` is registered with at a time.
+pub(super) const MOST_RUNTIMES: usize = 4;
+
+/// The registrations of one endpoint's descriptors, by runtime (module docs).
+pub(super) struct Reactors {
+    /// The endpoint's queues' wait descriptors (owned by its queues; duplicated to register).
+    fds: Vec<RawFd>,
+    /// The runtimes seen, oldest first; `None` for one without a reactor to use.
+    seen: Mutex<VecDeque<(Id, Option<Arc<Registration>>)>>,
+    /// The driver's own `eventfd`, in its standby `poll` set: rung to cut a standby short.
+    bell: Option<OwnedFd>,
+}
+
+impl Reactors {
+    /// For `endpoint`, whose queues' descriptors are registered as runtimes poll its futures.
+    pub(super) fn of(endpoint: &LibfabricEndpoint) -> Self {
+        let mut fds: Vec<RawFd> = endpoint
+            .wait_sources()
+            .iter()
+            .flat_map(|source| source.fds())
+            .filter(|&fd| fd >= 0)
+            .collect();
+        fds.dedup();
+        Self {
+            fds,
+            seen: Mutex::new(VecDeque::with_capacity(MOST_RUNTIMES)),
+            bell: eventfd(),
+        }
+    }
+
+    /// The registration with the reactor of the runtime polling now, registered on its first
+    /// use there; `None` outside tokio or on a runtime without IO. While a future holds it, the
+    /// driver stands by ([`in_use`](Self::in_use)).
+    pub(super) fn current(&self) -> Option<Arc<Registration>> {
+        let id = Handle::try_current().ok()?.id();
+        let mut seen = crate::sync::lock(&self.seen);
+        match seen.iter().find(|(seen, _)| *seen == id) {
+            Some((_, registration)) => registration.clone(),
+            None => {
+                let registration = self.register().map(Arc::new);
+                if MOST_RUNTIMES <= seen.len() {
+                    seen.pop_front();
+                }
+                seen.push_back((id, registration.clone()));
+                registration
+            }
+        }
+    }
+
+    /// Cut the driver's standby short ([`stand_by`](Self::stand_by)).
+    pub(super) fn ring(&self) {
+        if let Some(bell) = &self.bell {
+            let one = 1_u64;
+            // SAFETY: writing 8 bytes from a live u64 to our own eventfd; a full counter (EAGAIN)
+            // already wakes the poll.
+            let _ = unsafe { libc::write(bell.as_raw_fd(), (&raw const one).cast(), 8) };
+        }
+    }
+
+    /// The driver's sleep while futures are on reactors: `poll` on the queues' descriptors and
+    /// the driver's bell (not the endpoint's, which its own waiters drain) for at most
+    /// `timeout`; whether a queue's descriptor woke it.
+    pub(super) fn stand_by(&self, timeout: std::time::Duration) -> bool {
+        let mut fds: Vec<libc::pollfd> = self
+            .fds
+            .iter()
+            .copied()
+            .chain(self.bell.as_ref().map(AsRawFd::as_raw_fd))
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let millis = i32::try_from(timeout.as_millis().max(1)).unwrap_or(i32::MAX);
+        // SAFETY: `fds` holds `fds.len()` initialised pollfds, and lives across the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
+        if let Some(bell) = &self.bell {
+            let mut rung = 0_u64;
+            // SAFETY: reading 8 bytes into a live u64 from our own non-blocking eventfd.
+            let _ = unsafe { libc::read(bell.as_raw_fd(), (&raw mut rung).cast(), 8) };
+        }
+        0 < ready && fds[..self.fds.len()].iter().any(|fd| 0 != fd.revents)
+    }
+
+    /// Whether a future is on a reactor now (holds a registration from [`current`](Self::current)): while one is, its
+    /// runtime's reactor watches the descriptors, and the driver need not.
+    pub(super) fn in_use(&self) -> bool {
+        crate::sync::lock(&self.seen)
+            .iter()
+            .filter_map(|(_, registration)| registration.as_ref())
+            .any(|registration| 1 < Arc::strong_count(registration))
+    }
+
+    /// Duplicates of the descriptors, registered with the current runtime's reactor.
+    fn register(&self) -> Option<Registration> {
+        let mut registered = Vec::with_capacity(self.fds.len());
+        for &fd in &self.fds {
+            // SAFETY: `fd` is a queue's open descriptor (the endpoint outlives its
+            // `AsyncEndpoint`s); F_DUPFD_CLOEXEC takes no pointers and answers a new descriptor,
+            // or -1.
+            let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if copy < 0 {
+                tracing::debug!(
+                    fd,
+                    "dup of a queue's descriptor failed: woken by the driver"
+                );
+                return None;
+            }
+            // SAFETY: `copy` was just opened, and nothing else owns it.
+            let owned = unsafe { OwnedFd::from_raw_fd(copy) };
+            let attempt = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                // SAFETY: `owned` is an open descriptor that the `AsyncFd` owns, so it stays open
+                // and the same for the `AsyncFd`'s whole life.
+                unsafe { AsyncFd::register_with_interest(owned, Interest::READABLE) }
+            }));
+            match attempt {
+                Ok(Ok(fd)) => registered.push(fd),
+                Ok(Err(error)) => {
+                    let error = error.into_parts().1;
+                    tracing::debug!(%error, "registering a queue's descriptor failed: woken by the driver");
+                    return None;
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        "this runtime has no IO driver (Builder::enable_io): the async face's \
+                         futures on it are woken by the driver's thread, one hand-off slower"
+                    );
+                    return None;
+                }
+            }
+        }
+        Some(Registration { fds: registered })
+    }
+}
+
+/// An endpoint's descriptors, registered with one runtime's reactor.
+pub(super) struct Registration {
+    fds: Vec<AsyncFd<OwnedFd>>,
+}
+
+impl Registration {
+    /// Park `context` on the descriptors until they may show something: `Ready` to read the
+    /// queues again now (a descriptor was readable, or `fi_trywait` found something to read),
+    /// `Pending` once the waker is registered and the queues were found empty (module docs).
+    pub(super) fn poll_ready(
+        &self,
+        endpoint: &LibfabricEndpoint,
+        context: &mut Context<'_>,
+    ) -> Poll<()> {
+        let mut ready = false;
+        for fd in &self.fds {
+            match fd.poll_read_ready(context) {
+                // Cleared before the caller reads the queues: what lands after the guard was
+                // made is not cleared, so the next poll sees it.
+                Poll::Ready(Ok(mut guard)) => {
+                    guard.clear_ready();
+                    ready = true;
+                }
+                // The runtime is shutting down: its futures go with it; the driver still wakes
+                // this one meanwhile.
+                Poll::Ready(Err(_)) => return Poll::Pending,
+                Poll::Pending => {}
+            }
+        }
+        let empty = endpoint
+            .wait_sources()
+            .iter()
+            .all(crate::endpoint::wait::Source::may_sleep);
+        if ready || !empty {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// A non-blocking `eventfd`, or `None` if the system gives none (the standby then ends by its
+/// timeout).
+fn eventfd() -> Option<OwnedFd> {
+    // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    (fd >= 0).then(|| {
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    })
+}
