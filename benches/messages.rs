@@ -12,6 +12,8 @@
 //! syscall-bound microsecond affair, and criterion's sampling would add nothing but time).
 //! `MESSAGES_BUSY_POLL=1` opens both endpoints with `Configuration::busy_poll` (`FI_WAIT_NONE`
 //! queues, as fabtests opens its own), to see what the queues' wait objects cost.
+//! `MESSAGES_PROFILE=64` runs only ours, spinning, at that size (no fabtests, no table), for
+//! `perf record`, `perf stat` or `strace -c` to look at one path.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::process::{Command, Stdio};
@@ -143,6 +145,14 @@ fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` (and `--list`) do not: a test run
     // of a bench target measures nothing.
     if !std::env::args().any(|arg| arg == "--bench") {
+        return;
+    }
+    if let Some(size) = std::env::var("MESSAGES_PROFILE")
+        .ok()
+        .and_then(|size| size.parse().ok())
+    {
+        // Ours alone, spinning, for `perf` or `strace` to look at: no fabtests, no table.
+        println!("{size} B, spinning: {:.2} µs", ours(size, true));
         return;
     }
     println!(
