@@ -4,7 +4,8 @@
 //! iteration).
 //!
 //! Ours: two endpoints in this process, a pinger thread and a ponger thread, each `send` (a copy
-//! into a send slot, `fi_send` with a completion) then waits for the other's message (the
+//! into a send slot, `fi_send` with a completion; on tcp `FI_TRANSMIT_COMPLETE`, which the peer's
+//! provider acknowledges with a message of its own) then waits for the other's message (the
 //! endpoint's own buffers, one copy out): asleep in `receive`, or spinning on `try_receive` as
 //! fabtests spins on its queues; the ratio is the spinning one's. One-way latency is the round trip over two; the median of `ROUNDS` rounds of
 //! `ITERATIONS` round trips is printed, then fabtests' figure with the same iterations, and the
@@ -12,6 +13,15 @@
 //! syscall-bound microsecond affair, and criterion's sampling would add nothing but time).
 //! `MESSAGES_BUSY_POLL=1` opens both endpoints with `Configuration::busy_poll` (`FI_WAIT_NONE`
 //! queues, as fabtests opens its own), to see what the queues' wait objects cost.
+//! `MESSAGES_PROFILE=64` runs only ours, spinning, at that size (no fabtests, no table), for
+//! `perf record`, `perf stat` or `strace -c` to look at one path (`MESSAGES_INJECT=1` with it:
+//! through `inject_within`).
+//!
+//! A third column posts with `inject_within` instead of `send` (sizes within the inject size
+//! only, 64 B on tcp;ofi_rxm): no send slot, no completion, and on tcp no acknowledgement from
+//! the peer's provider, at the price `inject_within`'s docs state (a failure is not reported).
+//! Note that `fi_pingpong` injects only messages strictly under the inject size: at 64 B it
+//! posts `fi_send` with a completion (but without `FI_TRANSMIT_COMPLETE`, so no acknowledgement).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::process::{Command, Stdio};
@@ -51,9 +61,26 @@ fn next_message(endpoint: &LibfabricEndpoint, spin: bool) -> Vec<u8> {
     }
 }
 
+/// How each side posts its message: `send` (a send slot, a completion) or `inject_within`
+/// (no slot, no completion: at most the inject size).
+#[derive(Clone, Copy, PartialEq)]
+enum Post {
+    Send,
+    Inject,
+}
+
+/// Post `message` to `peer` from `endpoint` the way `post` says.
+fn post(endpoint: &LibfabricEndpoint, peer: dma_libfabric::Peer<'_>, message: &[u8], post: Post) {
+    match post {
+        Post::Send => endpoint.send_within(peer, message, PATIENCE),
+        Post::Inject => endpoint.inject_within(peer, message, PATIENCE),
+    }
+    .expect("posted");
+}
+
 /// The median one-way latency, in microseconds, of `ITERATIONS` round trips of `size` bytes,
-/// each side waiting for the other's message asleep or spinning.
-fn ours(size: usize, spin: bool) -> f64 {
+/// each side posting as `how` says and waiting for the other's message asleep or spinning.
+fn ours(size: usize, spin: bool, how: Post) -> f64 {
     let (ping, pong) = (endpoint(), endpoint());
     let (ping_address, pong_address) = (
         ping.local_address().expect("address"),
@@ -68,7 +95,7 @@ fn ours(size: usize, spin: bool) -> f64 {
             let peer = pinned.resolve(1, &ping_address).expect("resolve");
             for _ in 0..total {
                 let received = next_message(&pong, spin);
-                pong.send_within(peer, &received, PATIENCE).expect("pong");
+                post(&pong, peer, &received, how);
             }
             // Let the last pong's completion arrive before the endpoint goes.
             let deadline = Instant::now() + PATIENCE;
@@ -82,7 +109,7 @@ fn ours(size: usize, spin: bool) -> f64 {
         for round in 0..=ROUNDS {
             let started = Instant::now();
             for _ in 0..ITERATIONS {
-                ping.send_within(peer, &message, PATIENCE).expect("ping");
+                post(&ping, peer, &message, how);
                 let answer = next_message(&ping, spin);
                 assert_eq!(size, answer.len());
             }
@@ -145,6 +172,19 @@ fn main() {
     if !std::env::args().any(|arg| arg == "--bench") {
         return;
     }
+    if let Some(size) = std::env::var("MESSAGES_PROFILE")
+        .ok()
+        .and_then(|size| size.parse().ok())
+    {
+        // Ours alone, spinning, for `perf` or `strace` to look at: no fabtests, no table.
+        let how = if std::env::var_os("MESSAGES_INJECT").is_some() {
+            Post::Inject
+        } else {
+            Post::Send
+        };
+        println!("{size} B, spinning: {:.2} µs", ours(size, true, how));
+        return;
+    }
     println!(
         "one-way latency, tcp;ofi_rxm on 127.0.0.1, median of {ROUNDS} rounds of {ITERATIONS} \
          round trips; load average {}",
@@ -153,17 +193,27 @@ fn main() {
             .trim()
     );
     println!(
-        "| size | ours, asleep in receive (µs) | ours, spinning on try_receive (µs) | fi_pingpong (µs) | spinning ÷ fi_pingpong |"
+        "| size | ours, asleep in receive (µs) | ours, spinning on try_receive (µs) | ours, injecting, spinning (µs) | fi_pingpong (µs) | spinning ÷ fi_pingpong | injecting ÷ fi_pingpong |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
+    let inject_limit = {
+        let description = endpoint().describe().clone();
+        description.inject_size.min(description.max_send_size)
+    };
     for size in SIZES {
-        let asleep = ours(size, false);
-        let spinning = ours(size, true);
+        let asleep = ours(size, false, Post::Send);
+        let spinning = ours(size, true, Post::Send);
+        let injecting = (size <= inject_limit).then(|| ours(size, true, Post::Inject));
         let baseline = fabtests(size);
-        let (baseline_text, ratio) = match baseline {
-            Some(base) => (format!("{base:.2}"), format!("{:.2}", spinning / base)),
-            None => ("-".into(), "-".into()),
-        };
-        println!("| {size} B | {asleep:.2} | {spinning:.2} | {baseline_text} | {ratio} |");
+        let text =
+            |value: Option<f64>| value.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
+        let ratio = |ours: Option<f64>| text(ours.zip(baseline).map(|(ours, base)| ours / base));
+        println!(
+            "| {size} B | {asleep:.2} | {spinning:.2} | {} | {} | {} | {} |",
+            text(injecting),
+            text(baseline),
+            ratio(Some(spinning)),
+            ratio(injecting)
+        );
     }
 }

@@ -19,10 +19,8 @@ use super::receiving;
 use super::rma::messages;
 use super::senders::Received;
 use crate::cache::Lease;
-use std::ptr;
 use std::time::Duration;
 
-use super::credits::What;
 use super::deadline::Deadline;
 use super::{LibfabricEndpoint, sends};
 #[cfg(doc)] // for the docs' links
@@ -117,8 +115,8 @@ impl LibfabricEndpoint {
     /// pending operation of a removed peer without a completion (read in the 2.6.0 source;
     /// libfabric PR #11587 fixed crashes there), which would keep its slot counted for good. Send
     /// from registered memory against a lease ([`send_from`](LibfabricEndpoint::send_from)) where
-    /// that matters.
-    ///
+    /// that matters. [`inject_within`](LibfabricEndpoint::inject_within) is the opt-in without a
+    /// slot or a completion, for messages of at most the inject size, that gives up this section.
     ///
     /// # Errors
     /// [`DmaError::InvalidArgument`] when `peer` was resolved by another endpoint's cache, or the
@@ -165,6 +163,73 @@ impl LibfabricEndpoint {
         self.check_peer(peer)?;
         // SAFETY: as in `send_within`.
         unsafe { self.try_send_raw(peer.fi_addr(), message) }
+            .map_err(|error| error.for_client(peer.client()))
+    }
+
+    /// Send a copy of `message`, at most
+    /// [`Description::inject_size`](super::Description::inject_size) bytes (64 on tcp;ofi_rxm,
+    /// within [`max_send_size`](super::Description::max_send_size)), to `peer` with `fi_inject`,
+    /// retrying while the provider asks for progress (a connection being set up, its queue full)
+    /// for at most `timeout` (any `Duration`, as [`send_within`](Self::send_within)). Opt-in:
+    /// [`send`](Self::send) never injects.
+    ///
+    /// # Not counted, and a failure is not reported
+    ///
+    /// The provider copies the message before this returns and gives no completion for it: no
+    /// send slot is taken ([`sends_in_flight`](Self::sends_in_flight) does not count it), nor
+    /// any of the peer's budget ([`peer_operations_in_flight`](Self::peer_operations_in_flight));
+    /// a credited endpoint takes the peer's credit for it as for a send. So there is no
+    /// completion to read, and on tcp no acknowledgement from the peer's provider (an inject
+    /// asks for no `FI_TRANSMIT_COMPLETE`): one-way latency at 64 B is about half of `send`'s
+    /// (docs/benchmarks.md). What that gives up against `send_within`'s "Bounded, and never lost
+    /// without an error":
+    ///
+    /// - a message that does not arrive (its peer killed, its connection lost after this
+    ///   returned) is not reported: libfabric's tcp provider (1.17 and 2.x) logs "inject
+    ///   transfer failed" at its own warn level and nothing reaches the completion queue; it is
+    ///   not in [`failed_sends`](Self::failed_sends);
+    /// - nor does it mark its peer unreachable: injects to a peer that died answer `Ok` until
+    ///   the provider has seen the connection go, then [`DmaError::WouldBlock`] (rxm connects
+    ///   again, and the refusal is reported nowhere). A send posted after that meets the same
+    ///   refused connection, not an error completion, so a peer that died while only injects
+    ///   went to it may never answer [`DmaError::PeerUnreachable`];
+    /// - injects to a peer that stops reading are bounded by its credit window (a credited
+    ///   endpoint) and the provider's own queue and socket (`WouldBlock`), not by the send slots.
+    ///
+    /// A peer already marked unreachable (by an earlier send's failure) is refused at once, as
+    /// by `send`. Use `send` where a message must not be lost without an error.
+    ///
+    /// # Errors
+    /// [`DmaError::InvalidArgument`] when `peer` was resolved by another endpoint's cache, or the
+    /// message exceeds the inject size (or `max_send_size`); [`DmaError::PeerUnreachable`] when
+    /// the peer is marked, or the provider refused the post saying the peer is gone;
+    /// [`DmaError::WouldBlock`] when the peer's credit or the provider still pushed back after
+    /// `timeout`; [`DmaError::Fabric`] for any other refusal (`-FI_ENOSYS` from a provider
+    /// without a tagged inject). Nothing is posted on an error.
+    pub fn inject_within(
+        &self,
+        peer: Peer<'_>,
+        message: &[u8],
+        timeout: Duration,
+    ) -> Result<(), DmaError> {
+        self.check_peer(peer)?;
+        self.retry_until(Deadline::after(timeout), || {
+            // SAFETY: `peer` came from this endpoint's cache (checked above) under a pin that is
+            // still alive (it borrows it), so its index is a live entry of this AV for the call.
+            unsafe { sends::try_inject(self, peer.fi_addr(), message) }
+        })
+        .map_err(|error| error.for_client(peer.client()))
+    }
+
+    /// One attempt of [`inject_within`](Self::inject_within): [`DmaError::WouldBlock`] when the
+    /// peer's credit or the provider pushes back.
+    ///
+    /// # Errors
+    /// As [`inject_within`](Self::inject_within), without the retrying.
+    pub fn try_inject(&self, peer: Peer<'_>, message: &[u8]) -> Result<(), DmaError> {
+        self.check_peer(peer)?;
+        // SAFETY: as in `inject_within`.
+        unsafe { sends::try_inject(self, peer.fi_addr(), message) }
             .map_err(|error| error.for_client(peer.client()))
     }
 
@@ -218,58 +283,8 @@ impl LibfabricEndpoint {
         fi_addr: sys::fi_addr_t,
         message: &[u8],
     ) -> Result<(), DmaError> {
-        let sends = &self.operations.sends;
-        if message.len() > sends.size() {
-            return Err(DmaError::InvalidArgument(format!(
-                "a {}-byte message exceeds the {} bytes send copies (Description::max_send_size): \
-                 send larger ones from registered memory with send_from",
-                message.len(),
-                sends.size()
-            )));
-        }
-        if let Some(code) = sends.dead(fi_addr) {
-            return Err(sends::unreachable(fi_addr, None, code));
-        }
-        // Credit first (a credited endpoint's peer must have granted room for it); given back
-        // if nothing is posted.
-        let credit = flow::take_credit(self, fi_addr, What::Message(message.len()))?;
-        // Past the transmit queue's depth: nothing is posted.
-        let Some((index, buffer, context)) = sends.prepare(fi_addr, message) else {
-            flow::give_back_credit(self, credit);
-            return Err(DmaError::WouldBlock);
-        };
-        // SAFETY: the endpoint is open; the caller promises `fi_addr` is a live entry of this AV;
-        // `buffer` is the slot's copy of `message`, which stays untouched until the slot's
-        // completion is read (the slot is the provider's until then), and `context` is the
-        // slot's, which lives as long as the endpoint's handles (the slab is dropped after them).
-        // No descriptor: `open` refuses providers that require FI_MR_LOCAL.
-        let code = unsafe {
-            flow::post_send(
-                self,
-                buffer.cast_const(),
-                message.len(),
-                ptr::null_mut(),
-                fi_addr,
-                context,
-            )
-        };
-        if 0 == code {
-            return Ok(());
-        }
-        // Not posted: the slot is still this thread's.
-        sends.unprepare(index);
-        flow::give_back_credit(self, credit);
-        if code == -(sys::FI_EAGAIN as isize) {
-            // Nothing may signal when it would go through (a connection being set up): see `wait`.
-            self.operations.waiter.retry_soon();
-            return Err(DmaError::WouldBlock);
-        }
-        let positive = u32::try_from(code.unsigned_abs()).unwrap_or(0);
-        if crate::av::unreachable::says_peer_is_gone(positive) {
-            sends.mark_dead(fi_addr, positive);
-            return Err(sends::unreachable(fi_addr, None, positive));
-        }
-        Err(DmaError::fabric("fi_send", code as i64))
+        // SAFETY: the caller's promise is this function's.
+        unsafe { sends::try_send(self, fi_addr, message) }
     }
 
     /// How many sends are in flight: posted, completion not yet read. At most

@@ -1,6 +1,10 @@
 //! Sends in flight: every message [`send`](super::LibfabricEndpoint::send) takes is copied into a
 //! slot of the endpoint's own, posted with `fi_send` (never `fi_inject`, which asks for no
-//! completion and so hides a failure), and counted until its completion has been read.
+//! completion and so hides a failure), and counted until its completion has been read. Here too
+//! are the posts themselves: `try_send` (a slot), and `try_inject`, the opt-in
+//! [`inject_within`](super::LibfabricEndpoint::inject_within), which takes no slot: the
+//! provider copies the message and reports nothing of it, on tcp (1.17 and 2.6.0) not even its
+//! failure (the provider logs "inject transfer failed" and writes no error entry).
 //!
 //! # Bounds
 //!
@@ -28,7 +32,10 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::LibfabricEndpoint;
 use super::budget::PeerBudget;
+use super::credits::What;
+use super::credits::flow;
 use super::credits::wire::CONTROL_SIZE;
 use super::error_entry::ErrorEntry;
 use crate::av::fabric::HandedOut;
@@ -315,4 +322,158 @@ pub(super) fn unreachable(fi_addr: sys::fi_addr_t, client: Option<u64>, code: u3
             crate::error::strerror(code.into())
         ),
     }
+}
+
+/// One attempt to send a copy of `message` to `fi_addr` through a send slot (what
+/// [`try_send_raw`](LibfabricEndpoint::try_send_raw) does): the size, the peer's mark and its
+/// credit checked, a slot filled and posted, and everything given back if the provider refuses.
+///
+/// # Safety
+/// As [`send_raw`](LibfabricEndpoint::send_raw): `fi_addr` is a live entry of the endpoint's AV
+/// for the whole call.
+pub(super) unsafe fn try_send(
+    endpoint: &LibfabricEndpoint,
+    fi_addr: sys::fi_addr_t,
+    message: &[u8],
+) -> Result<(), DmaError> {
+    let sends = &endpoint.operations.sends;
+    if message.len() > sends.size() {
+        return Err(DmaError::InvalidArgument(format!(
+            "a {}-byte message exceeds the {} bytes send copies (Description::max_send_size): \
+             send larger ones from registered memory with send_from",
+            message.len(),
+            sends.size()
+        )));
+    }
+    if let Some(code) = sends.dead(fi_addr) {
+        return Err(unreachable(fi_addr, None, code));
+    }
+    // Credit first (a credited endpoint's peer must have granted room for it); given back if
+    // nothing is posted.
+    let credit = flow::take_credit(endpoint, fi_addr, What::Message(message.len()))?;
+    // Past the transmit queue's depth: nothing is posted.
+    let Some((index, buffer, context)) = sends.prepare(fi_addr, message) else {
+        flow::give_back_credit(endpoint, credit);
+        return Err(DmaError::WouldBlock);
+    };
+    // SAFETY: the endpoint is open; the caller promises `fi_addr` is a live entry of this AV;
+    // `buffer` is the slot's copy of `message`, which stays untouched until the slot's
+    // completion is read (the slot is the provider's until then), and `context` is the slot's,
+    // which lives as long as the endpoint's handles (the slab is dropped after them). No
+    // descriptor: `open` refuses providers that require FI_MR_LOCAL.
+    let code = unsafe {
+        flow::post_send(
+            endpoint,
+            buffer.cast_const(),
+            message.len(),
+            std::ptr::null_mut(),
+            fi_addr,
+            context,
+        )
+    };
+    if 0 == code {
+        return Ok(());
+    }
+    // Not posted: the slot is still this thread's.
+    sends.unprepare(index);
+    flow::give_back_credit(endpoint, credit);
+    Err(refused(endpoint, fi_addr, "fi_send", code))
+}
+
+/// The largest message [`try_inject`] takes on `endpoint`: the provider's inject size, within
+/// what a receiver's buffer holds ([`Description::max_send_size`](super::Description::max_send_size)).
+pub(super) fn inject_limit(endpoint: &LibfabricEndpoint) -> usize {
+    endpoint
+        .description
+        .inject_size
+        .min(endpoint.operations.sends.size())
+}
+
+/// One attempt to inject `message` to `fi_addr` (what
+/// [`try_inject`](LibfabricEndpoint::try_inject) does): the size, the peer's mark and its credit
+/// checked as for a send, then `fi_inject` (`fi_tinject` with the data tag on a credited
+/// endpoint), which copies the message before it returns and asks for no completion. No slot is
+/// taken and nothing is counted: the provider holds the message, and reports nothing of it.
+///
+/// # Safety
+/// As [`send_raw`](LibfabricEndpoint::send_raw).
+pub(super) unsafe fn try_inject(
+    endpoint: &LibfabricEndpoint,
+    fi_addr: sys::fi_addr_t,
+    message: &[u8],
+) -> Result<(), DmaError> {
+    let limit = inject_limit(endpoint);
+    if message.len() > limit {
+        return Err(DmaError::InvalidArgument(format!(
+            "a {}-byte message exceeds the {limit} bytes this endpoint injects \
+             (Description::inject_size, within max_send_size): send it with send",
+            message.len()
+        )));
+    }
+    let sends = &endpoint.operations.sends;
+    if let Some(code) = sends.dead(fi_addr) {
+        return Err(unreachable(fi_addr, None, code));
+    }
+    let credit = flow::take_credit(endpoint, fi_addr, What::Message(message.len()))?;
+    // SAFETY: the endpoint is open and the caller promises `fi_addr` is a live entry of its AV;
+    // `message` is readable for the call, and an inject has copied it when it returns.
+    let code = unsafe { post_inject(endpoint, message, fi_addr) };
+    if 0 == code {
+        return Ok(());
+    }
+    flow::give_back_credit(endpoint, credit);
+    Err(refused(endpoint, fi_addr, "fi_inject", code))
+}
+
+/// `fi_inject` of `message` to `fi_addr`, or `fi_tinject` with the data tag where `endpoint` is
+/// credited (as [`flow::post_send`] chooses `fi_tsend`). `fi_tinject` is a `static inline` call
+/// through the endpoint's tagged operations, which this makes itself (the bindings have no shim
+/// for it); a provider without one answers `-FI_ENOSYS`.
+///
+/// # Safety
+/// The endpoint is open and `fi_addr` a live entry of its AV.
+unsafe fn post_inject(
+    endpoint: &LibfabricEndpoint,
+    message: &[u8],
+    fi_addr: sys::fi_addr_t,
+) -> isize {
+    let ep = endpoint.handles.ep;
+    let buffer = message.as_ptr().cast::<c_void>();
+    let Some(tag) = flow::data_tag(endpoint) else {
+        // SAFETY: the caller's promises are `fi_inject`'s; `buffer` is `message.len()` readable
+        // bytes, copied before the call returns.
+        return unsafe { sys::fi_inject(ep, buffer, message.len(), fi_addr) };
+    };
+    // SAFETY: `ep` is the open endpoint, whose `tagged` operations table the provider filled
+    // at `fi_endpoint` (a credited endpoint asks for FI_TAGGED) and keeps until the close;
+    // reading its `inject` entry is what `fi_tinject` does.
+    let inject = unsafe { (*ep).tagged.as_ref().and_then(|tagged| tagged.inject) };
+    let Some(inject) = inject else {
+        return -(sys::FI_ENOSYS as isize);
+    };
+    // SAFETY: as `fi_tinject`: the endpoint is open, `fi_addr` live (the caller's promise) and
+    // `buffer` `message.len()` readable bytes, copied before the call returns.
+    unsafe { inject(ep, buffer, message.len(), fi_addr, tag) }
+}
+
+/// What a post the provider refused with `code` (negative) answers, for `call`: `WouldBlock`
+/// for `-FI_EAGAIN` (with a short nap for the waiters: nothing may signal when it would go
+/// through, a connection being set up), `PeerUnreachable` (the peer marked) when the code says
+/// the peer is gone, the fabric error otherwise.
+fn refused(
+    endpoint: &LibfabricEndpoint,
+    fi_addr: sys::fi_addr_t,
+    call: &'static str,
+    code: isize,
+) -> DmaError {
+    if code == -(sys::FI_EAGAIN as isize) {
+        endpoint.operations.waiter.retry_soon();
+        return DmaError::WouldBlock;
+    }
+    let positive = u32::try_from(code.unsigned_abs()).unwrap_or(0);
+    if says_peer_is_gone(positive) {
+        endpoint.operations.sends.mark_dead(fi_addr, positive);
+        return unreachable(fi_addr, None, positive);
+    }
+    DmaError::fabric(call, code as i64)
 }

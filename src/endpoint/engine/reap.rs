@@ -48,7 +48,10 @@ fn fabric_text(error: &DmaError) -> String {
 
 impl Operations {
     /// Read every completion the transmit queue `cq` holds now, handing RMA completions to their
-    /// operations (their leases and buffers are dropped here) and logging injected sends' errors.
+    /// operations (their leases and buffers are dropped here) and sends' to the send slab, and
+    /// logging an error entry whose context is none of ours (rxm writes one with a null context
+    /// for an internal failure; tcp writes none for an injected send, whose failure it only logs
+    /// in libfabric's own log, so nothing of an inject ever reaches this).
     /// Drives the provider's progress. Returns how many entries were read.
     pub(crate) fn reap(&self, cq: *mut sys::fid_cq) -> usize {
         let mut total = 0;
