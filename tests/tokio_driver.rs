@@ -4,7 +4,9 @@
 //! - B: a post waiting for backpressure sleeps (it spun with `yield_now`: 68–99% of a core);
 //! - C: dropping the last clone with operations in flight returns at once, and the endpoint's
 //!   drain runs on the driver's thread, not a runtime's;
-//! - D: the same endpoint can be wrapped again at once (it failed with `EEXIST`).
+//! - D: the same endpoint can be wrapped again at once (it failed with `EEXIST`);
+//! - a runtime without IO falls back to the driver, and a runtime blocked in a sync call holds up
+//!   no progress while its futures are parked on its reactor.
 #![cfg(feature = "tokio")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
@@ -279,4 +281,85 @@ fn the_same_endpoint_is_wrapped_again_at_once() {
         drop(lease);
         drop(wrapped);
     }
+}
+
+/// Futures on a runtime built without `enable_io` have no reactor to park on: the driver's
+/// thread wakes them, as on any runtime, and nothing panics into the caller.
+#[test]
+fn futures_on_a_runtime_without_io_are_woken_by_the_driver() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let server = AsyncEndpoint::new(endpoint(true)).unwrap();
+        let client = AsyncEndpoint::new(endpoint(true)).unwrap();
+        let target = client.endpoint().register(4096).unwrap();
+        let source = server.endpoint().register(4096).unwrap();
+        source.write_bytes(0, &[3; 4096]).unwrap();
+        let address = client.endpoint().local_address().unwrap();
+        let lease = bounded("a lease", server.lease(1, &address)).await.unwrap();
+        let receiving = {
+            let client = client.clone();
+            tokio::spawn(async move { bounded("a receive", client.receive()).await })
+        };
+        let wrote = bounded(
+            "a write",
+            server.write(
+                lease.lease(),
+                source.segment(0, 4096).unwrap(),
+                target.remote(),
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(Ok(()), wrote.result);
+        bounded("a send", server.send(lease.peer(), b"no reactor"))
+            .await
+            .unwrap();
+        assert_eq!(b"no reactor".to_vec(), receiving.await.unwrap().unwrap());
+    });
+}
+
+/// While a future is parked on its runtime's reactor the driver stands by; if that runtime's one
+/// thread then blocks in a sync call that needs the endpoint's progress (a peer's delivered
+/// write into its memory), the driver still reads the queues: the write completes, and the
+/// parked receive resolves once the thread is back.
+#[test]
+fn a_runtime_blocked_in_a_sync_call_does_not_hold_the_endpoints_progress() {
+    let (server, client) = (endpoint(true), endpoint(true));
+    let len = 1 << 20;
+    let target = server.register(len).unwrap();
+    let source = client.register(len).unwrap();
+    source.write_bytes(0, &vec![0x3c; len]).unwrap();
+    let address = server.local_address().unwrap();
+    current_thread().block_on(async {
+        let wrapped = AsyncEndpoint::new(Arc::clone(&server)).unwrap();
+        let receiving = tokio::spawn({
+            let wrapped = wrapped.clone();
+            async move { wrapped.receive().await }
+        });
+        // The receive runs first and parks on this runtime's reactor.
+        tokio::task::yield_now().await;
+        // This thread now blocks: only the server's driver can serve the write.
+        let lease = client.cache().lease(1, &address).unwrap();
+        let peer = lease.peer();
+        client
+            .write_within(
+                lease.clone(),
+                source.segment(0, len).unwrap(),
+                target.remote(),
+                1,
+                PATIENCE,
+            )
+            .unwrap();
+        let completion = client.wait_for(1, PATIENCE).unwrap();
+        assert_eq!(Ok(()), completion.result);
+        let mut landed = vec![0; len];
+        target.read_bytes(0, &mut landed).unwrap();
+        assert!(landed.iter().all(|&byte| 0x3c == byte), "the write's bytes");
+        client.send_within(peer, b"back", PATIENCE).unwrap();
+        let message = bounded("the parked receive", receiving).await;
+        assert_eq!(b"back".to_vec(), message.unwrap().unwrap());
+    });
 }

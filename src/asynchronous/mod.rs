@@ -1,27 +1,45 @@
 //! The async API (feature `tokio`): an endpoint's sends, receives, RMA writes and reads as
-//! futures that resolve when their completion has been read, driven by a thread of its own that
-//! sleeps on the completion queues' file descriptors.
+//! futures that resolve when their completion has been read, woken by the reactor of the runtime
+//! that polls them, with a thread of its own behind them that sleeps on the completion queues'
+//! file descriptors.
+//!
+//! # What wakes a future
+//!
+//! A future that waits for a completion or an arrival first reads the queues itself; if what it
+//! waits for is not there, it parks on its runtime's reactor, which watches duplicates of the
+//! queues' descriptors (registered once per runtime, on first use: see `reactor.rs`), after
+//! `fi_trywait` has said nothing is left to read. A descriptor that becomes readable wakes it on
+//! its own runtime's thread, which reads the queues again: no other thread stands between the
+//! descriptor and the future, as none stands between them and a sync waiter. Where there is no
+//! reactor to use (a future polled outside tokio, or on a runtime built without `enable_io`) the
+//! future is woken by the driver (below) alone.
 //!
 //! # The driver
 //!
 //! [`AsyncEndpoint::new`] starts one thread of its own, not a task: it lives as long as the
 //! endpoint's last `AsyncEndpoint` clone, whatever runtime made it, and whether that runtime still
 //! runs (a driver task on a runtime that shut down, or a current-thread runtime that idles, left
-//! futures pending for ever). It sleeps in the endpoint's own sleeping wait (`poll(2)` on the
-//! completion queues' descriptors and the endpoint's `eventfd` bell), then reads both queues:
-//! the transmit queue, which drives the provider's progress and hands each completion to the party
-//! that posted it (its sink: see `endpoint::engine`), waking its future; and the receive
-//! queue, whose messages it sets aside for the receivers, which it then wakes. No thread spins:
-//! between events the driver sleeps, for at most a second, and every future is parked in its
-//! runtime. A post that meets backpressure (a full slab, the peer's budget, `-FI_EAGAIN`) parks
-//! its future until the driver's next pass, and while any does the driver naps at most
-//! [`BACKPRESSURE_NAP`] between passes: a waiting post is retried every few milliseconds, or at
-//! once when a completion frees what it waits for.
+//! futures pending for ever). It keeps the endpoint progressing when no future does: it sleeps in
+//! the endpoint's own sleeping wait (`poll(2)` on the completion queues' descriptors and the
+//! endpoint's `eventfd` bell), then reads both queues: the transmit queue, which drives the
+//! provider's progress and hands each completion to the party that posted it (its sink: see
+//! `endpoint::engine`), waking its future; and the receive queue, whose messages it sets aside
+//! for the receivers, which it then wakes. While futures are parked on reactors it stands by
+//! instead: it still sleeps on the descriptors, but leaves a readable queue to the futures their
+//! reactors woke for [`STANDBY_GRACE`] before it reads the queue itself, so a runtime whose thread
+//! is busy elsewhere (blocked in a sync call) holds up nobody's progress, and a runtime that runs
+//! pays no second thread's wake-up per event. No thread spins: between events the driver sleeps,
+//! for at most a second, and every future is parked in its runtime. A post that meets
+//! backpressure (a full slab, the peer's budget, `-FI_EAGAIN`) parks its future until the
+//! driver's next pass, and while any does the driver naps at most [`BACKPRESSURE_NAP`] between
+//! passes: a waiting post is retried every few milliseconds, or at once when a completion frees
+//! what it waits for.
 //!
 //! Dropping the last clone hands the endpoint to the driver and returns at once: the driver stops
 //! within its sleep, and if its `Arc` was the last, the endpoint's drain
 //! ([`LibfabricEndpoint::DRAIN_PATIENCE`]) runs on the driver's thread, never on a runtime's.
-//! The same endpoint may be wrapped again at once (nothing is registered with tokio's reactor).
+//! The same endpoint may be wrapped again at once (each wrapping registers duplicates of the
+//! descriptors of its own, which it deregisters as it drops).
 //!
 //! Only providers whose queues have a wait descriptor (tcp, tcp;ofi_rxm) can be driven this way;
 //! [`AsyncEndpoint::new`] refuses the others (efa, whose waits sleep in `fi_cq_sread` on a thread
@@ -42,8 +60,9 @@
 //!
 //! # Bounds
 //!
-//! One allocation per operation (the state the slot and the future share); at most as many
-//! operations in flight as the endpoint's slab holds
+//! One allocation per operation (the state the slot and the future share); per runtime that
+//! polls, one registration of two duplicated descriptors, at most four of them (the runtimes
+//! seen last) per `AsyncEndpoint`; at most as many operations in flight as the endpoint's slab holds
 //! ([`MAX_OPERATIONS`](crate::endpoint::MAX_OPERATIONS)): a post into a full slab is retried, as
 //! backpressure is, for at most [`POST_PATIENCE`].
 //!
@@ -92,10 +111,6 @@ pub const BACKPRESSURE_NAP: Duration = Duration::from_millis(5);
 
 /// The longest the driver sleeps between passes when nothing wakes it.
 pub const IDLE_NAP: Duration = Duration::from_secs(1);
-
-/// The longest the driver stands by between passes while futures are parked on their runtimes'
-/// reactors, which wake them for the descriptors in its stead (module docs, "The driver").
-pub const STANDBY_NAP: Duration = Duration::from_millis(50);
 
 /// How long the standing-by driver leaves a readable queue to the futures its runtime's reactor
 /// woke before it reads the queue itself (module docs, "The driver").
@@ -196,7 +211,7 @@ impl Driver {
                 // A runtime's reactor watches the descriptors for the futures on it, which read
                 // the queues as they wake: the driver gives them the first go, and reads what
                 // they left (a runtime busy elsewhere) after a grace, at most once per grace.
-                if self.reactors.stand_by(STANDBY_NAP) {
+                if self.reactors.stand_by(IDLE_NAP) {
                     std::thread::sleep(STANDBY_GRACE);
                 }
                 endpoint.progress();

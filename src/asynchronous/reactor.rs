@@ -220,3 +220,119 @@ fn eventfd() -> Option<OwnedFd> {
         unsafe { OwnedFd::from_raw_fd(fd) }
     })
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests assert by panicking
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::configuration::Configuration;
+
+    /// A hang detector only: every wait below ends by an event long before it.
+    const PATIENCE: Duration = Duration::from_secs(60);
+
+    fn open() -> LibfabricEndpoint {
+        LibfabricEndpoint::open(&Configuration::default(), Some("127.0.0.1")).unwrap()
+    }
+
+    fn with_io() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// No driver at all: a future parked by `poll_ready` is woken by the descriptors alone when
+    /// a peer's connection and message land, and parks between events rather than spinning.
+    #[test]
+    fn a_parked_future_is_woken_by_the_descriptors_alone() {
+        let receiver = open();
+        let address = receiver.local_address().unwrap();
+        let reactors = Reactors::of(&receiver);
+        let done = AtomicBool::new(false);
+        let (message, looks) = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let sender = open();
+                let pinned = sender.cache().pin();
+                let peer = pinned.resolve(1, &address).unwrap();
+                sender.send_within(peer, b"woken", PATIENCE).unwrap();
+                while !done.load(Ordering::Acquire) {
+                    sender.progress_sleeping(Duration::from_millis(10));
+                }
+            });
+            let received = with_io().block_on(async {
+                let registration = reactors.current().expect("a runtime with IO registers");
+                let mut looks = 0_usize;
+                let waiting = async {
+                    loop {
+                        looks += 1;
+                        if let Some(message) = receiver.try_receive().unwrap() {
+                            return message;
+                        }
+                        std::future::poll_fn(|context| registration.poll_ready(&receiver, context))
+                            .await;
+                        receiver.progress();
+                    }
+                };
+                let message = tokio::time::timeout(PATIENCE, waiting)
+                    .await
+                    .expect("woken by the descriptors");
+                (message, looks)
+            });
+            done.store(true, Ordering::Release);
+            received
+        });
+        assert_eq!(b"woken".to_vec(), message);
+        // A look per event (the connection's, the message's): a future that did not park would
+        // look thousands of times while the peer sets up.
+        assert!(looks < 1_000, "{looks} looks: the future did not park");
+    }
+
+    /// A runtime built without `enable_io`: no registration (tokio's panic is caught, once), and
+    /// the answer is remembered.
+    #[test]
+    fn a_runtime_without_io_has_no_registration() {
+        let endpoint = open();
+        let reactors = Reactors::of(&endpoint);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            assert!(reactors.current().is_none());
+            assert!(reactors.current().is_none());
+        });
+        assert_eq!(1, crate::sync::lock(&reactors.seen).len());
+        // Outside any runtime: none either, and nothing remembered.
+        assert!(reactors.current().is_none());
+        assert_eq!(1, crate::sync::lock(&reactors.seen).len());
+    }
+
+    /// However many runtimes poll, at most `MOST_RUNTIMES` registrations are kept; one held by a
+    /// future outlives its eviction, and counts as in use until dropped.
+    #[test]
+    fn registrations_are_bounded_by_most_runtimes() {
+        let endpoint = open();
+        let reactors = Reactors::of(&endpoint);
+        assert!(!reactors.in_use());
+        let first = with_io();
+        let held = first.block_on(async { reactors.current() }).unwrap();
+        assert!(reactors.in_use());
+        for _ in 0..3 * MOST_RUNTIMES {
+            let runtime = with_io();
+            assert!(runtime.block_on(async { reactors.current() }).is_some());
+        }
+        assert_eq!(MOST_RUNTIMES, crate::sync::lock(&reactors.seen).len());
+        // Evicted, so no longer counted; its future's copy still works on its runtime.
+        assert!(!reactors.in_use());
+        assert!(
+            first
+                .block_on(async {
+                    std::future::poll_fn(|context| Poll::Ready(held.poll_ready(&endpoint, context)))
+                        .await
+                })
+                .is_pending()
+        );
+    }
+}
