@@ -240,6 +240,16 @@ impl Driver {
         self.reactors.ring();
     }
 
+    /// What a future its runtime's reactor woke does before it looks for its own completion or
+    /// message: read both queues, handing each completion to its sink (waking its future) and
+    /// setting each arrival aside, then wake the receivers. A reactor wakes one future per
+    /// descriptor event (the one that parked last), so that one serves every other.
+    fn serve(&self, endpoint: &LibfabricEndpoint) {
+        endpoint.progress();
+        endpoint.reap_receive_queue();
+        self.received.notify_waiters();
+    }
+
     /// The driver's next pass (every pass ends by waking these).
     async fn next_pass(&self) {
         self.progressed.notified().await;

@@ -17,7 +17,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use super::reactor::Registration;
-use super::{AsyncEndpoint, POST_PATIENCE};
+use super::{AsyncEndpoint, Driver, POST_PATIENCE};
 use crate::cache::{Lease, Peer};
 use crate::endpoint::deadline::Deadline;
 use crate::endpoint::engine::{Sink, WakerSink};
@@ -290,8 +290,7 @@ impl AsyncEndpoint {
 
     /// Until the driver's next pass that read the receive queue (`received`, enabled before the
     /// caller looked), or, on a runtime with a reactor, until a queue's descriptor is readable:
-    /// then the transmit queue is read here (progress), and the caller looks again, which reads
-    /// the receive queue. Every [`LOOKS`]th call yields to the runtime first, so a queue that
+    /// then the queues are read and served here ([`Driver::serve`]), and the caller looks again. Every [`LOOKS`]th call yields to the runtime first, so a queue that
     /// keeps having work is served between other tasks, not spun on.
     async fn next_event(
         &self,
@@ -313,7 +312,7 @@ impl AsyncEndpoint {
             };
             let ready = reactor.poll_ready(endpoint, context);
             if ready.is_ready() {
-                endpoint.progress();
+                self.shared.driver.serve(endpoint);
             }
             ready
         })
@@ -357,6 +356,7 @@ impl AsyncEndpoint {
         Completed {
             pending: state,
             endpoint: self.shared.endpoint(),
+            driver: &self.shared.driver,
             reactor: self.shared.driver.reactors.current(),
             read: false,
         }
@@ -372,6 +372,7 @@ const LOOKS: usize = 4;
 struct Completed<'endpoint> {
     pending: Arc<WakerSink>,
     endpoint: &'endpoint LibfabricEndpoint,
+    driver: &'endpoint Driver,
     /// The polling runtime's reactor, which wakes the future when a queue's descriptor is
     /// readable; without one, the driver's thread reads the queue and the sink wakes it.
     reactor: Option<Arc<Registration>>,
@@ -390,24 +391,25 @@ impl Future for Completed<'_> {
         if let Some(completion) = this.pending.take(context.waker()) {
             return Poll::Ready(Ok(completion));
         }
-        let Some(reactor) = &this.reactor else {
-            // On tcp a small write often completes as it is posted: one read of the queue here
-            // saves the round trip through the driver's thread.
-            if !std::mem::replace(&mut this.read, true) {
-                this.endpoint.progress();
-                if let Some(completion) = this.pending.take(context.waker()) {
-                    return Poll::Ready(Ok(completion));
-                }
-            }
-            return Poll::Pending;
-        };
-        for _ in 0..LOOKS {
+        // On tcp a small write often completes as it is posted: one read of the queue here saves
+        // a wake-up.
+        if !std::mem::replace(&mut this.read, true) {
             this.endpoint.progress();
             if let Some(completion) = this.pending.take(context.waker()) {
                 return Poll::Ready(Ok(completion));
             }
+        }
+        // Without a reactor, the driver's thread reads the queue and the sink wakes the future.
+        let Some(reactor) = &this.reactor else {
+            return Poll::Pending;
+        };
+        for _ in 0..LOOKS {
             if reactor.poll_ready(this.endpoint, context).is_pending() {
                 return Poll::Pending;
+            }
+            this.driver.serve(this.endpoint);
+            if let Some(completion) = this.pending.take(context.waker()) {
+                return Poll::Ready(Ok(completion));
             }
         }
         context.waker().wake_by_ref();

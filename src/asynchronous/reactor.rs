@@ -9,6 +9,11 @@
 //!   what arrives later makes a descriptor readable, which wakes it; what was there already is
 //!   read first. A readiness is cleared only before the queues are read again, so none is lost
 //!   between the read and the next registration (tokio clears only what it reported).
+//! - **One future per event serves the others.** tokio wakes only the future that parked last
+//!   on a registration (`poll_read_ready` keeps one waker), so a woken future reads both queues
+//!   for everyone (the parent module's `Driver::serve`): completions reach their futures through
+//!   their sinks, arrivals are set aside and the receivers woken. A future dropped while it was
+//!   the one parked leaves the next event to the driver, which reads it after its grace.
 //! - **Any runtime.** A registration belongs to one runtime (by its [`Id`]) and is used only
 //!   by futures polled on that runtime, which is therefore running. Where there is no reactor
 //!   to use (a future polled outside tokio, or on a runtime built without `enable_io`), there is
