@@ -363,3 +363,29 @@ fn a_runtime_blocked_in_a_sync_call_does_not_hold_the_endpoints_progress() {
         assert_eq!(b"back".to_vec(), message.unwrap().unwrap());
     });
 }
+
+/// A receive first polled on one runtime, which parks it on that runtime's reactor, and then
+/// awaited on another after the first is dropped: its registration's reactor is gone, and it
+/// resolves all the same when the message comes.
+#[test]
+fn a_receive_parked_on_a_runtime_that_is_gone_resolves_on_another() {
+    let (server, client) = (endpoint(false), endpoint(false));
+    let wrapped = AsyncEndpoint::new(Arc::clone(&server)).unwrap();
+    let mut receiving = Box::pin(wrapped.receive());
+    let first = current_thread();
+    let parked = first.block_on(std::future::poll_fn(|context| {
+        std::task::Poll::Ready(receiving.as_mut().poll(context).is_pending())
+    }));
+    assert!(parked, "nothing was sent yet");
+    drop(first);
+    let address = server.local_address().unwrap();
+    let sending = std::thread::spawn(move || {
+        let pinned = client.cache().pin();
+        let peer = pinned.resolve(1, &address).unwrap();
+        // Its completion needs the server's answer: the server's driver serves it.
+        client.send_within(peer, b"elsewhere", PATIENCE).unwrap();
+    });
+    let message = current_thread().block_on(bounded("the receive", receiving));
+    assert_eq!(b"elsewhere".to_vec(), message.unwrap());
+    sending.join().unwrap();
+}
