@@ -86,9 +86,10 @@ pub struct Description {
     pub threading: u32,
     /// The address vector type (`FI_AV_TABLE` here).
     pub av_type: u32,
-    /// The provider's inject size (`tx_attr.inject_size`). Sends are not injected (an inject
-    /// asks for no completion, so its failure is never reported); see
-    /// [`max_send_size`](Self::max_send_size).
+    /// The provider's inject size (`tx_attr.inject_size`). [`send`](LibfabricEndpoint::send)
+    /// does not inject (an inject asks for no completion, so its failure is never reported);
+    /// only the opt-in [`inject_within`](LibfabricEndpoint::inject_within) does, up to this
+    /// size. See [`max_send_size`](Self::max_send_size).
     pub inject_size: usize,
     /// Whether received messages name their sender: the provider took `FI_SOURCE` (tcp;ofi_rxm
     /// and native tcp are asked for it). When `false`, every
