@@ -43,6 +43,9 @@ fn open(busy_poll: bool) -> LibfabricEndpoint {
         rma: true,
         busy_poll,
         write_completion,
+        // The throughput runs keep `WINDOW` writes in flight to one peer, on both faces: a
+        // smaller per-peer budget would hold half of them back as backpressure.
+        max_operations_per_peer: WINDOW,
         ..Configuration::default()
     };
     LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap()

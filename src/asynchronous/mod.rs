@@ -26,9 +26,9 @@
 //! `endpoint::engine`), waking its future; and the receive queue, whose messages it sets aside
 //! for the receivers, which it then wakes. While futures are parked on reactors it stands by
 //! instead: it still sleeps on the descriptors, but leaves a readable queue to the futures their
-//! reactors woke for [`STANDBY_GRACE`] before it reads the queue itself, so a runtime whose thread
-//! is busy elsewhere (blocked in a sync call) holds up nobody's progress, and a runtime that runs
-//! pays no second thread's wake-up per event. No thread spins: between events the driver sleeps,
+//! reactors woke, and reads it itself only if none did within [`STANDBY_GRACE`], so a runtime
+//! whose thread is busy elsewhere (blocked in a sync call) holds up nobody's progress, and a
+//! runtime that runs pays no second thread's reads (the driver wakes at most once a grace). No thread spins: between events the driver sleeps,
 //! for at most a second, and every future is parked in its runtime. A post that meets
 //! backpressure (a full slab, the peer's budget, `-FI_EAGAIN`) parks its future until the
 //! driver's next pass, and while any does the driver naps at most [`BACKPRESSURE_NAP`] between
@@ -90,7 +90,7 @@ mod operations;
 mod reactor;
 
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -114,7 +114,7 @@ pub const IDLE_NAP: Duration = Duration::from_secs(1);
 
 /// How long the standing-by driver leaves a readable queue to the futures its runtime's reactor
 /// woke before it reads the queue itself (module docs, "The driver").
-pub const STANDBY_GRACE: Duration = Duration::from_millis(1);
+pub const STANDBY_GRACE: Duration = Duration::from_millis(2);
 
 /// A [`LibfabricEndpoint`] whose operations are futures. Cheap to clone: clones share the
 /// endpoint and its driver, which stops when the last clone drops (operations still in flight
@@ -199,6 +199,9 @@ struct Driver {
     backpressured: AtomicUsize,
     /// The queues' descriptors, registered with the reactors of the runtimes that poll.
     reactors: reactor::Reactors,
+    /// How many times a future its reactor woke has served the queues ([`serve`](Self::serve)):
+    /// the standing-by driver reads them only if this did not move during its grace.
+    served: AtomicU64,
 }
 
 impl Driver {
@@ -209,10 +212,15 @@ impl Driver {
                 endpoint.progress_sleeping(BACKPRESSURE_NAP);
             } else if self.reactors.in_use() {
                 // A runtime's reactor watches the descriptors for the futures on it, which read
-                // the queues as they wake: the driver gives them the first go, and reads what
-                // they left (a runtime busy elsewhere) after a grace, at most once per grace.
+                // the queues as they wake: the driver gives them the first go, and reads the
+                // queues itself only if no future did during a grace (a runtime busy elsewhere,
+                // or the future its reactor woke was dropped).
+                let served = self.served.load(Ordering::Acquire);
                 if self.reactors.stand_by(IDLE_NAP) {
                     std::thread::sleep(STANDBY_GRACE);
+                    if served != self.served.load(Ordering::Acquire) {
+                        continue;
+                    }
                 }
                 endpoint.progress();
             } else {
@@ -247,6 +255,7 @@ impl Driver {
     fn serve(&self, endpoint: &LibfabricEndpoint) {
         endpoint.progress();
         endpoint.reap_receive_queue();
+        self.served.fetch_add(1, Ordering::AcqRel);
         self.received.notify_waiters();
     }
 
@@ -292,6 +301,7 @@ impl AsyncEndpoint {
             received: Notify::new(),
             progressed: Notify::new(),
             backpressured: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
             reactors: reactor::Reactors::of(&endpoint),
         });
         let (thread_driver, thread_endpoint) = (Arc::clone(&driver), Arc::clone(&endpoint));
