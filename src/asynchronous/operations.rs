@@ -391,9 +391,10 @@ impl Future for Completed<'_> {
         if let Some(completion) = this.pending.take(context.waker()) {
             return Poll::Ready(Ok(completion));
         }
-        // On tcp a small write often completes as it is posted: one read of the queue here saves
-        // a wake-up.
-        if !std::mem::replace(&mut this.read, true) {
+        // Without a reactor, on tcp a small write often completes as it is posted: one read of
+        // the queue here saves the round trip through the driver's thread. (With one, its
+        // wake-up is the future's own thread's: not worth a read of the queues per post.)
+        if this.reactor.is_none() && !std::mem::replace(&mut this.read, true) {
             this.endpoint.progress();
             if let Some(completion) = this.pending.take(context.waker()) {
                 return Poll::Ready(Ok(completion));

@@ -5,7 +5,8 @@
 //!
 //! - **No wake-up slept through.** A future parks on its runtime's reactor only after its
 //!   descriptors are registered for its waker *and* `fi_trywait` on the endpoint's queues has
-//!   answered that nothing is left to read (the protocol of `endpoint::wait`'s module docs):
+//!   answered that nothing is left to read (the protocol of `endpoint::wait`'s module docs), its
+//!   own or another future's with no descriptor readable since (`Registration::armed`):
 //!   what arrives later makes a descriptor readable, which wakes it; what was there already is
 //!   read first. A readiness is cleared only before the queues are read again, so none is lost
 //!   between the read and the next registration (tokio clears only what it reported).
@@ -29,6 +30,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -170,13 +172,22 @@ impl Reactors {
                 }
             }
         }
-        Some(Registration { fds: registered })
+        Some(Registration {
+            fds: registered,
+            armed: AtomicBool::new(false),
+        })
     }
 }
 
 /// An endpoint's descriptors, registered with one runtime's reactor.
 pub(super) struct Registration {
     fds: Vec<AsyncFd<OwnedFd>>,
+    /// Set by a future whose `fi_trywait` found the queues empty, cleared by one that finds a
+    /// descriptor readable: while it is set, no event has been seen since the queues were last
+    /// found empty, so the next future to park may park without its own `fi_trywait` (whatever
+    /// lands later makes a descriptor readable: the provider signals its wait set for every
+    /// completion and every socket).
+    armed: AtomicBool,
 }
 
 impl Registration {
@@ -203,14 +214,22 @@ impl Registration {
                 Poll::Pending => {}
             }
         }
+        if ready {
+            self.armed.store(false, Ordering::Release);
+            return Poll::Ready(());
+        }
+        if self.armed.load(Ordering::Acquire) {
+            return Poll::Pending;
+        }
         let empty = endpoint
             .wait_sources()
             .iter()
             .all(crate::endpoint::wait::Source::may_sleep);
-        if ready || !empty {
-            Poll::Ready(())
-        } else {
+        if empty {
+            self.armed.store(true, Ordering::Release);
             Poll::Pending
+        } else {
+            Poll::Ready(())
         }
     }
 }
