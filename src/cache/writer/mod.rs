@@ -305,6 +305,18 @@ pub(crate) trait Serve: Send + Sync {
 /// bookkeeping across a burst, few enough that a quiescer or a removal is not kept waiting.
 pub(crate) const BATCH: usize = 64;
 
+/// The longest a batch goes on taking requests: past it, the holder publishes and answers what
+/// it has applied and gives the role back, so a waiter is held by one holder's batch for at most
+/// about this long of the holder's running time (issue 43, item 2), and what is queued after it
+/// goes to a waiter that polls (`role`). Checked every [`BATCH_TIME_EVERY`] requests; a request
+/// is never cut (a chunk of misses is one request).
+#[cfg_attr(dma_loom, allow(dead_code))]
+pub(crate) const BATCH_TIME: Duration = Duration::from_micros(20);
+
+/// How many requests a batch applies between two looks at the clock for [`BATCH_TIME`].
+#[cfg_attr(dma_loom, allow(dead_code))]
+pub(crate) const BATCH_TIME_EVERY: usize = 4;
+
 /// The writer's hasher, for its own tables: foldhash, as the index uses.
 type Hasher = foldhash::fast::RandomState;
 
