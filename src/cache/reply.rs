@@ -26,6 +26,12 @@
 //! by taking the writer's core (figures under load, a yielding poll against a busy spin:
 //! `docs/benchmarks.md`, "Figures moved out of the module docs").
 //!
+//! A waiter whose cache has callers that serve as the writer ([`Waiting::writer`]) is counted as
+//! polling meanwhile, and whenever it finds the role free with requests queued it serves them
+//! itself; before it blocks it takes the last look at the role (`Role::end_polling`). So the
+//! requests queued after a holder's round go to a thread that runs (`super::role`, "The work goes
+//! to a thread that runs").
+//!
 //! Under loom every round trip makes a channel of its own (a loom channel cannot outlive the
 //! execution it was made in); the answers and tickets are the same, and the poll is a couple of
 //! yielding tries while the writer is not parked.

@@ -44,7 +44,7 @@
 //!   by its spin budget (`cache::doorbell`), so a holder descheduled *inside* its round still
 //!   holds the waiters whose requests it took (as a mutex's holder holds its waiters), for at most
 //!   a batch: the writer caps a batch by time (`writer::BATCH_TIME`). `loom_tests/tests/role.rs`
-//!   checks it: mutation **P** (a waiter that stops polling without its last look) fails it.
+//!   checks it: mutation **M** (a waiter that stops polling without its last look) fails it.
 //! - **Poison.** A holder that panics keeps the role for good ([`Role::poison`]): nobody takes it
 //!   again, and the writer's state is dropped, so every request queued or sent later is answered
 //!   `Closed`, as when the writer thread died.
@@ -261,8 +261,15 @@ mod tests {
             || woken.set(true),
         );
         assert_eq!(Served::Elsewhere, served);
-        assert_eq!(1, rounds.get(), "one round, then the rest left to the waiter");
-        assert!(!woken.get(), "a polling waiter takes it: no background thread");
+        assert_eq!(
+            1,
+            rounds.get(),
+            "one round, then the rest left to the waiter"
+        );
+        assert!(
+            !woken.get(),
+            "a polling waiter takes it: no background thread"
+        );
         assert!(role.has_queued() && !role.held());
         // The waiter finds the role free with work queued and serves it.
         let served_by_waiter = Cell::new(false);

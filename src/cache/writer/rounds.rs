@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::run::STALLED_ROUNDS;
-use super::{BATCH, BATCH_TIME, BATCH_TIME_EVERY, Writer};
+use super::{BATCH, BATCH_TIME, Writer};
 use crate::av::AvBackend;
 use crate::cache::doorbell::{APPLYING, PARKED, POLLING};
 use crate::cache::role::Role;
@@ -37,7 +37,7 @@ impl<B: AvBackend> Writer<B> {
         let mut taken = 0;
         let mut stop = false;
         while !stop && taken < BATCH {
-            if taken % BATCH_TIME_EVERY == BATCH_TIME_EVERY - 1 && started.elapsed() >= BATCH_TIME {
+            if taken != 0 && started.elapsed() >= BATCH_TIME {
                 break;
             }
             match self.inbox.try_recv() {
