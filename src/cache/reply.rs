@@ -29,8 +29,8 @@
 //! A waiter whose cache has callers that serve as the writer ([`Waiting::writer`]) is counted as
 //! polling meanwhile, and whenever it finds the role free with requests queued it serves them
 //! itself; before it blocks it takes the last look at the role (`Role::end_polling`). So the
-//! requests queued after a holder's round go to a thread that runs (`super::role`, "The work goes
-//! to a thread that runs").
+//! requests queued after a holder's round go to a thread that runs (the guarantee "the work goes
+//! to a thread that runs" in `super::role`).
 //!
 //! Under loom every round trip makes a channel of its own (a loom channel cannot outlive the
 //! execution it was made in); the answers and tickets are the same, and the poll is a couple of
@@ -39,7 +39,7 @@
 use std::time::Instant;
 
 use super::doorbell::{Doorbell, WriterState};
-use super::writer::Serve;
+use super::role::Serve;
 use crate::error::DmaError;
 use crate::sync::{mpsc, recv_until};
 use dma_libfabric_sys::fi_addr_t;
@@ -99,7 +99,7 @@ impl Spin {
 /// Who a waiter waits on: the writer's doorbell (its state and its role), and the writer itself
 /// where callers serve as it (`None` under loom, and in tests of the wait alone), so that a
 /// waiter that finds the role free with work queued serves it instead of waiting for a holder
-/// that may be descheduled (see [`super::role`], "The work goes to a thread that runs").
+/// that may be descheduled (see the guarantee "the work goes to a thread that runs" in [`super::role`]).
 #[derive(Clone, Copy)]
 pub(crate) struct Waiting<'a> {
     pub(crate) doorbell: &'a Doorbell,

@@ -52,6 +52,15 @@
 
 use crate::sync::atomic::{AtomicU8, AtomicUsize, Ordering, fence};
 
+/// A cache's writer, whatever its backend: what a caller that missed, or a waiter that polls and
+/// finds the role free, serves through (`writer::WriterCell` implements it).
+pub(crate) trait Serve: Send + Sync {
+    /// Apply what is queued as the writer, if the role is free ([`Role::serve`] with the writer's
+    /// round): return once nothing is queued, or the role is held by a thread that will look
+    /// again, or the rest is left to a polling waiter or handed to the background thread.
+    fn serve(&self);
+}
+
 /// The role is held.
 const HELD: u8 = 1;
 /// A holder panicked: the role is never taken again.
