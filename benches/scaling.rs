@@ -1,6 +1,10 @@
 //! Scaling: aggregate hit throughput on 1, 2, 4 and 8 threads, ours (batch mode: a pin per 256
 //! resolves) next to each baseline, on warm tcp caches of 1,000 and 100,000 live entries. Every
 //! thread probes the same keys, each from its own offset into the same random order.
+//!
+//! `papaya_floor` is papaya's own `get` of the same `(client, identity)` keys on the same threads,
+//! one guard per 256 probes as ours holds one pin per 256: its ratio of 2 threads to 1 says what
+//! the machine allows a papaya probe (issue 43, item 2).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
@@ -56,6 +60,7 @@ fn scaling(criterion: &mut Criterion) {
         let reference = Mutex::new(Reference::warmed(kind, &keys));
         let rwlock = common::rwlock(&keys);
         let dashmap = common::dashmap(&keys);
+        let floor = common::floor(&keys, n.max(4096));
         for threads in [1, 2, 4, 8] {
             let mut group = criterion.benchmark_group(format!("scaling_tcp_{n}_t{threads}"));
             group.throughput(Throughput::Elements(threads as u64));
@@ -69,6 +74,29 @@ fn scaling(criterion: &mut Criterion) {
                             for _ in 0..BATCH.min(iters - done) {
                                 let (client, address) = cursor.next_probe();
                                 black_box(pinned.resolve(client, address).unwrap().fi_addr());
+                            }
+                            done += BATCH;
+                        }
+                    })
+                })
+            });
+            group.bench_function("papaya_floor", |b| {
+                b.iter_custom(|iters| {
+                    parallel(threads, iters, &|thread, iters| {
+                        let mut cursor = keys.cursor(offset(thread));
+                        let mut done = 0;
+                        while done < iters {
+                            let guard = floor.guard();
+                            for _ in 0..BATCH.min(iters - done) {
+                                let (client, address) = cursor.next_probe();
+                                let found = common::probe_floor(
+                                    &floor,
+                                    &guard,
+                                    identity_len,
+                                    client,
+                                    address,
+                                );
+                                black_box(found.unwrap());
                             }
                             done += BATCH;
                         }

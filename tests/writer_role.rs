@@ -124,6 +124,82 @@ fn callers_racing_for_the_role_with_releases_and_lease_drops_are_all_answered() 
     assert!(av.violations().is_empty(), "{:?}", av.violations());
 }
 
+/// Issue 43, item 2: a caller waiting for its answer polls, serves what is queued whenever it
+/// finds the role free, and takes a last look before it blocks; a holder leaves what is queued
+/// after its round to such a waiter. Blocking resolves, `lease_all` chunks and releases from four
+/// threads at once, on a backend that records the thread of every insert: every call is
+/// answered, nothing is left queued, and every insert ran on a caller's thread or the background
+/// thread (never twice, never lost). Which caller applied whose miss is the scheduler's choice,
+/// so it is counted, not asserted.
+#[test]
+fn waiters_that_poll_serve_what_holders_leave_them_and_every_call_is_answered() {
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let av = ModelAv::new(AddressFormat::Opaque);
+    let cache: &'static AddressCache<Recording> =
+        Box::leak(Box::new(AddressCache::with_backend(Recording {
+            av: av.clone(),
+            threads: Arc::clone(&threads),
+            panics_on: None,
+        })));
+    finished(move || {
+        std::thread::scope(|scope| {
+            for thread in 0..4_u32 {
+                std::thread::Builder::new()
+                    .name(format!("caller-{thread}"))
+                    .spawn_scoped(scope, move || {
+                        for round in 0..12_u32 {
+                            let first = thread * 1_000_000 + round * 100;
+                            // A blocking miss each, then a chunk of 64 misses through lease_all.
+                            for n in first..first + 8 {
+                                let resolved = cache
+                                    .pin()
+                                    .resolve(u64::from(n), &sockaddr(n))
+                                    .map(|peer| peer.fi_addr());
+                                assert!(resolved.is_ok(), "a miss answered: {resolved:?}");
+                            }
+                            let addresses: Vec<Vec<u8>> =
+                                (first + 8..first + 72).map(sockaddr).collect();
+                            let requests: Vec<(u64, &[u8])> = addresses
+                                .iter()
+                                .zip(first + 8..)
+                                .map(|(address, n)| (u64::from(n), &address[..]))
+                                .collect();
+                            for lease in cache.lease_all(&requests) {
+                                assert!(lease.is_ok(), "a chunk's miss answered");
+                            }
+                            for n in first..first + 72 {
+                                cache.release(u64::from(n));
+                            }
+                        }
+                    })
+                    .expect("a thread");
+            }
+        });
+        cache.quiesce();
+    });
+    let stats = cache.stats();
+    assert_eq!((0, 0, 0), (stats.clients, stats.entries, stats.leases));
+    assert!(av.is_empty(), "every entry removed: {stats:?}");
+    assert!(av.violations().is_empty(), "{:?}", av.violations());
+    let threads = threads.lock().expect("threads").clone();
+    // 3,456 inserts in all, below the model AV's 4,096 even if no removal ran before the end.
+    assert_eq!(4 * 12 * 72, threads.len(), "every miss inserted once");
+    let on_callers = threads
+        .iter()
+        .filter(|name| name.starts_with("caller-"))
+        .count();
+    assert!(
+        threads
+            .iter()
+            .all(|name| name.starts_with("caller-") || name == "dma-av-writer"),
+        "inserts run under the role only, on a caller or the background thread"
+    );
+    eprintln!(
+        "{on_callers} of {} inserts on a caller's thread, the rest on the background thread",
+        threads.len()
+    );
+}
+
 #[test]
 fn a_holder_that_panics_poisons_the_role_and_every_call_answers_closed() {
     let threads = Arc::new(Mutex::new(Vec::new()));

@@ -6,6 +6,12 @@
 //!
 //! Mutations it kills (see the README): **K**, a release without the second look at the inbox,
 //! and **H**, the role taken with a plain load and store.
+//!
+//! The second model (issue 43, item 2): a holder leaves what is queued after its round to a waiter
+//! that polls for its answer, and the waiter serves it when it finds the role free, or at its last
+//! look before it stops polling. Checked: no request stranded, however the holder's release and
+//! the waiter's polls interleave. Mutation **M** (the waiter stops polling without its last look)
+//! fails it.
 #![cfg(dma_loom)]
 
 use dma_libfabric::{Role, Served};
@@ -54,6 +60,99 @@ impl Model {
     fn wake(&self) {
         self.woken.store(true, Ordering::Release);
     }
+
+    /// Serve as a caller does: rounds while the role is free, then leave.
+    fn serve(&self) {
+        let served = self.role.serve(|| self.round(), || self.wake());
+        assert_ne!(Served::Poisoned, served);
+    }
+
+    /// Wait for an answer as `reply::recv_adaptive` does: poll a bounded number of times,
+    /// serving whenever the role is free with work queued, then the last look; the block on the
+    /// answer channel that follows is not modelled (the check after the join is that nothing is
+    /// left for it to wait for).
+    fn wait(&self) {
+        self.role.begin_polling();
+        for _ in 0..POLLS {
+            if !self.role.poll(|| self.serve()) {
+                loom::thread::yield_now();
+            }
+        }
+        self.role.end_polling(|| self.serve());
+    }
+
+    /// After every thread is done: the background thread's round if a holder woke it, then no
+    /// request stranded, each applied once.
+    fn check(&self, requests: &[u32]) {
+        if self.woken.load(Ordering::Acquire) {
+            assert_eq!(Served::Done, self.role.serve(|| self.round(), || {}));
+        }
+        assert!(
+            !self.role.has_queued(),
+            "a request is counted but nobody applies it"
+        );
+        assert!(
+            self.inbox.lock().expect("inbox").is_empty(),
+            "a stranded request"
+        );
+        // SAFETY: every thread has been joined.
+        let mut applied = self.applied.with(|applied| unsafe { (*applied).clone() });
+        applied.sort_unstable();
+        assert_eq!(requests, &applied[..]);
+    }
+
+    fn new() -> Self {
+        Self {
+            role: Role::new(),
+            inbox: Mutex::new(Vec::new()),
+            reported: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+            applied: UnsafeCell::new(Vec::new()),
+            reports_taken: UnsafeCell::new(0),
+        }
+    }
+}
+
+/// How many times a waiter polls before its last look: enough for a poll to land before and
+/// after a holder's release.
+const POLLS: usize = 2;
+
+/// The holder's request is one nobody waits for (a `release`): once it leaves, only the polling
+/// waiter can serve what it left.
+#[test]
+fn a_holder_leaves_queued_work_to_a_polling_waiter_which_serves_it() {
+    loom::model(|| {
+        let model = Arc::new(Model::new());
+        let second = {
+            let model = Arc::clone(&model);
+            loom::thread::spawn(move || {
+                let _ = model.miss(2);
+                model.wait();
+            })
+        };
+        let _ = model.miss(1);
+        second.join().expect("the second thread");
+        model.check(&[1, 2]);
+    });
+}
+
+/// Both threads wait for their answers, and each may hold the role while the other polls.
+#[test]
+fn two_polling_waiters_each_serve_or_are_served() {
+    loom::model(|| {
+        let model = Arc::new(Model::new());
+        let second = {
+            let model = Arc::clone(&model);
+            loom::thread::spawn(move || {
+                let _ = model.miss(2);
+                model.wait();
+            })
+        };
+        let _ = model.miss(1);
+        model.wait();
+        second.join().expect("the second thread");
+        model.check(&[1, 2]);
+    });
 }
 
 #[test]

@@ -300,7 +300,7 @@ impl<B: AvBackend> AddressCache<B> {
                         .ask(client, address, Reply::Admitted { answer, deadline })
                 },
                 fallback,
-                &self.reader_side.shared.doorbell,
+                self.reader_side.requests.waiting(),
                 nudge,
             ) {
                 Outcome::Answered(outcome) => outcome,

@@ -5,6 +5,7 @@
 //! Bounded by [`INBOX_BOUND`](super::AddressCache::INBOX_BOUND) requests; a sender that finds it
 //! full waits for room or, for `try_*`, queues nothing.
 
+use super::reply::Waiting;
 use super::writer::{self, Request, SharedState};
 use crate::sync::{Arc, Bounded, TrySendError};
 
@@ -68,6 +69,15 @@ impl Inbox {
     pub(super) fn serve(&self) {
         if let Some(writer) = &self.writer {
             writer.serve();
+        }
+    }
+
+    /// What a sender that waits for its answer waits on: the writer's doorbell, and the writer
+    /// to serve when it finds the role free while it polls (see `reply::recv_adaptive`).
+    pub(super) fn waiting(&self) -> Waiting<'_> {
+        Waiting {
+            doorbell: &self.shared.doorbell,
+            writer: self.writer.as_deref(),
         }
     }
 

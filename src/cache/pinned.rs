@@ -99,7 +99,7 @@ impl<'cache> Pinned<'cache> {
         match reply::round_trip(
             |answer| self.reader_side.ask(client, address, Reply::Now(answer)),
             None,
-            &self.reader_side.shared.doorbell,
+            self.reader_side.requests.waiting(),
         ) {
             Outcome::Answered(fi_addr) => Ok(self.peer(fi_addr?, client)),
             // Without a deadline the answer always comes.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::Peer;
 use super::epoch::Epochs;
 use super::inbox::Inbox;
+use super::reply;
 use super::stored::StoredAddress;
 use super::writer::{BATCH, Reply, Request, SharedState, on_writer_of};
 use crate::address::AddressFormat;
@@ -103,7 +104,15 @@ impl ReaderSide {
         drop(reply);
         let mut results = Vec::with_capacity(misses.len());
         while results.len() < sent {
-            match answers.recv() {
+            // Polling, serving what is queued whenever the role is free, as a miss's waiter does:
+            // a holder descheduled after its round does not keep these chunks waiting.
+            // (Under loom, no caller serves: a plain wait, as the models expect.)
+            let waiting = self.requests.waiting();
+            let answer = match waiting.writer {
+                Some(_) => reply::recv_adaptive(&answers, waiting),
+                None => answers.recv(),
+            };
+            match answer {
                 Ok(chunk) => results.extend(chunk),
                 Err(_) => break,
             }

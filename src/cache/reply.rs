@@ -26,6 +26,12 @@
 //! by taking the writer's core (figures under load, a yielding poll against a busy spin:
 //! `docs/benchmarks.md`, "Figures moved out of the module docs").
 //!
+//! A waiter whose cache has callers that serve as the writer ([`Waiting::writer`]) is counted as
+//! polling meanwhile, and whenever it finds the role free with requests queued it serves them
+//! itself; before it blocks it takes the last look at the role (`Role::end_polling`). So the
+//! requests queued after a holder's round go to a thread that runs (the guarantee "the work goes
+//! to a thread that runs" in `super::role`).
+//!
 //! Under loom every round trip makes a channel of its own (a loom channel cannot outlive the
 //! execution it was made in); the answers and tickets are the same, and the poll is a couple of
 //! yielding tries while the writer is not parked.
@@ -33,6 +39,7 @@
 use std::time::Instant;
 
 use super::doorbell::{Doorbell, WriterState};
+use super::role::Serve;
 use crate::error::DmaError;
 use crate::sync::{mpsc, recv_until};
 use dma_libfabric_sys::fi_addr_t;
@@ -89,29 +96,73 @@ impl Spin {
     }
 }
 
+/// Who a waiter waits on: the writer's doorbell (its state and its role), and the writer itself
+/// where callers serve as it (`None` under loom, and in tests of the wait alone), so that a
+/// waiter that finds the role free with work queued serves it instead of waiting for a holder
+/// that may be descheduled (see the guarantee "the work goes to a thread that runs" in [`super::role`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Waiting<'a> {
+    pub(crate) doorbell: &'a Doorbell,
+    pub(crate) writer: Option<&'a dyn Serve>,
+}
+
+impl<'a> Waiting<'a> {
+    /// Waiting on `doorbell` alone: nothing to serve.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn on(doorbell: &'a Doorbell) -> Self {
+        Self {
+            doorbell,
+            writer: None,
+        }
+    }
+}
+
 /// Receive `receiver`'s next message: poll for it while the writer (whose state `doorbell`
-/// publishes) is awake and its spin budget lasts; then, or at once if the writer is parked,
-/// block on the channel. The state only decides how long to poll: the blocking `recv` at the end
-/// is what waits, so no state read, stale or not, can lose the answer.
+/// publishes) is awake and its spin budget lasts, serving queued work whenever the role is free;
+/// then, or at once if the writer is parked, take the last look at the role and block on the
+/// channel. The state only decides how long to poll: the blocking `recv` at the end is what
+/// waits, so no state read, stale or not, can lose the answer.
 pub(crate) fn recv_adaptive<T>(
     receiver: &mpsc::Receiver<T>,
-    doorbell: &Doorbell,
+    waiting: Waiting<'_>,
 ) -> Result<T, std::sync::mpsc::RecvError> {
+    let Waiting { doorbell, writer } = waiting;
+    let role = &doorbell.role;
+    if writer.is_some() {
+        role.begin_polling();
+    }
+    let serve = || {
+        if let Some(writer) = writer {
+            writer.serve();
+        }
+    };
     let mut spin = Spin::new();
-    loop {
+    let received = loop {
         match receiver.try_recv() {
-            Ok(value) => return Ok(value),
+            Ok(value) => break Some(Ok(value)),
             Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                return Err(std::sync::mpsc::RecvError);
+                break Some(Err(std::sync::mpsc::RecvError));
             }
             Err(std::sync::mpsc::TryRecvError::Empty) => {}
         }
-        let writer = doorbell.writer_state();
-        if !writer.awake() || !spin.again(writer) {
-            break;
+        // The role is free and work is queued (a holder left it to the pollers, or this answer
+        // is queued behind a holder that has gone): serve it. The spin's budget and yield below
+        // still bound the poll (a request counted and not yet sent is served by its sender).
+        if writer.is_some() {
+            role.poll(serve);
         }
+        let state = doorbell.writer_state();
+        if !state.awake() || !spin.again(state) {
+            break None;
+        }
+    };
+    if writer.is_some() {
+        role.end_polling(serve);
     }
-    receiver.recv()
+    match received {
+        Some(received) => received,
+        None => receiver.recv(),
+    }
 }
 
 /// An answer with the ticket it belongs to.
@@ -169,7 +220,7 @@ impl Channel {
         &mut self,
         ask: impl FnOnce(Answer) -> Result<(), DmaError>,
         deadline: Option<Instant>,
-        writer: &Doorbell,
+        writer: Waiting<'_>,
         mut nudge: Option<Nudge<'_>>,
     ) -> Outcome {
         let ticket = self.next_ticket;
@@ -228,7 +279,7 @@ pub(crate) type Nudge<'a> = (Instant, &'a dyn Fn());
 pub(crate) fn round_trip(
     ask: impl FnOnce(Answer) -> Result<(), DmaError>,
     deadline: Option<Instant>,
-    writer: &Doorbell,
+    writer: Waiting<'_>,
 ) -> Outcome {
     round_trip_nudging(ask, deadline, writer, None)
 }
@@ -239,7 +290,7 @@ pub(crate) fn round_trip(
 pub(crate) fn round_trip_nudging(
     ask: impl FnOnce(Answer) -> Result<(), DmaError>,
     deadline: Option<Instant>,
-    writer: &Doorbell,
+    writer: Waiting<'_>,
     nudge: Option<Nudge<'_>>,
 ) -> Outcome {
     let mut ask = Some(ask);
@@ -278,7 +329,7 @@ mod tests {
                 Ok(())
             },
             None,
-            &Doorbell::default(),
+            Waiting::on(&Doorbell::default()),
         );
         matches!(outcome, Outcome::Answered(Ok(answered)) if answered == fi_addr)
     }
@@ -291,7 +342,7 @@ mod tests {
                 Ok(())
             },
             None,
-            &Doorbell::default(),
+            Waiting::on(&Doorbell::default()),
         );
         assert!(matches!(outcome, Outcome::Answered(Err(DmaError::Closed))));
     }
@@ -306,7 +357,7 @@ mod tests {
                 Ok(())
             },
             Some(deadline),
-            &Doorbell::default(),
+            Waiting::on(&Doorbell::default()),
         );
         assert!(matches!(outcome, Outcome::TimedOut));
         // The abandoned request is answered now, on the same thread's channel.
@@ -320,7 +371,11 @@ mod tests {
 
     #[test]
     fn an_error_from_asking_is_the_outcome() {
-        let outcome = round_trip(|_answer| Err(DmaError::Closed), None, &Doorbell::default());
+        let outcome = round_trip(
+            |_answer| Err(DmaError::Closed),
+            None,
+            Waiting::on(&Doorbell::default()),
+        );
         assert!(matches!(outcome, Outcome::Answered(Err(DmaError::Closed))));
         // The unsent answer's `Closed` does not answer the next round trip.
         assert!(answered_at_once(3));
@@ -332,7 +387,7 @@ mod tests {
         doorbell.publish(super::super::doorbell::PARKED, 1_000, 0);
         let (sender, receiver) = mpsc::channel();
         let answering = std::thread::spawn(move || sender.send(7_u64));
-        assert_eq!(Ok(7), recv_adaptive(&receiver, &doorbell));
+        assert_eq!(Ok(7), recv_adaptive(&receiver, Waiting::on(&doorbell)));
         assert!(answering.join().is_ok_and(|sent| sent.is_ok()));
     }
 
@@ -349,7 +404,7 @@ mod tests {
             sender.send(9_u64)
         });
         let _ = started.send(());
-        assert_eq!(Ok(9), recv_adaptive(&receiver, &doorbell));
+        assert_eq!(Ok(9), recv_adaptive(&receiver, Waiting::on(&doorbell)));
         assert!(answering.join().is_ok_and(|sent| sent.is_ok()));
     }
 

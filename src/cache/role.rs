@@ -30,12 +30,36 @@
 //! - **Bounded service.** A holder serves at most [`Role::ROUNDS`] rounds in a row; whatever is
 //!   queued after that is handed to the background thread (`wake`), so one unlucky caller does
 //!   not serve a storm for ever.
+//! - **The work goes to a thread that runs (issue 43, item 2).** A waiter for an answer polls
+//!   for it ([`Role::begin_polling`]), and while it polls it takes queued work itself whenever it
+//!   finds the role free ([`Role::poll`]). So a holder that has served one round leaves what is
+//!   queued after it to a polling waiter instead of serving it too: a waiter is not kept waiting
+//!   by a holder that is descheduled after its own round (on 2 cores, with more runnable threads
+//!   than cores, a holder is preempted often), and does its own work while it runs. The waiter's
+//!   side of it: before it stops polling and blocks, it uncounts itself, issues a `SeqCst` fence
+//!   and looks at the queued count once more ([`Role::end_polling`]); the holder's side: it
+//!   releases, issues its fence and reads the count of polling waiters. As for the second look,
+//!   one fence comes first: either the holder sees the waiter gone (and serves on), or the waiter's
+//!   last look finds the role free and the work queued (and serves it). A waiter's poll is bounded
+//!   by its spin budget (`cache::doorbell`), so a holder descheduled *inside* its round still
+//!   holds the waiters whose requests it took (as a mutex's holder holds its waiters), for at most
+//!   a batch: the writer caps a batch by time (`writer::BATCH_TIME`). `loom_tests/tests/role.rs`
+//!   checks it: mutation **M** (a waiter that stops polling without its last look) fails it.
 //! - **Poison.** A holder that panics keeps the role for good ([`Role::poison`]): nobody takes it
 //!   again, and the writer's state is dropped, so every request queued or sent later is answered
 //!   `Closed`, as when the writer thread died.
 //! - **Nothing on the hit path.** A hit never looks at the role.
 
 use crate::sync::atomic::{AtomicU8, AtomicUsize, Ordering, fence};
+
+/// A cache's writer, whatever its backend: what a caller that missed, or a waiter that polls and
+/// finds the role free, serves through (`writer::WriterCell` implements it).
+pub(crate) trait Serve: Send + Sync {
+    /// Apply what is queued as the writer, if the role is free ([`Role::serve`] with the writer's
+    /// round): return once nothing is queued, or the role is held by a thread that will look
+    /// again, or the rest is left to a polling waiter or handed to the background thread.
+    fn serve(&self);
+}
 
 /// The role is held.
 const HELD: u8 = 1;
@@ -59,7 +83,9 @@ pub enum Served {
     /// Nothing is queued: every request queued before the call has been applied, or is in the
     /// hands of the thread that holds the role now.
     Done,
-    /// The role is held by another thread, which looks at the inbox after it releases.
+    /// The role is held by another thread, which looks at the inbox after it releases; or the
+    /// rest was left to a waiter that polls (it serves it once it finds the role free, or before
+    /// it stops polling); or it was handed to the background thread.
     Elsewhere,
     /// The writer is gone.
     Poisoned,
@@ -72,6 +98,9 @@ pub struct Role {
     /// Requests counted as queued and not yet taken by a holder: never below the channel's
     /// length (a request is counted before it is sent).
     queued: AtomicUsize,
+    /// Waiters polling for their answer now, each of which serves whatever is queued when it
+    /// finds the role free, and looks once more before it stops ([`Role::end_polling`]).
+    polling: AtomicUsize,
 }
 
 impl Role {
@@ -141,10 +170,52 @@ impl Role {
         self.queued.load(Ordering::SeqCst) != 0
     }
 
+    /// Count the caller as a waiter polling for its answer: until its
+    /// [`end_polling`](Self::end_polling), a holder may leave queued work to it, and it calls
+    /// [`poll`](Self::poll) between its looks at its answer.
+    #[inline]
+    pub fn begin_polling(&self) {
+        self.polling.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A polling waiter's look at the role: if it is free and requests are queued, serve them
+    /// (`serve` is [`serve`](Self::serve) with the writer's round), uncounted as a poller while
+    /// it holds the role. Whether it served.
+    #[inline]
+    pub fn poll(&self, serve: impl FnOnce()) -> bool {
+        if self.held() || !self.has_queued() {
+            return false;
+        }
+        self.polling.fetch_sub(1, Ordering::SeqCst);
+        serve();
+        self.polling.fetch_add(1, Ordering::SeqCst);
+        true
+    }
+
+    /// Stop polling (the answer came, or the waiter blocks now): uncount the caller, then the last
+    /// look, which serves whatever a holder left to the polling waiters (see the module docs).
+    #[inline]
+    pub fn end_polling(&self, serve: impl FnOnce()) {
+        self.polling.fetch_sub(1, Ordering::SeqCst);
+        // The waiter's half: its uncount before its look; the holder's, its release before its
+        // read of `polling` (in `serve`).
+        fence(Ordering::SeqCst);
+        if self.has_queued() {
+            serve();
+        }
+    }
+
+    /// Whether a waiter polls now, which serves what is queued once it finds the role free.
+    #[inline]
+    fn polled(&self) -> bool {
+        self.polling.load(Ordering::SeqCst) != 0
+    }
+
     /// Serve as the writer while the role is free and requests are queued: take the role, run
     /// `round` under it, release it, and look again. `round` answers `false` if it poisoned the
-    /// role (it panicked). `wake` is called when the background thread must take over: requests
-    /// are left after [`Role::ROUNDS`] rounds.
+    /// role (it panicked). After a round, what is queued is left to a waiter that polls, if one
+    /// does (see the module docs). `wake` is called when the background thread must take over:
+    /// requests are left after [`Role::ROUNDS`] rounds and no waiter polls.
     pub fn serve(&self, mut round: impl FnMut() -> bool, wake: impl Fn()) -> Served {
         // The requester's half of the second-look argument: its count (`queue`) before its take.
         fence(Ordering::SeqCst);
@@ -164,8 +235,125 @@ impl Role {
             if !self.has_queued() {
                 return Served::Done;
             }
+            // Hand the rest over to a thread that runs: a polling waiter takes it when it finds
+            // the role free, or at its last look.
+            if self.polled() {
+                return Served::Elsewhere;
+            }
         }
         wake();
         Served::Elsewhere
+    }
+}
+
+#[cfg(all(test, not(dma_loom)))]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_holder_leaves_what_is_queued_after_its_round_to_a_polling_waiter() {
+        let role = Role::new();
+        role.queue();
+        // A waiter polls for its answer meanwhile.
+        role.begin_polling();
+        let rounds = Cell::new(0);
+        let woken = Cell::new(false);
+        let served = role.serve(
+            || {
+                rounds.set(rounds.get() + 1);
+                // The holder takes the first request; a second is queued during its round.
+                role.unqueue();
+                role.queue();
+                true
+            },
+            || woken.set(true),
+        );
+        assert_eq!(Served::Elsewhere, served);
+        assert_eq!(
+            1,
+            rounds.get(),
+            "one round, then the rest left to the waiter"
+        );
+        assert!(
+            !woken.get(),
+            "a polling waiter takes it: no background thread"
+        );
+        assert!(role.has_queued() && !role.held());
+        // The waiter finds the role free with work queued and serves it.
+        let served_by_waiter = Cell::new(false);
+        assert!(role.poll(|| {
+            let served = role.serve(
+                || {
+                    role.unqueue();
+                    true
+                },
+                || {},
+            );
+            served_by_waiter.set(served == Served::Done);
+        }));
+        assert!(served_by_waiter.get());
+        assert!(!role.has_queued());
+        role.end_polling(|| panic!("nothing is queued: the last look serves nothing"));
+    }
+
+    #[test]
+    fn a_waiter_that_stops_polling_serves_what_a_holder_left_it() {
+        let role = Role::new();
+        role.begin_polling();
+        // A holder left a request queued to the waiter (it saw it polling) and gave the role back.
+        role.queue();
+        let served = Cell::new(false);
+        role.end_polling(|| {
+            let _ = role.serve(
+                || {
+                    role.unqueue();
+                    served.set(true);
+                    true
+                },
+                || {},
+            );
+        });
+        assert!(served.get(), "the last look served the request");
+        assert!(!role.has_queued());
+    }
+
+    #[test]
+    fn with_no_waiter_polling_a_holder_serves_its_rounds_then_wakes_the_background_thread() {
+        let role = Role::new();
+        role.queue();
+        let rounds = Cell::new(0);
+        let woken = Cell::new(false);
+        let served = role.serve(
+            || {
+                // Each round takes one request, and another comes meanwhile.
+                rounds.set(rounds.get() + 1);
+                true
+            },
+            || woken.set(true),
+        );
+        assert_eq!(Served::Elsewhere, served);
+        assert_eq!(Role::ROUNDS, rounds.get());
+        assert!(woken.get());
+    }
+
+    #[test]
+    fn a_poll_while_the_role_is_held_serves_nothing() {
+        let role = Role::new();
+        role.queue();
+        role.begin_polling();
+        assert_eq!(Take::Taken, role.try_take());
+        assert!(!role.poll(|| panic!("the role is held")));
+        role.release();
+        role.end_polling(|| {
+            let _ = role.serve(
+                || {
+                    role.unqueue();
+                    true
+                },
+                || {},
+            );
+        });
+        assert!(!role.has_queued());
     }
 }

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::run::STALLED_ROUNDS;
-use super::{BATCH, Writer};
+use super::{BATCH, BATCH_TIME, Writer};
 use crate::av::AvBackend;
 use crate::cache::doorbell::{APPLYING, PARKED, POLLING};
 use crate::cache::role::Role;
@@ -30,13 +30,16 @@ pub(crate) enum Next {
 }
 
 impl<B: AvBackend> Writer<B> {
-    /// Take up to one batch of queued requests; how many were taken, and whether one asked the
-    /// writer to stop.
-    fn take_batch(&mut self) -> (usize, bool) {
+    /// Take up to one batch of queued requests, for at most about [`BATCH_TIME`] once `started`;
+    /// how many were taken, and whether one asked the writer to stop.
+    fn take_batch(&mut self, started: Instant) -> (usize, bool) {
         let mut tick = self.pacing.tick;
         let mut taken = 0;
         let mut stop = false;
         while !stop && taken < BATCH {
+            if taken != 0 && started.elapsed() >= BATCH_TIME {
+                break;
+            }
             match self.inbox.try_recv() {
                 Ok(request) => {
                     self.shared.doorbell.role.unqueue();
@@ -67,7 +70,7 @@ impl<B: AvBackend> Writer<B> {
     pub(crate) fn serve_round(&mut self) -> bool {
         let started = Instant::now();
         self.take_reports();
-        let (taken, stop) = self.take_batch();
+        let (taken, stop) = self.take_batch(started);
         self.finish_batch();
         if stop {
             self.stop();
@@ -131,7 +134,7 @@ impl<B: AvBackend> Writer<B> {
         for _ in 0..Role::ROUNDS {
             let started = Instant::now();
             self.announced.set(&self.shared.doorbell, APPLYING);
-            let (taken, stop) = self.take_batch();
+            let (taken, stop) = self.take_batch(started);
             if stop {
                 self.stop();
                 return Next::Stopped;
