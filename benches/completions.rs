@@ -11,7 +11,8 @@
 //!   sleeping in `progress_sleeping`, or its own `AsyncEndpoint`);
 //! - 4 KiB message round trip, one at a time, p50 and p99: one side sends a copied message and
 //!   waits for the other's echo; sync (`send_within`, `receive`, sleeping, a thread each) against
-//!   async (`AsyncEndpoint::send`, `receive`, a task each on a two-thread runtime);
+//!   async (`AsyncEndpoint::send`, `receive`, a task each on a two-thread runtime, and once more
+//!   on a current-thread runtime); `-- --round-trip` runs these alone;
 //! - 64 KiB writes with 64 in flight: throughput, sync sleeping against async, the target driven
 //!   by a thread of its own sleeping in `progress_sleeping` for both (and, for async, once more
 //!   by its own `AsyncEndpoint` on the initiator's single runtime thread).
@@ -221,9 +222,17 @@ fn sync_round_trip(rounds: usize) -> (Duration, Duration) {
 }
 
 /// The same round trips through the async face: the echo a task of its own, on a two-thread
-/// runtime (as sync's two threads).
-fn async_round_trip(rounds: usize) -> (Duration, Duration) {
-    let runtime = two_thread_runtime();
+/// runtime (as sync's two threads), or with `one_thread` on a current-thread runtime (both
+/// sides' tasks on one thread).
+fn async_round_trip(rounds: usize, one_thread: bool) -> (Duration, Duration) {
+    let runtime = if one_thread {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    } else {
+        two_thread_runtime()
+    };
     runtime.block_on(async {
         let pinger = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
         let ponger = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
@@ -451,16 +460,22 @@ fn main() {
         return;
     }
     if std::env::args().any(|argument| "--round-trip" == argument) {
-        // Only the round trips, sync then async, and their ratio.
+        // Only the round trips, sync then async on both runtimes, and their ratios.
         let (sync50, sync99) = sync_round_trip(latency_writes);
-        let (async50, async99) = async_round_trip(latency_writes);
-        let trip = async50.as_secs_f64() / sync50.as_secs_f64();
+        let (async50, async99) = async_round_trip(latency_writes, false);
+        let (one50, one99) = async_round_trip(latency_writes, true);
+        let ratio = |async50: Duration| async50.as_secs_f64() / sync50.as_secs_f64();
         println!(
-            "4 KiB round trip p50 / p99: sync {} / {}, async {} / {}: async ÷ sync {trip:.2}×",
+            "4 KiB round trip p50 / p99: sync {} / {}, async two workers {} / {} ({:.2}×), \
+             async current-thread {} / {} ({:.2}×)",
             micros(sync50),
             micros(sync99),
             micros(async50),
-            micros(async99)
+            micros(async99),
+            ratio(async50),
+            micros(one50),
+            micros(one99),
+            ratio(one50)
         );
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         println!("load average at the end: {}", load.trim());
@@ -496,20 +511,28 @@ fn main() {
         micros(async99)
     );
     let (sync_trip50, sync_trip99) = sync_round_trip(latency_writes);
-    let (async_trip50, async_trip99) = async_round_trip(latency_writes);
+    let (async_trip50, async_trip99) = async_round_trip(latency_writes, false);
+    let (one_trip50, one_trip99) = async_round_trip(latency_writes, true);
     println!(
-        "| 4 KiB message round trip, p50 / p99 ({latency_writes} round trips) | {} / {} | | {} / {} |",
+        "| 4 KiB message round trip, p50 / p99 ({latency_writes} round trips; async: two workers) | {} / {} | | {} / {} |",
         micros(sync_trip50),
         micros(sync_trip99),
         micros(async_trip50),
         micros(async_trip99)
     );
+    println!(
+        "| the same, async on a current-thread runtime (both sides' tasks on one thread) | | | {} / {} |",
+        micros(one_trip50),
+        micros(one_trip99)
+    );
     let bandwidth = throughput(throughput_writes);
     println!();
     let trip = async_trip50.as_secs_f64() / sync_trip50.as_secs_f64();
+    let one_trip = one_trip50.as_secs_f64() / sync_trip50.as_secs_f64();
     let verdict = |met: bool| if met { "met" } else { "NOT met" };
     println!(
-        "async ÷ sync, 4 KiB round trip p50: {trip:.2}× (goal ≤ 1.5×: {})",
+        "async ÷ sync, 4 KiB round trip p50: {trip:.2}× on two workers (goal ≤ 1.5×: {}), \
+         {one_trip:.2}× on a current-thread runtime",
         verdict(trip <= 1.5)
     );
     println!(

@@ -212,14 +212,22 @@ impl Driver {
                 endpoint.progress_sleeping(BACKPRESSURE_NAP);
             } else if self.reactors.in_use() {
                 // A runtime's reactor watches the descriptors for the futures on it, which read
-                // the queues as they wake: the driver gives them the first go, and reads the
-                // queues itself only if no future did during a grace (a runtime busy elsewhere,
-                // or the future its reactor woke was dropped).
-                let served = self.served.load(Ordering::Acquire);
+                // the queues as they wake: once a descriptor is readable, the driver stays off
+                // them while futures keep serving, waking once a grace, and reads the queues
+                // itself only after a grace in which none did (a runtime busy elsewhere, or the
+                // future its reactor woke was dropped).
+                let mut served = self.served.load(Ordering::Acquire);
                 if self.reactors.stand_by(IDLE_NAP) {
-                    std::thread::sleep(STANDBY_GRACE);
-                    if served != self.served.load(Ordering::Acquire) {
-                        continue;
+                    loop {
+                        std::thread::sleep(STANDBY_GRACE);
+                        let now = self.served.load(Ordering::Acquire);
+                        if now == served
+                            || self.stop.load(Ordering::Acquire)
+                            || 0 < self.backpressured.load(Ordering::Acquire)
+                        {
+                            break;
+                        }
+                        served = now;
                     }
                 }
                 endpoint.progress();
