@@ -31,7 +31,7 @@
 //! runtime that runs pays no second thread's reads (the driver wakes at most once a grace). No thread spins: between events the driver sleeps,
 //! for at most a second, and every future is parked in its runtime. A post that meets
 //! backpressure (a full slab, the peer's budget, `-FI_EAGAIN`) parks its future until the
-//! driver's next pass, and while any does the driver naps at most [`BACKPRESSURE_NAP`] between
+//! driver's next pass or a woken future's reading of the queues, and while any does the driver naps at most [`BACKPRESSURE_NAP`] between
 //! passes: a waiting post is retried every few milliseconds, or at once when a completion frees
 //! what it waits for.
 //!
@@ -193,7 +193,8 @@ struct Driver {
     handed_over: Mutex<Option<Arc<LibfabricEndpoint>>>,
     /// Woken after every pass that read the receive queue.
     received: Notify,
-    /// Woken after every pass: what a post waiting for backpressure waits for.
+    /// Woken after every pass, and by every [`serve`](Self::serve): what a post waiting for
+    /// backpressure waits for.
     progressed: Notify,
     /// Posts waiting for backpressure to clear: while any is, the driver naps short.
     backpressured: AtomicUsize,
@@ -258,13 +259,16 @@ impl Driver {
 
     /// What a future its runtime's reactor woke does before it looks for its own completion or
     /// message: read both queues, handing each completion to its sink (waking its future) and
-    /// setting each arrival aside, then wake the receivers. A reactor wakes one future per
+    /// setting each arrival aside, then wake the receivers and the posts waiting for
+    /// backpressure. A reactor wakes one future per
     /// descriptor event (the one that parked last), so that one serves every other.
     fn serve(&self, endpoint: &LibfabricEndpoint) {
         endpoint.progress();
         endpoint.reap_receive_queue();
         self.served.fetch_add(1, Ordering::AcqRel);
         self.received.notify_waiters();
+        // What it read may have freed what a post waiting for backpressure waits for.
+        self.progressed.notify_waiters();
     }
 
     /// The driver's next pass (every pass ends by waking these).
