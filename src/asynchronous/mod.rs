@@ -12,7 +12,9 @@
 //! its own runtime's thread, which reads the queues again: no other thread stands between the
 //! descriptor and the future, as none stands between them and a sync waiter. Where there is no
 //! reactor to use (a future polled outside tokio, or on a runtime built without `enable_io`) the
-//! future is woken by the driver (below) alone.
+//! future is woken by the driver (below) alone. (tokio answers a registration on a runtime without
+//! IO with a panic, caught once per runtime; a build with `panic = "abort"` cannot catch it, so
+//! there the futures must be awaited on runtimes with IO.)
 //!
 //! # The driver
 //!

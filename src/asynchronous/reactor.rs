@@ -25,7 +25,8 @@
 //!   runtime seen after that replaces the one seen longest ago (its futures keep theirs until
 //!   they resolve). A runtime without IO is remembered as such, once: tokio answers the
 //!   registration with a panic (caught here; tokio's panic hook prints its message, which says to
-//!   call `enable_io`), and nothing is tried again on that runtime.
+//!   call `enable_io`), and nothing is tried again on that runtime. A build with
+//!   `panic = "abort"` cannot catch it: there, await the futures on runtimes with IO.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
