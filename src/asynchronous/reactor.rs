@@ -219,19 +219,46 @@ impl Registration {
             self.armed.store(false, Ordering::Release);
             return Poll::Ready(());
         }
-        if self.armed.load(Ordering::Acquire) {
-            return Poll::Pending;
-        }
-        let empty = endpoint
-            .wait_sources()
-            .iter()
-            .all(crate::endpoint::wait::Source::may_sleep);
-        if empty {
+        if !self.armed.load(Ordering::Acquire) {
+            let empty = endpoint
+                .wait_sources()
+                .iter()
+                .all(crate::endpoint::wait::Source::may_sleep);
+            if !empty {
+                return Poll::Ready(());
+            }
             self.armed.store(true, Ordering::Release);
-            Poll::Pending
-        } else {
-            Poll::Ready(())
         }
+        // The reactor reports edges; a descriptor that is still readable (libfabric 2.x can leave
+        // a socket's bytes for a later pass after `fi_trywait` answered 0) makes no new edge, so
+        // it is looked at level-triggered, as a sync waiter's `poll` does, before parking on it.
+        if self.readable() {
+            self.armed.store(false, Ordering::Release);
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl Registration {
+    /// Whether a descriptor is readable now: one `poll(2)` with no timeout, level-triggered.
+    fn readable(&self) -> bool {
+        let mut fds = [libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        }; 2];
+        for (slot, fd) in fds.iter_mut().zip(&self.fds) {
+            *slot = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+        }
+        let count = self.fds.len().min(2);
+        // SAFETY: `fds` holds `count` initialised pollfds, and lives across the call.
+        0 < unsafe { libc::poll(fds.as_mut_ptr(), count as libc::nfds_t, 0) }
     }
 }
 

@@ -167,7 +167,6 @@ impl Operations {
             }
         };
         self.slots[index].posted_at.clear();
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
         // The provider is done with it: its peer may post one more (see `budget`). A receive
         // took none (it is posted to no peer; its `fi_addr` names the sender now).
         if Operation::Receive != operation.operation {
@@ -188,8 +187,10 @@ impl Operations {
             Some(join) => join.finish(1, result),
         };
         let sink = operation.sink.clone();
-        // The completion has been read: the lease and the buffer may go.
+        // The completion has been read: the lease and the buffer may go, before the operation
+        // stops counting as in flight, so whoever sees the count reach 0 sees no lease of it.
         drop(operation);
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
         match completion {
             Some(completion) => self.deliver(index, &sink, completion),
             None => self.free_slot(index),
