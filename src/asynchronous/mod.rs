@@ -30,12 +30,13 @@
 //! instead: it still sleeps on the descriptors, but leaves a readable queue to the futures their
 //! reactors woke, and reads it itself only if none did within [`STANDBY_GRACE`], so a runtime
 //! whose thread is busy elsewhere (blocked in a sync call) holds up nobody's progress, and a
-//! runtime that runs pays no second thread's reads (the driver wakes at most once a grace). No thread spins: between events the driver sleeps,
-//! for at most a second, and every future is parked in its runtime. A post that meets
-//! backpressure (a full slab, the peer's budget, `-FI_EAGAIN`) parks its future until the
-//! driver's next pass or a woken future's reading of the queues, and while any does the driver naps at most [`BACKPRESSURE_NAP`] between
-//! passes: a waiting post is retried every few milliseconds, or at once when a completion frees
-//! what it waits for.
+//! runtime that runs pays no second thread's reads (the driver wakes at most once a grace). No
+//! thread spins: between events the driver sleeps, for at most a second, and every future is
+//! parked in its runtime. A post that meets backpressure (a full slab, the peer's budget,
+//! `-FI_EAGAIN`) parks its future until the driver's next pass or a woken future's reading of the
+//! queues, and while any does the driver naps at most [`BACKPRESSURE_NAP`] between passes: a
+//! waiting post is retried every few milliseconds, or at once when a completion frees what it
+//! waits for.
 //!
 //! Dropping the last clone hands the endpoint to the driver and returns at once: the driver stops
 //! within its sleep, and if its `Arc` was the last, the endpoint's drain
@@ -64,7 +65,8 @@
 //!
 //! One allocation per operation (the state the slot and the future share); per runtime that
 //! polls, one registration of two duplicated descriptors, at most four of them (the runtimes
-//! seen last) per `AsyncEndpoint`; at most as many operations in flight as the endpoint's slab holds
+//! seen last) per `AsyncEndpoint`; at most as many operations in flight as the endpoint's slab
+//! holds
 //! ([`MAX_OPERATIONS`](crate::endpoint::MAX_OPERATIONS)): a post into a full slab is retried, as
 //! backpressure is, for at most [`POST_PATIENCE`].
 //!
@@ -262,8 +264,8 @@ impl Driver {
     /// What a future its runtime's reactor woke does before it looks for its own completion or
     /// message: read both queues, handing each completion to its sink (waking its future) and
     /// setting each arrival aside, then wake the receivers and the posts waiting for
-    /// backpressure. A reactor wakes one future per
-    /// descriptor event (the one that parked last), so that one serves every other.
+    /// backpressure. A reactor wakes one future per descriptor event (the one that parked last),
+    /// so that one serves every other.
     fn serve(&self, endpoint: &LibfabricEndpoint) {
         endpoint.progress();
         endpoint.reap_receive_queue();

@@ -290,8 +290,9 @@ impl AsyncEndpoint {
 
     /// Until the driver's next pass that read the receive queue (`received`, enabled before the
     /// caller looked), or, on a runtime with a reactor, until a queue's descriptor is readable:
-    /// then the queues are read and served here ([`Driver::serve`]), and the caller looks again. Every [`LOOKS`]th call yields to the runtime first, so a queue that
-    /// keeps having work is served between other tasks, not spun on.
+    /// then the queues are read and served here ([`Driver::serve`]), and the caller looks again.
+    /// Every [`LOOKS`]th call yields to the runtime first, so a queue that keeps having work is
+    /// served between other tasks, not spun on.
     async fn next_event(
         &self,
         mut received: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,

@@ -126,8 +126,9 @@ impl Reactors {
         0 < ready && fds[..self.fds.len()].iter().any(|fd| 0 != fd.revents)
     }
 
-    /// Whether a future is on a reactor now (holds a registration from [`current`](Self::current)): while one is, its
-    /// runtime's reactor watches the descriptors, and the driver need not.
+    /// Whether a future is on a reactor now (holds a registration from
+    /// [`current`](Self::current)): while one is, its runtime's reactor watches the descriptors,
+    /// and the driver need not.
     pub(super) fn in_use(&self) -> bool {
         crate::sync::lock(&self.seen)
             .iter()
@@ -161,7 +162,10 @@ impl Reactors {
                 Ok(Ok(fd)) => registered.push(fd),
                 Ok(Err(error)) => {
                     let error = error.into_parts().1;
-                    tracing::debug!(%error, "registering a queue's descriptor failed: woken by the driver");
+                    tracing::debug!(
+                        %error,
+                        "registering a queue's descriptor failed: woken by the driver"
+                    );
                     return None;
                 }
                 Err(_) => {
@@ -239,9 +243,7 @@ impl Registration {
             Poll::Pending
         }
     }
-}
 
-impl Registration {
     /// Whether a descriptor is readable now: one `poll(2)` with no timeout, level-triggered.
     fn readable(&self) -> bool {
         let mut fds = [libc::pollfd {
