@@ -389,3 +389,38 @@ fn a_receive_parked_on_a_runtime_that_is_gone_resolves_on_another() {
     assert_eq!(b"elsewhere".to_vec(), message.unwrap());
     sending.join().unwrap();
 }
+
+/// The reactor wakes only the future that parked last on a registration. Here that future is
+/// dropped while parked, after another receive parked before it: the message that then arrives
+/// wakes nobody through the reactor, and the standing-by driver must read it and wake the
+/// receive that is left.
+#[test]
+fn a_receive_resolves_after_the_future_parked_after_it_is_dropped() {
+    let (server, client) = (endpoint(false), endpoint(false));
+    let address = server.local_address().unwrap();
+    current_thread().block_on(async {
+        let wrapped = AsyncEndpoint::new(Arc::clone(&server)).unwrap();
+        let receiving = tokio::spawn({
+            let wrapped = wrapped.clone();
+            async move { wrapped.receive().await }
+        });
+        // The spawned receive runs first and parks on this runtime's reactor.
+        tokio::task::yield_now().await;
+        // A second receive parks after it, so the reactor now holds its waker; then it is dropped.
+        let mut last = Box::pin(wrapped.receive());
+        let parked = std::future::poll_fn(|context| {
+            std::task::Poll::Ready(last.as_mut().poll(context).is_pending())
+        })
+        .await;
+        assert!(parked, "nothing was sent yet");
+        drop(last);
+        let sending = std::thread::spawn(move || {
+            let pinned = client.cache().pin();
+            let peer = pinned.resolve(1, &address).unwrap();
+            client.send_within(peer, b"to the first", PATIENCE).unwrap();
+        });
+        let message = bounded("the first receive", receiving).await;
+        assert_eq!(b"to the first".to_vec(), message.unwrap().unwrap());
+        sending.join().unwrap();
+    });
+}
