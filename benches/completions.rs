@@ -15,7 +15,8 @@
 //!   on a current-thread runtime); `-- --round-trip` runs these alone;
 //! - 64 KiB writes with 64 in flight: throughput, sync sleeping against async, the target driven
 //!   by a thread of its own sleeping in `progress_sleeping` for both (and, for async, once more
-//!   by its own `AsyncEndpoint` on the initiator's single runtime thread).
+//!   by its own `AsyncEndpoint` on the initiator's single runtime thread); each round runs the
+//!   three over one pair of endpoints (one connection), in an order that turns each round.
 //!
 //! `cargo bench --features tokio --bench completions` (add `-- --quick` for a short run,
 //! `-- --throughput` for the throughput rows alone, and `-- --local-writes` for writes that
@@ -108,15 +109,19 @@ fn quantiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
 fn with_target<R>(target: &LibfabricEndpoint, spin: bool, body: impl FnOnce() -> R) -> R {
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                if spin {
-                    target.progress();
-                } else {
-                    target.progress_sleeping(Duration::from_millis(50));
+        // Named, so that a profile tells the target's samples from the initiator's.
+        let thread = std::thread::Builder::new().name("target".into());
+        thread
+            .spawn_scoped(scope, || {
+                while !stop.load(Ordering::Relaxed) {
+                    if spin {
+                        target.progress();
+                    } else {
+                        target.progress_sleeping(Duration::from_millis(50));
+                    }
                 }
-            }
-        });
+            })
+            .unwrap();
         let result = body();
         stop.store(true, Ordering::Relaxed);
         result
@@ -283,32 +288,79 @@ fn rate(writes: usize, started: Instant, cpu: Duration) -> Rate {
     )
 }
 
-/// 64 KiB writes with 64 in flight, sync sleeping.
-fn sync_throughput(writes: usize) -> Rate {
-    let server = open(false);
-    let client = open(false);
-    let source = server.register(LARGE).unwrap();
-    let target = client.register(WINDOW * LARGE).unwrap();
-    let address = client.local_address().unwrap();
-    with_target(&client, false, || {
+/// One round's endpoints and memory, which every face of the round uses in turn: on loopback
+/// each connection settles at a rate of its own (the sync rate alone moved 1.0–2.8 GB/s from
+/// one pair of endpoints to the next), so the faces compared in a round share one connection.
+struct Pair {
+    server: Arc<LibfabricEndpoint>,
+    client: Arc<LibfabricEndpoint>,
+    /// One source for every write, on both faces: 64 sources of their own were a 4 MiB working
+    /// set for the socket copies against 64 KiB, which stays in cache (an async run's
+    /// `_copy_from_iter` was 29% of its thread's samples against 6%).
+    source: Arc<dma_libfabric::MemoryRegion<'static>>,
+    target: dma_libfabric::MemoryRegion<'static>,
+    address: Vec<u8>,
+    /// The next sync write's id (ids stay unique on the server across its runs).
+    next_id: u64,
+}
+
+impl Pair {
+    fn open() -> Self {
+        let server = Arc::new(open(false));
+        let client = Arc::new(open(false));
+        let source = Arc::new(server.register_shared(LARGE).unwrap());
+        let target = client.register_shared(WINDOW * LARGE).unwrap();
+        let address = client.local_address().unwrap();
+        Self {
+            server,
+            client,
+            source,
+            target,
+            address,
+            next_id: 0,
+        }
+    }
+
+    /// The remote slice slot `slot` of the target writes into.
+    fn slot(&self, slot: usize) -> dma_libfabric::RemoteRegion {
+        self.target
+            .remote()
+            .slice((slot * LARGE) as u64, LARGE as u64)
+            .unwrap()
+    }
+}
+
+/// 64 KiB writes with 64 in flight, sync sleeping, the target on a thread of its own sleeping
+/// in `progress_sleeping`.
+fn sync_throughput(pair: &mut Pair, writes: usize) -> Rate {
+    let first = pair.next_id;
+    pair.next_id += writes as u64;
+    let Pair {
+        server,
+        client,
+        source,
+        address,
+        ..
+    } = &*pair;
+    with_target(client, false, || {
         let (started, cpu) = (Instant::now(), clock(libc::CLOCK_THREAD_CPUTIME_ID));
-        for id in 0..writes as u64 {
-            if id >= WINDOW as u64 {
+        for id in first..first + writes as u64 {
+            if id >= first + WINDOW as u64 {
                 server
                     .wait_for(id - WINDOW as u64, Duration::from_secs(10))
                     .unwrap()
                     .result
                     .unwrap();
             }
-            let slot = (id % WINDOW as u64) * LARGE as u64;
-            let lease = server.cache().lease(1, &address).unwrap();
-            let remote = target.remote().slice(slot, LARGE as u64).unwrap();
+            let lease = server.cache().lease(1, address).unwrap();
+            let remote = pair.slot((id % WINDOW as u64) as usize);
             server
                 .write(lease, source.segment(0, LARGE).unwrap(), remote, id)
                 .unwrap();
         }
-        for id in writes.saturating_sub(WINDOW)..writes {
-            server.wait_for(id as u64, Duration::from_secs(10)).unwrap();
+        let last = first + writes as u64;
+        for id in last.saturating_sub(WINDOW as u64).max(first)..last {
+            server.wait_for(id, Duration::from_secs(10)).unwrap();
         }
         rate(writes, started, cpu)
     })
@@ -328,47 +380,32 @@ enum AsyncTarget {
 
 /// 64 KiB writes with 64 in flight, async (64 tasks, current-thread runtime; its thread's CPU
 /// time includes the target's work when that runs on the same runtime).
-fn async_throughput(writes: usize, driven: AsyncTarget) -> Rate {
-    let client = Arc::new(open(false));
+fn async_throughput(pair: &Pair, writes: usize, driven: AsyncTarget) -> Rate {
     match driven {
-        AsyncTarget::OwnThread => with_target(&client, false, || {
-            async_throughput_to(writes, &client, driven)
+        AsyncTarget::OwnThread => with_target(&pair.client, false, || {
+            async_throughput_to(pair, writes, driven)
         }),
-        AsyncTarget::SameRuntime => async_throughput_to(writes, &client, driven),
+        AsyncTarget::SameRuntime => async_throughput_to(pair, writes, driven),
     }
 }
 
-fn async_throughput_to(
-    writes: usize,
-    client: &Arc<LibfabricEndpoint>,
-    driven: AsyncTarget,
-) -> Rate {
+fn async_throughput_to(pair: &Pair, writes: usize, driven: AsyncTarget) -> Rate {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let server = AsyncEndpoint::new(Arc::new(open(false))).unwrap();
+        let server = AsyncEndpoint::new(Arc::clone(&pair.server)).unwrap();
         let _client_driver = match driven {
-            AsyncTarget::SameRuntime => Some(AsyncEndpoint::new(Arc::clone(client)).unwrap()),
+            AsyncTarget::SameRuntime => Some(AsyncEndpoint::new(Arc::clone(&pair.client)).unwrap()),
             AsyncTarget::OwnThread => None,
         };
-        let target = client.register(WINDOW * LARGE).unwrap();
-        let address = client.local_address().unwrap();
-        drop(server.lease(1, &address).await.unwrap()); // resolved once, before the clock
-        // One source for every write, as in `sync_throughput`: 64 sources of their own were a
-        // 4 MiB working set for the socket copies against sync's 64 KiB, which stays in cache
-        // (the async run's `_copy_from_iter` was 29% of its thread's samples against 6%).
-        let source = Arc::new(server.endpoint().register_shared(LARGE).unwrap());
         let (started, cpu) = (Instant::now(), clock(libc::CLOCK_THREAD_CPUTIME_ID));
         let tasks: Vec<_> = (0..WINDOW)
             .map(|slot| {
-                let (server, address) = (server.clone(), address.clone());
-                let source = Arc::clone(&source);
-                let remote = target
-                    .remote()
-                    .slice((slot * LARGE) as u64, LARGE as u64)
-                    .unwrap();
+                let (server, address) = (server.clone(), pair.address.clone());
+                let source = Arc::clone(&pair.source);
+                let remote = pair.slot(slot);
                 tokio::spawn(async move {
                     for _ in 0..writes / WINDOW {
                         let lease = server.lease(1, &address).await.unwrap();
@@ -394,29 +431,41 @@ fn micros(duration: Duration) -> String {
     format!("{:.1} µs", duration.as_secs_f64() * 1e6)
 }
 
-/// Rounds of the throughput comparison: each runs sync, then async with the target on its own
-/// thread, then async with the target on the initiator's runtime, back to back, and the table
-/// gives the medians of the rounds' figures and of their per-round ratios. On a machine shared
-/// with other builds the load moves between runs; pairing the runs of a round cancels most of
-/// that, where one long run of each did not (0.68× to 1.39× in three runs at load 7–9).
-const ROUNDS: usize = 7;
+/// Rounds of the throughput comparison. Each round opens one pair of endpoints and runs sync,
+/// async with the target on its own thread, and async with the target on the initiator's
+/// runtime over it, in an order that turns by one each round (so neither face always runs first
+/// on a fresh connection); the table gives the medians of the rounds' figures and of their
+/// per-round ratios. Pairing within a round cancels what moves between connections and with the
+/// machine's load, where one long run of each did not (0.68× to 1.39× in three runs at load 7–9).
+const ROUNDS: usize = 9;
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_unstable_by(f64::total_cmp);
     values[values.len() / 2]
 }
 
+/// One round of [`ROUNDS`]: `[sync, async own thread, async same runtime]`, run from `first`.
+fn round(writes: usize, first: usize) -> [Rate; 3] {
+    let mut pair = Pair::open();
+    // The connection is set up before any clock runs, by a write of each face's kind.
+    sync_throughput(&mut pair, WINDOW);
+    let mut rates = [(0.0, 0.0); 3];
+    for step in 0..3 {
+        let at = (first + step) % 3;
+        rates[at] = match at {
+            0 => sync_throughput(&mut pair, writes),
+            1 => async_throughput(&pair, writes, AsyncTarget::OwnThread),
+            _ => async_throughput(&pair, writes, AsyncTarget::SameRuntime),
+        };
+    }
+    rates
+}
+
 /// The throughput rows: sync, async with the target on a thread of its own (as sync's), async
 /// with the target on the initiator's runtime; `writes` split over [`ROUNDS`] rounds.
 fn throughput(writes: usize) -> f64 {
     let per_round = (writes / ROUNDS).max(WINDOW);
-    let mut rounds = Vec::with_capacity(ROUNDS);
-    for _ in 0..ROUNDS {
-        let sync = sync_throughput(per_round);
-        let own_thread = async_throughput(per_round, AsyncTarget::OwnThread);
-        let same_runtime = async_throughput(per_round, AsyncTarget::SameRuntime);
-        rounds.push([sync, own_thread, same_runtime]);
-    }
+    let rounds: Vec<[Rate; 3]> = (0..ROUNDS).map(|at| round(per_round, at)).collect();
     let of = |pick: &dyn Fn(&[Rate; 3]) -> f64| median(rounds.iter().map(pick).collect());
     let [sync, own, same] = [0, 1, 2].map(|at| of(&|round| round[at].0) / 1e6);
     let [sync_cpu, own_cpu, same_cpu] = [0, 1, 2].map(|at| of(&|round| round[at].1));
@@ -425,7 +474,7 @@ fn throughput(writes: usize) -> f64 {
     let low = ratios.clone().fold(f64::MAX, f64::min);
     let high = ratios.fold(0.0, f64::max);
     println!(
-        "| 64 KiB writes, 64 in flight ({ROUNDS} rounds of {per_round} writes, medians), target on its own thread | {sync:.0} MB/s, {sync_cpu:.1} µs CPU/write | | {own:.0} MB/s, {own_cpu:.1} µs CPU/write ({own_ratio:.2}× sync; rounds {low:.2}–{high:.2}×) |"
+        "| 64 KiB writes, 64 in flight ({ROUNDS} rounds of {per_round} writes, each round's faces on one connection, medians), target on its own thread | {sync:.0} MB/s, {sync_cpu:.1} µs CPU/write | | {own:.0} MB/s, {own_cpu:.1} µs CPU/write ({own_ratio:.2}× sync; rounds {low:.2}–{high:.2}×) |"
     );
     println!(
         "| the same, async target on the initiator's runtime thread (its CPU included) | | | {same:.0} MB/s, {same_cpu:.1} µs CPU/write ({same_ratio:.2}× sync) |"
@@ -438,7 +487,7 @@ fn main() {
     let (latency_writes, throughput_writes) = if quick {
         (2_000, 4_096)
     } else {
-        (20_000, 32_768)
+        (20_000, ROUNDS * 16_384)
     };
     let local = std::env::args().any(|argument| "--local-writes" == argument);
     LOCAL_WRITES.store(local, Ordering::Relaxed);
@@ -455,14 +504,18 @@ fn main() {
     println!();
     if std::env::args().any(|argument| "--profile-async" == argument) {
         // Only the async initiator, for a profiler: `perf record -g … -- --profile-async`.
+        let mut pair = Pair::open();
+        sync_throughput(&mut pair, WINDOW);
         println!(
             "{:?}",
-            async_throughput(throughput_writes, AsyncTarget::OwnThread)
+            async_throughput(&pair, throughput_writes, AsyncTarget::OwnThread)
         );
         return;
     }
     if std::env::args().any(|argument| "--profile-sync" == argument) {
-        println!("{:?}", sync_throughput(throughput_writes));
+        let mut pair = Pair::open();
+        sync_throughput(&mut pair, WINDOW);
+        println!("{:?}", sync_throughput(&mut pair, throughput_writes));
         return;
     }
     if std::env::args().any(|argument| "--round-trip" == argument) {

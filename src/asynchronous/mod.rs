@@ -239,7 +239,7 @@ impl Driver {
             } else {
                 endpoint.progress_sleeping(IDLE_NAP);
             }
-            endpoint.reap_receive_queue();
+            endpoint.reap_receive_queue_after_progress();
             self.received.notify_waiters();
             self.progressed.notify_waiters();
         }
@@ -268,7 +268,7 @@ impl Driver {
     /// so that one serves every other.
     fn serve(&self, endpoint: &LibfabricEndpoint) {
         endpoint.progress();
-        endpoint.reap_receive_queue();
+        endpoint.reap_receive_queue_after_progress();
         self.served.fetch_add(1, Ordering::AcqRel);
         self.received.notify_waiters();
         // What it read may have freed what a post waiting for backpressure waits for.

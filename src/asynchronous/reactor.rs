@@ -223,25 +223,24 @@ impl Registration {
             self.armed.store(false, Ordering::Release);
             return Poll::Ready(());
         }
-        if !self.armed.load(Ordering::Acquire) {
-            let empty = endpoint
-                .wait_sources()
-                .iter()
-                .all(crate::endpoint::wait::Source::may_sleep);
-            if !empty {
-                return Poll::Ready(());
-            }
-            self.armed.store(true, Ordering::Release);
+        if self.armed.load(Ordering::Acquire) {
+            // Armed: the arming future found every descriptor quiet, and none has been readable
+            // to the reactor since, so whatever lands now makes a new edge that wakes us.
+            return Poll::Pending;
         }
+        let empty = endpoint
+            .wait_sources()
+            .iter()
+            .all(crate::endpoint::wait::Source::may_sleep);
         // The reactor reports edges; a descriptor that is still readable (libfabric 2.x can leave
         // a socket's bytes for a later pass after `fi_trywait` answered 0) makes no new edge, so
-        // it is looked at level-triggered, as a sync waiter's `poll` does, before parking on it.
-        if self.readable() {
-            self.armed.store(false, Ordering::Release);
-            Poll::Ready(())
-        } else {
-            Poll::Pending
+        // the arming future looks at it level-triggered, as a sync waiter's `poll` does, before
+        // anyone parks on it.
+        if !empty || self.readable() {
+            return Poll::Ready(());
         }
+        self.armed.store(true, Ordering::Release);
+        Poll::Pending
     }
 
     /// Whether a descriptor is readable now: one `poll(2)` with no timeout, level-triggered.

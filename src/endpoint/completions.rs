@@ -194,6 +194,16 @@ impl LibfabricEndpoint {
         count
     }
 
+    /// Read the receive queue unless [`progress`](Self::progress) does (on a credited
+    /// endpoint): after a pass of `progress`, what makes it a pass over both queues, once each
+    /// (the async face's passes).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async face's
+    pub(crate) fn reap_receive_queue_after_progress(&self) {
+        if self.credits.is_none() {
+            self.reap_receive_queue();
+        }
+    }
+
     /// The oldest notification that has arrived, the receive queue read first (the async face's
     /// `notification`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the async face's
