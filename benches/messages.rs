@@ -22,6 +22,13 @@
 //! the peer's provider, at the price `inject_within`'s docs state (a failure is not reported).
 //! Note that `fi_pingpong` injects only messages strictly under the inject size: at 64 B it
 //! posts `fi_send` with a completion (but without `FI_TRANSMIT_COMPLETE`, so no acknowledgement).
+//!
+//! `MESSAGES_PINGPONG` names the baseline's program instead of `fi_pingpong` on `PATH`: fabtests'
+//! `fi_rdm_pingpong` of a libfabric build (for example 2.6.0's, with the bench built against the
+//! same build through `PKG_CONFIG_PATH`), and `MESSAGES_PINGPONG_ARGS` adds arguments to both of
+//! its processes (`-E` for `fi_rdm_pingpong`, which on loopback waits for ever without its
+//! out-of-band address exchange). Its one-way latency is read from the column its header names
+//! `usec/xfer`, in either program's table.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::process::{Command, Stdio};
@@ -123,7 +130,25 @@ fn ours(size: usize, spin: bool, how: Post) -> f64 {
     rounds[rounds.len() / 2]
 }
 
-/// fabtests' `fi_pingpong` one-way latency for `size` bytes, if it is installed and runs.
+/// The baseline's program: `MESSAGES_PINGPONG`, else `fi_pingpong` on `PATH`.
+fn pingpong() -> std::ffi::OsString {
+    std::env::var_os("MESSAGES_PINGPONG").unwrap_or_else(|| "fi_pingpong".into())
+}
+
+/// The one-way latency in a pingpong's output: the last line's value in the column the header
+/// names `usec/xfer` (`fi_pingpong`: bytes, #sent, #ack, total, time, MB/sec, usec/xfer,
+/// Mxfers/sec; fabtests' `fi_rdm_pingpong`: bytes, iters, total, time, MB/sec, usec/xfer,
+/// Mxfers/sec).
+fn one_way(text: &str) -> Option<f64> {
+    let column = text
+        .lines()
+        .find_map(|line| line.split_whitespace().position(|word| word == "usec/xfer"))?;
+    let line = text.lines().rev().find(|line| !line.trim().is_empty())?;
+    line.split_whitespace().nth(column)?.parse().ok()
+}
+
+/// fabtests' `fi_pingpong` (or [`pingpong`]'s) one-way latency for `size` bytes, if it is
+/// installed and runs.
 fn fabtests(size: usize) -> Option<f64> {
     let args = |extra: &[&str]| {
         let mut args = vec![
@@ -136,10 +161,12 @@ fn fabtests(size: usize) -> Option<f64> {
             "-S".into(),
             size.to_string(),
         ];
+        let added = std::env::var("MESSAGES_PINGPONG_ARGS").unwrap_or_default();
+        args.extend(added.split_whitespace().map(str::to_string));
         args.extend(extra.iter().map(|arg| arg.to_string()));
         args
     };
-    let mut server = Command::new("fi_pingpong")
+    let mut server = Command::new(pingpong())
         .args(args(&[]))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -149,7 +176,7 @@ fn fabtests(size: usize) -> Option<f64> {
     let mut output = None;
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(100));
-        let run = Command::new("fi_pingpong")
+        let run = Command::new(pingpong())
             .args(args(&["127.0.0.1"]))
             .output()
             .ok()?;
@@ -160,10 +187,7 @@ fn fabtests(size: usize) -> Option<f64> {
     }
     let _ = server.kill();
     let _ = server.wait();
-    let text = String::from_utf8_lossy(&output?.stdout).into_owned();
-    // The last line: bytes, #sent, #ack, total, time, MB/sec, usec/xfer, Mxfers/sec.
-    let line = text.lines().rev().find(|line| !line.trim().is_empty())?;
-    line.split_whitespace().nth(6)?.parse().ok()
+    one_way(&String::from_utf8_lossy(&output?.stdout))
 }
 
 fn main() {
