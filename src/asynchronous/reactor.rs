@@ -40,6 +40,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::runtime::{Handle, Id};
 
 use crate::endpoint::LibfabricEndpoint;
+use crate::endpoint::wait::{Bell, poll};
 
 /// The most runtimes whose reactors one `AsyncEndpoint` is registered with at a time.
 pub(super) const MOST_RUNTIMES: usize = 4;
@@ -50,8 +51,8 @@ pub(super) struct Reactors {
     fds: Vec<RawFd>,
     /// The runtimes seen, oldest first; `None` for one without a reactor to use.
     seen: Mutex<VecDeque<(Id, Option<Arc<Registration>>)>>,
-    /// The driver's own `eventfd`, in its standby `poll` set: rung to cut a standby short.
-    bell: Option<OwnedFd>,
+    /// The driver's own bell, in its standby `poll` set: rung to cut a standby short.
+    bell: Bell,
 }
 
 impl Reactors {
@@ -67,7 +68,7 @@ impl Reactors {
         Self {
             fds,
             seen: Mutex::new(VecDeque::with_capacity(MOST_RUNTIMES)),
-            bell: eventfd(),
+            bell: Bell::new(),
         }
     }
 
@@ -92,38 +93,14 @@ impl Reactors {
 
     /// Cut the driver's standby short ([`stand_by`](Self::stand_by)).
     pub(super) fn ring(&self) {
-        if let Some(bell) = &self.bell {
-            let one = 1_u64;
-            // SAFETY: writing 8 bytes from a live u64 to our own eventfd; a full counter (EAGAIN)
-            // already wakes the poll.
-            let _ = unsafe { libc::write(bell.as_raw_fd(), (&raw const one).cast(), 8) };
-        }
+        self.bell.ring();
     }
 
     /// The driver's sleep while futures are on reactors: `poll` on the queues' descriptors and
     /// the driver's bell (not the endpoint's, which its own waiters drain) for at most
     /// `timeout`; whether a queue's descriptor woke it.
     pub(super) fn stand_by(&self, timeout: std::time::Duration) -> bool {
-        let mut fds: Vec<libc::pollfd> = self
-            .fds
-            .iter()
-            .copied()
-            .chain(self.bell.as_ref().map(AsRawFd::as_raw_fd))
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        let millis = i32::try_from(timeout.as_millis().max(1)).unwrap_or(i32::MAX);
-        // SAFETY: `fds` holds `fds.len()` initialised pollfds, and lives across the call.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
-        if let Some(bell) = &self.bell {
-            let mut rung = 0_u64;
-            // SAFETY: reading 8 bytes into a live u64 from our own non-blocking eventfd.
-            let _ = unsafe { libc::read(bell.as_raw_fd(), (&raw mut rung).cast(), 8) };
-        }
-        0 < ready && fds[..self.fds.len()].iter().any(|fd| 0 != fd.revents)
+        0 != poll(&self.fds, Some(&self.bell), timeout).readable
     }
 
     /// Whether a future is on a reactor now (holds a registration from
@@ -245,33 +222,17 @@ impl Registration {
 
     /// Whether a descriptor is readable now: one `poll(2)` with no timeout, level-triggered.
     fn readable(&self) -> bool {
-        let mut fds = [libc::pollfd {
-            fd: -1,
-            events: 0,
-            revents: 0,
-        }; 2];
+        let mut fds = [-1; 2];
         for (slot, fd) in fds.iter_mut().zip(&self.fds) {
-            *slot = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
+            *slot = fd.as_raw_fd();
         }
-        let count = self.fds.len().min(2);
-        // SAFETY: `fds` holds `count` initialised pollfds, and lives across the call.
-        0 < unsafe { libc::poll(fds.as_mut_ptr(), count as libc::nfds_t, 0) }
+        0 < poll(
+            &fds[..self.fds.len().min(2)],
+            None,
+            std::time::Duration::ZERO,
+        )
+        .answer
     }
-}
-
-/// A non-blocking `eventfd`, or `None` if the system gives none (the standby then ends by its
-/// timeout).
-fn eventfd() -> Option<OwnedFd> {
-    // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    (fd >= 0).then(|| {
-        // SAFETY: `fd` was just opened and is owned by nothing else.
-        unsafe { OwnedFd::from_raw_fd(fd) }
-    })
 }
 
 #[cfg(test)]

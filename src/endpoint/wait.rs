@@ -77,9 +77,10 @@
 //! A `Waiter` holds one `eventfd`; `poll` is given at most 2 × [`MOST_SOURCES`] + 1
 //! descriptors (two per source, at most [`MOST_SOURCES`] sources), on the stack.
 
+mod bell;
 mod handoff;
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -94,8 +95,9 @@ pub(crate) const MOST_SLEEP: Duration = Duration::from_secs(1);
 /// [`MAX_RAILS`](crate::rails::MAX_RAILS), checked where the rail set waits).
 pub(crate) const MOST_SOURCES: usize = 8;
 
-/// The most descriptors one wait polls: two queues per source, and the waiter's own bell.
-const MOST_FDS: usize = 2 * MOST_SOURCES + 1;
+#[cfg(feature = "tokio")]
+pub(crate) use self::bell::poll;
+pub(crate) use self::bell::{Bell, MOST_FDS};
 
 /// How an endpoint's blocking waits wait for its completion queues, chosen by provider in
 /// [`Waiting::choose`]: see the module docs, "Which queues sleep".
@@ -293,9 +295,9 @@ impl Source {
 pub(crate) struct Waiter {
     /// Who polls, who follows, and how a ringer reaches them (`handoff`, checked by loom).
     handoff: Handoff,
-    /// An `eventfd` in the poller's `poll` set, written to wake it; `None` if the system gave
-    /// none (the poller then wakes by itself within [`MOST_SLEEP`]).
-    bell: Option<OwnedFd>,
+    /// In the poller's `poll` set, rung to wake it; silent if the system gave no `eventfd` (the
+    /// poller then wakes by itself within [`MOST_SLEEP`]).
+    bell: Bell,
     /// The blocking-read source a poller may sleep in, signalled to wake it: set by the first
     /// blocking wait, before it can become the poller.
     reading: OnceLock<Source>,
@@ -303,15 +305,9 @@ pub(crate) struct Waiter {
 
 impl Default for Waiter {
     fn default() -> Self {
-        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        let bell = (fd >= 0).then(|| {
-            // SAFETY: `fd` was just opened and is owned by nothing else.
-            unsafe { OwnedFd::from_raw_fd(fd) }
-        });
         Self {
             handoff: Handoff::new(),
-            bell,
+            bell: Bell::new(),
             reading: OnceLock::new(),
         }
     }
@@ -322,12 +318,7 @@ impl Waiter {
     /// wake the waiters to look. One atomic load when none waits.
     pub(crate) fn ring(&self) {
         self.handoff.ring(|| {
-            if let Some(bell) = &self.bell {
-                let one = 1_u64;
-                // SAFETY: writing 8 bytes from a live u64 to our own eventfd; a full counter
-                // (EAGAIN) already wakes the poller.
-                let _ = unsafe { libc::write(bell.as_raw_fd(), (&raw const one).cast(), 8) };
-            }
+            self.bell.ring();
             if let Some(source) = self.reading.get() {
                 source.signal();
             }
@@ -407,34 +398,17 @@ impl Waiter {
     /// Block in `poll` on every source's descriptors and the bell for at most `sleep`: whether a
     /// descriptor woke it (rather than the bound).
     fn poll(&self, sources: &[Source], sleep: Duration) -> bool {
-        let mut fds = [libc::pollfd {
-            fd: -1,
-            events: 0,
-            revents: 0,
-        }; MOST_FDS];
+        let mut fds = [-1; MOST_FDS];
         let mut count = 0;
-        for fd in sources
-            .iter()
-            .flat_map(|source| source.fds)
-            .chain(self.bell.as_ref().map(AsRawFd::as_raw_fd))
+        for (slot, fd) in fds
+            .iter_mut()
+            .zip(sources.iter().flat_map(|source| source.fds))
         {
-            fds[count] = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
+            *slot = fd;
             count += 1;
         }
-        let millis = i32::try_from(sleep.as_millis().max(1)).unwrap_or(i32::MAX);
-        // SAFETY: `fds` holds `count` initialised pollfds, and lives across the call.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), count as libc::nfds_t, millis) };
-        if let Some(bell) = &self.bell {
-            let mut rung = 0_u64;
-            // SAFETY: reading 8 bytes into a live u64 from our own non-blocking eventfd.
-            let _ = unsafe { libc::read(bell.as_raw_fd(), (&raw mut rung).cast(), 8) };
-        }
         // A signal (-1, EINTR) is a wake-up too: only a timeout is not.
-        0 != ready
+        0 != bell::poll(&fds[..count], Some(&self.bell), sleep).answer
     }
 }
 
