@@ -100,7 +100,7 @@ impl Reactors {
     /// the driver's bell (not the endpoint's, which its own waiters drain) for at most
     /// `timeout`; whether a queue's descriptor woke it.
     pub(super) fn stand_by(&self, timeout: std::time::Duration) -> bool {
-        0 != poll(&self.fds, Some(&self.bell), timeout).readable
+        0 != poll(self.fds.iter().copied(), Some(&self.bell), timeout).readable
     }
 
     /// Whether a future is on a reactor now (holds a registration from
@@ -222,16 +222,8 @@ impl Registration {
 
     /// Whether a descriptor is readable now: one `poll(2)` with no timeout, level-triggered.
     fn readable(&self) -> bool {
-        let mut fds = [-1; 2];
-        for (slot, fd) in fds.iter_mut().zip(&self.fds) {
-            *slot = fd.as_raw_fd();
-        }
-        0 < poll(
-            &fds[..self.fds.len().min(2)],
-            None,
-            std::time::Duration::ZERO,
-        )
-        .answer
+        let fds = self.fds.iter().map(AsRawFd::as_raw_fd);
+        0 < poll(fds, None, std::time::Duration::ZERO).answer
     }
 }
 

@@ -95,9 +95,9 @@ pub(crate) const MOST_SLEEP: Duration = Duration::from_secs(1);
 /// [`MAX_RAILS`](crate::rails::MAX_RAILS), checked where the rail set waits).
 pub(crate) const MOST_SOURCES: usize = 8;
 
+pub(crate) use self::bell::Bell;
 #[cfg(feature = "tokio")]
 pub(crate) use self::bell::poll;
-pub(crate) use self::bell::{Bell, MOST_FDS};
 
 /// How an endpoint's blocking waits wait for its completion queues, chosen by provider in
 /// [`Waiting::choose`]: see the module docs, "Which queues sleep".
@@ -398,17 +398,9 @@ impl Waiter {
     /// Block in `poll` on every source's descriptors and the bell for at most `sleep`: whether a
     /// descriptor woke it (rather than the bound).
     fn poll(&self, sources: &[Source], sleep: Duration) -> bool {
-        let mut fds = [-1; MOST_FDS];
-        let mut count = 0;
-        for (slot, fd) in fds
-            .iter_mut()
-            .zip(sources.iter().flat_map(|source| source.fds))
-        {
-            *slot = fd;
-            count += 1;
-        }
+        let fds = sources.iter().flat_map(|source| source.fds);
         // A signal (-1, EINTR) is a wake-up too: only a timeout is not.
-        0 != bell::poll(&fds[..count], Some(&self.bell), sleep).answer
+        0 != bell::poll(fds, Some(&self.bell), sleep).answer
     }
 }
 

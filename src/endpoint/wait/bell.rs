@@ -19,6 +19,9 @@ use std::time::Duration;
 /// The most descriptors one [`poll`] looks at, its bell included.
 pub(crate) const MOST_FDS: usize = 2 * super::MOST_SOURCES + 1;
 
+// `Polled::readable` has a bit for each descriptor but the bell.
+const _: () = assert!(MOST_FDS - 1 <= u32::BITS as usize);
+
 /// A non-blocking `eventfd` to wake a thread in [`poll`] (module docs); `None` inside where the
 /// system gave none.
 #[derive(Debug)]
@@ -70,22 +73,30 @@ pub(crate) struct Polled {
     pub(crate) readable: u32,
 }
 
-/// `poll(2)` for input on `fds` and on `bell`, for at most `timeout` (zero looks and returns; any
-/// other is rounded up to a whole millisecond, and saturates at `i32::MAX` ms), then drain the
-/// bell.
-pub(crate) fn poll(fds: &[RawFd], bell: Option<&Bell>, timeout: Duration) -> Polled {
+/// `poll(2)` for input on `fds` (the first `MOST_FDS - 1` of them) and on `bell`, for at most
+/// `timeout` (zero looks and returns; any other is rounded up to a whole millisecond, and
+/// saturates at `i32::MAX` ms), then drain the bell.
+pub(crate) fn poll(
+    fds: impl IntoIterator<Item = RawFd>,
+    bell: Option<&Bell>,
+    timeout: Duration,
+) -> Polled {
     let mut set = [libc::pollfd {
         fd: -1,
         events: 0,
         revents: 0,
     }; MOST_FDS];
-    let watched = fds.len().min(MOST_FDS - 1);
-    let mut count = 0;
-    for fd in fds[..watched]
-        .iter()
-        .copied()
-        .chain(bell.and_then(Bell::fd))
-    {
+    let mut watched = 0;
+    for (slot, fd) in set[..MOST_FDS - 1].iter_mut().zip(fds) {
+        *slot = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        watched += 1;
+    }
+    let mut count = watched;
+    if let Some(fd) = bell.and_then(Bell::fd) {
         set[count] = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -124,10 +135,10 @@ mod tests {
     fn a_ring_before_the_poll_wakes_it_and_is_drained() {
         let bell = Bell::new();
         bell.ring();
-        let woken = poll(&[], Some(&bell), Duration::from_secs(60));
+        let woken = poll([], Some(&bell), Duration::from_secs(60));
         assert_eq!(1, woken.answer, "the bell woke the poll");
         assert_eq!(0, woken.readable, "the bell is not among the descriptors");
-        let after = poll(&[], Some(&bell), Duration::ZERO);
+        let after = poll([], Some(&bell), Duration::ZERO);
         assert_eq!(0, after.answer, "the ring was drained");
     }
 
@@ -143,7 +154,7 @@ mod tests {
         assert_eq!(1, unsafe {
             libc::write(loud[1], (&raw const byte).cast(), 1)
         });
-        let polled = poll(&[quiet[0], loud[0]], None, Duration::ZERO);
+        let polled = poll([quiet[0], loud[0]], None, Duration::ZERO);
         assert_eq!((1, 0b10), (polled.answer, polled.readable));
         for fd in quiet.into_iter().chain(loud) {
             // SAFETY: closing descriptors this test opened and uses no more.
@@ -157,9 +168,40 @@ mod tests {
         std::thread::scope(|scope| {
             scope.spawn(|| bell.ring());
             // A lost ring would sleep out the minute and answer 0.
-            let woken = poll(&[], Some(&bell), Duration::from_secs(60));
+            let woken = poll([], Some(&bell), Duration::from_secs(60));
             assert_eq!(1, woken.answer);
         });
+    }
+
+    #[test]
+    fn descriptors_past_the_bound_are_not_looked_at() {
+        let mut pipe = [0; 2];
+        // SAFETY: pipe writes two new descriptors into a live array of two.
+        assert_eq!(0, unsafe { libc::pipe(pipe.as_mut_ptr()) });
+        let byte = 7_u8;
+        // SAFETY: writing one byte from a live u8 to the pipe's write end.
+        assert_eq!(1, unsafe {
+            libc::write(pipe[1], (&raw const byte).cast(), 1)
+        });
+        // A hostile count: the same readable descriptor, far more often than a poll holds.
+        let bell = Bell::new();
+        bell.ring();
+        let polled = poll(
+            std::iter::repeat_n(pipe[0], 10_000),
+            Some(&bell),
+            Duration::MAX,
+        );
+        let watched = MOST_FDS - 1;
+        assert_eq!(
+            watched as i32 + 1,
+            polled.answer,
+            "the bounded set and the bell"
+        );
+        assert_eq!((1_u32 << watched) - 1, polled.readable);
+        for fd in pipe {
+            // SAFETY: closing descriptors this test opened and uses no more.
+            unsafe { libc::close(fd) };
+        }
     }
 
     #[test]
