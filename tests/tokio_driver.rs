@@ -6,7 +6,9 @@
 //!   drain runs on the driver's thread, not a runtime's;
 //! - D: the same endpoint can be wrapped again at once (it failed with `EEXIST`);
 //! - a runtime without IO falls back to the driver, and a runtime blocked in a sync call holds up
-//!   no progress while its futures are parked on its reactor.
+//!   no progress while its futures are parked on its reactor;
+//! - on a `PeerProtocol::Plain` endpoint, whose `progress` leaves the receive queue alone, the
+//!   async face's passes still read it.
 #![cfg(feature = "tokio")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests assert by panicking
 
@@ -14,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dma_libfabric::asynchronous::{AsyncEndpoint, POST_PATIENCE};
-use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, Operation};
+use dma_libfabric::{Configuration, DmaError, LibfabricEndpoint, Operation, PeerProtocol};
 use testkit::PATIENCE;
 
 fn endpoint(rma: bool) -> Arc<LibfabricEndpoint> {
@@ -422,5 +424,43 @@ fn a_receive_resolves_after_the_future_parked_after_it_is_dropped() {
         let message = bounded("the first receive", receiving).await;
         assert_eq!(b"to the first".to_vec(), message.unwrap().unwrap());
         sending.join().unwrap();
+    });
+}
+
+/// `progress` reads the receive queue only on a credited endpoint; the async face's passes (a
+/// future its reactor woke, the driver) read it themselves on a `PeerProtocol::Plain` one. A
+/// receive parked on the reactor resolves with a plain peer's messages, one after another.
+#[test]
+fn a_plain_endpoints_receives_parked_on_the_reactor_resolve() {
+    let plain = || {
+        let configuration = Configuration {
+            peer_protocol: PeerProtocol::Plain,
+            ..Configuration::default()
+        };
+        Arc::new(LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap())
+    };
+    let (server, client) = (plain(), plain());
+    let address = server.local_address().unwrap();
+    current_thread().block_on(async {
+        let wrapped = AsyncEndpoint::new(Arc::clone(&server)).unwrap();
+        for round in 0..3_u8 {
+            let receiving = tokio::spawn({
+                let wrapped = wrapped.clone();
+                async move { wrapped.receive().await }
+            });
+            // The receive runs first and parks on this runtime's reactor.
+            tokio::task::yield_now().await;
+            let sending = std::thread::spawn({
+                let (client, address) = (Arc::clone(&client), address.clone());
+                move || {
+                    let pinned = client.cache().pin();
+                    let peer = pinned.resolve(1, &address).unwrap();
+                    client.send_within(peer, &[round; 8], PATIENCE).unwrap();
+                }
+            });
+            let message = bounded("a plain receive", receiving).await;
+            assert_eq!(vec![round; 8], message.unwrap().unwrap());
+            sending.join().unwrap();
+        }
     });
 }
