@@ -15,9 +15,13 @@
 //! queues, as fabtests opens its own), to see what the queues' wait objects cost.
 //! `MESSAGES_PROFILE=64` runs only ours, spinning, at that size (no fabtests, no table), for
 //! `perf record`, `perf stat` or `strace -c` to look at one path (`MESSAGES_INJECT=1` with it:
-//! through `inject_within`).
+//! through `inject_within`; `MESSAGES_LOCAL_SENDS=1`: endpoints opened with
+//! `SendCompletion::Local`).
 //!
-//! A third column posts with `inject_within` instead of `send` (sizes within the inject size
+//! Two more columns open both endpoints with `SendCompletion::Local`: sends complete once in the
+//! socket, with no acknowledgement from the peer's provider, as fabtests' own sends do.
+//!
+//! Another column posts with `inject_within` instead of `send` (sizes within the inject size
 //! only, 64 B on tcp;ofi_rxm): no send slot, no completion, and on tcp no acknowledgement from
 //! the peer's provider, at the price `inject_within`'s docs state (a failure is not reported).
 //! Note that `fi_pingpong` injects only messages strictly under the inject size: at 64 B it
@@ -34,17 +38,18 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dma_libfabric::{Configuration, LibfabricEndpoint};
+use dma_libfabric::{Configuration, LibfabricEndpoint, SendCompletion};
 
 const ITERATIONS: usize = 2_000;
 const ROUNDS: usize = 5;
 const SIZES: [usize; 2] = [64, 4096];
 const PATIENCE: Duration = Duration::from_secs(20);
 
-fn endpoint() -> LibfabricEndpoint {
+fn endpoint(sends: SendCompletion) -> LibfabricEndpoint {
     let busy_poll = std::env::var_os("MESSAGES_BUSY_POLL").is_some();
     let configuration = Configuration {
         busy_poll,
+        send_completion: sends,
         ..Configuration::default()
     };
     LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).expect("tcp endpoint")
@@ -86,9 +91,10 @@ fn post(endpoint: &LibfabricEndpoint, peer: dma_libfabric::Peer<'_>, message: &[
 }
 
 /// The median one-way latency, in microseconds, of `ITERATIONS` round trips of `size` bytes,
-/// each side posting as `how` says and waiting for the other's message asleep or spinning.
-fn ours(size: usize, spin: bool, how: Post) -> f64 {
-    let (ping, pong) = (endpoint(), endpoint());
+/// each side posting as `how` says (its sends completing as `sends` says) and waiting for the
+/// other's message asleep or spinning.
+fn ours(size: usize, spin: bool, how: Post, sends: SendCompletion) -> f64 {
+    let (ping, pong) = (endpoint(sends), endpoint(sends));
     let (ping_address, pong_address) = (
         ping.local_address().expect("address"),
         pong.local_address().expect("address"),
@@ -206,7 +212,12 @@ fn main() {
         } else {
             Post::Send
         };
-        println!("{size} B, spinning: {:.2} µs", ours(size, true, how));
+        let sends = if std::env::var_os("MESSAGES_LOCAL_SENDS").is_some() {
+            SendCompletion::Local
+        } else {
+            SendCompletion::Acknowledged
+        };
+        println!("{size} B, spinning: {:.2} µs", ours(size, true, how, sends));
         return;
     }
     println!(
@@ -217,26 +228,31 @@ fn main() {
             .trim()
     );
     println!(
-        "| size | ours, asleep in receive (µs) | ours, spinning on try_receive (µs) | ours, injecting, spinning (µs) | fi_pingpong (µs) | spinning ÷ fi_pingpong | injecting ÷ fi_pingpong |"
+        "| size | ours, asleep in receive (µs) | ours, spinning on try_receive (µs) | local sends, asleep (µs) | local sends, spinning (µs) | ours, injecting, spinning (µs) | fi_pingpong (µs) | spinning ÷ fi_pingpong | local sends, spinning ÷ fi_pingpong | injecting ÷ fi_pingpong |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let inject_limit = {
-        let description = endpoint().describe().clone();
+        let description = endpoint(SendCompletion::default()).describe().clone();
         description.inject_size.min(description.max_send_size)
     };
+    let (acknowledged, local) = (SendCompletion::Acknowledged, SendCompletion::Local);
     for size in SIZES {
-        let asleep = ours(size, false, Post::Send);
-        let spinning = ours(size, true, Post::Send);
-        let injecting = (size <= inject_limit).then(|| ours(size, true, Post::Inject));
+        let asleep = ours(size, false, Post::Send, acknowledged);
+        let spinning = ours(size, true, Post::Send, acknowledged);
+        let local_asleep = ours(size, false, Post::Send, local);
+        let local_spinning = ours(size, true, Post::Send, local);
+        let injecting =
+            (size <= inject_limit).then(|| ours(size, true, Post::Inject, acknowledged));
         let baseline = fabtests(size);
         let text =
             |value: Option<f64>| value.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
         let ratio = |ours: Option<f64>| text(ours.zip(baseline).map(|(ours, base)| ours / base));
         println!(
-            "| {size} B | {asleep:.2} | {spinning:.2} | {} | {} | {} | {} |",
+            "| {size} B | {asleep:.2} | {spinning:.2} | {local_asleep:.2} | {local_spinning:.2} | {} | {} | {} | {} | {} |",
             text(injecting),
             text(baseline),
             ratio(Some(spinning)),
+            ratio(Some(local_spinning)),
             ratio(injecting)
         );
     }

@@ -17,12 +17,14 @@ mod credits;
 mod initialisation;
 mod provider;
 mod rxm;
+mod send_completion;
 mod write_completion;
 pub use self::credits::{DEFAULT_RECEIVE_MEMORY_LIMIT, PeerProtocol, ReceiveWindow};
 pub(crate) use self::initialisation::{before_getinfo, rxm_eager_limit};
 pub use self::provider::{Provider, compiled_providers, runtime_version};
 pub(crate) use self::provider::{check_chosen, no_data};
 pub use self::rxm::RxmSizing;
+pub use self::send_completion::SendCompletion;
 pub use self::write_completion::WriteCompletion;
 
 /// How to open a [`LibfabricEndpoint`](crate::endpoint::LibfabricEndpoint).
@@ -129,6 +131,12 @@ pub struct Configuration {
     /// or once they are sent ([`WriteCompletion::Local`]: faster on tcp, but a completed write's
     /// bytes may not be there yet; see [`WriteCompletion`] for what each risks).
     pub write_completion: WriteCompletion,
+    /// When a message's send (`send`, `send_from`) completes: once the peer's provider
+    /// acknowledged it ([`SendCompletion::Acknowledged`], the default: a send to a peer that died
+    /// fails, and a stopped peer holds at most its sends in flight), or once it is in the socket
+    /// ([`SendCompletion::Local`]: faster on tcp, but a message sent just before its peer died is
+    /// lost without an error; see [`SendCompletion`] for what each risks).
+    pub send_completion: SendCompletion,
     /// How messages travel between this endpoint and its peers: with credits
     /// ([`PeerProtocol::Credited`], the default: both sides run this library, and a receiver
     /// bounds what each sender makes it hold), or as plain libfabric messages
@@ -240,6 +248,7 @@ impl Default for Configuration {
             hmem: false,
             max_operations_per_peer: Self::DEFAULT_MAX_OPERATIONS_PER_PEER,
             write_completion: WriteCompletion::Delivered,
+            send_completion: SendCompletion::Acknowledged,
             peer_protocol: PeerProtocol::Credited,
             receive_window: ReceiveWindow::default(),
             receive_memory_limit: DEFAULT_RECEIVE_MEMORY_LIMIT,

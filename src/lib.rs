@@ -90,7 +90,7 @@ pub use dma_libfabric_sys as sys;
 // Configuration, and opening an endpoint.
 pub use configuration::{
     Configuration, DEFAULT_RECEIVE_MEMORY_LIMIT, PeerProtocol, Provider, ReceiveWindow, RxmSizing,
-    WriteCompletion, compiled_providers, runtime_version,
+    SendCompletion, WriteCompletion, compiled_providers, runtime_version,
 };
 pub use endpoint::{Description, LibfabricEndpoint, RECEIVE_POST_PATIENCE};
 

@@ -134,6 +134,10 @@ fn configuration_defaults() -> Vec<(&'static str, Vec<String>)> {
             vec![format!("WriteCompletion::{:?}", default.write_completion)],
         ),
         (
+            "send_completion",
+            vec![format!("SendCompletion::{:?}", default.send_completion)],
+        ),
+        (
             "peer_protocol",
             vec![format!("PeerProtocol::{:?}", default.peer_protocol)],
         ),

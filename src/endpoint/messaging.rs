@@ -88,8 +88,11 @@ impl LibfabricEndpoint {
     /// many, whatever the sender does. One peer holds at most its budget of operations
     /// of every kind ([`Configuration::max_operations_per_peer`](crate::configuration::Configuration::max_operations_per_peer),
     /// 32 by default), so a stopped peer does not block the others. On tcp every transmit asks for
-    /// `FI_TRANSMIT_COMPLETE`, which tcp completes when the peer's provider acknowledges it: a send
-    /// sitting in a socket is still in flight.
+    /// `FI_TRANSMIT_COMPLETE` by default, which tcp completes when the peer's provider
+    /// acknowledges it: a send sitting in a socket is still in flight
+    /// ([`Configuration::send_completion`](crate::configuration::Configuration::send_completion):
+    /// [`SendCompletion::Local`](crate::configuration::SendCompletion::Local) completes it once in
+    /// the socket, faster, at the price its docs state).
     ///
     /// The slots are one zeroed allocation made at `open`, which the kernel backs only as slots
     /// are used: as many as the transmit queue and its completion queue hold (at most
@@ -476,7 +479,9 @@ impl LibfabricEndpoint {
     /// error there). The completion, with `id` and [`Operation::Send`], comes from
     /// [`poll_completions`](Self::poll_completions) or [`wait_for`](Self::wait_for); until it has
     /// been read the endpoint holds the lease and the source's memory. On tcp the completion
-    /// means the peer's provider has the message (`FI_TRANSMIT_COMPLETE`).
+    /// means the peer's provider has the message (`FI_TRANSMIT_COMPLETE`), unless the endpoint
+    /// was opened with
+    /// [`SendCompletion::Local`](crate::configuration::SendCompletion::Local).
     ///
     /// ```
     /// use std::time::Duration;

@@ -188,12 +188,13 @@ mod tests {
 
     use super::super::getinfo::Hints;
     use super::*;
+    use crate::configuration::SendCompletion;
 
     /// What efa-direct demands (libfabric 2.6.0 `prov/efa/src/efa_prov_info.c`), which no device
     /// here can show: the hints ask for it, and `open` refuses it, naming it and why.
     #[test]
     fn efa_direct_is_asked_for_what_it_requires_and_refused_with_reasons() {
-        let hints = Hints::for_provider(Provider::EfaDirect);
+        let hints = Hints::for_provider(Provider::EfaDirect, SendCompletion::default());
         assert_eq!(sys::FI_CONTEXT2, hints.mode & sys::FI_CONTEXT2);
         assert_eq!(
             sys::FI_MR_LOCAL as i32,
@@ -292,7 +293,7 @@ mod tests {
 
     #[test]
     fn tcp_is_asked_for_thread_safety_and_not_refused() {
-        let hints = Hints::for_provider(Provider::Tcp);
+        let hints = Hints::for_provider(Provider::Tcp, SendCompletion::default());
         assert_eq!(sys::FI_THREAD_SAFE, hints.threading);
         assert_eq!(0, hints.mr_mode & sys::FI_MR_LOCAL as i32);
         let tcp = Demands {

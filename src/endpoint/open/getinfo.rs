@@ -8,7 +8,7 @@
 use std::ffi::{CStr, CString};
 use std::ptr;
 
-use crate::configuration::{Configuration, Provider};
+use crate::configuration::{Configuration, Provider, SendCompletion};
 use crate::endpoint::check;
 use crate::error::DmaError;
 use dma_libfabric_sys as sys;
@@ -39,18 +39,19 @@ impl Hints {
     /// `FI_CONTEXT2` is honoured; the other two are refused at `open`.
     ///
     /// tcp (under rxm, which hands `FI_TRANSMIT_COMPLETE` down to its tcp connections, and
-    /// native) is asked for `FI_TRANSMIT_COMPLETE`, which tcp implements as an acknowledgement
-    /// from the peer's provider: without it a send completes once it is in the socket, so a peer
-    /// that stopped reading absorbed tens of thousands of sends (the kernel's buffers) before
-    /// completions stopped, and a send written just before a peer died completed `Ok`. With it,
-    /// the count of sends in flight (see `sends`) bounds what a stopped peer holds, and a send
-    /// to a dead peer completes with an error. Measured on libfabric 1.17 and 2.6.0.
+    /// native) is asked for `FI_TRANSMIT_COMPLETE` unless `sends` is
+    /// [`SendCompletion::Local`]; tcp implements it as an acknowledgement from the peer's
+    /// provider: without it a send completes once it is in the socket, so a peer that stopped
+    /// reading absorbed tens of thousands of sends (the kernel's buffers) before completions
+    /// stopped, and a send written just before a peer died completed `Ok`. With it, the count of
+    /// sends in flight (see `sends`) bounds what a stopped peer holds, and a send to a dead peer
+    /// completes with an error. Measured on libfabric 1.17 and 2.6.0.
     ///
     /// tcp (under rxm, and native on 2.x) is asked for `FI_SOURCE`, so a receive's completion
     /// names its sender (see `endpoint::senders`); rxm offers it only when asked
     /// (`rxm_alter_info`, `rxm_init.c`), and native tcp offers it on its shared receive context
     /// (`XNET_SRX_CAPS`, `prov/tcp/src/xnet_attr.c`, 2.6.0).
-    pub(super) fn for_provider(provider: Provider) -> Self {
+    pub(super) fn for_provider(provider: Provider, sends: SendCompletion) -> Self {
         let mr_mode = (sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY) as i32;
         match provider {
             Provider::EfaDirect => Self {
@@ -64,7 +65,7 @@ impl Hints {
                 mode: sys::FI_CONTEXT,
                 threading: sys::FI_THREAD_SAFE,
                 mr_mode,
-                tx_op_flags: u64::from(sys::FI_TRANSMIT_COMPLETE),
+                tx_op_flags: sends.tx_op_flags(provider),
                 caps: sys::FI_SOURCE,
             },
             _ => Self {
@@ -244,7 +245,7 @@ pub(super) fn getinfo_sized(
         .map(CString::new)
         .transpose()
         .map_err(|_| DmaError::InvalidArgument("fabric name".into()))?;
-    let wanted = Hints::for_provider(provider);
+    let wanted = Hints::for_provider(provider, configuration.send_completion);
     // SAFETY: `hints` is a fresh info whose attribute pointers fi_allocinfo filled in; the names
     // are copied onto the C heap by the shim (fi_freeinfo frees them); fi_getinfo writes one list
     // head into `info`; `hints` is freed once, after the call.
