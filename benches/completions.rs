@@ -35,6 +35,13 @@ use dma_libfabric::{Configuration, LibfabricEndpoint, WriteCompletion};
 /// acknowledgement costs.
 static LOCAL_WRITES: AtomicBool = AtomicBool::new(false);
 
+/// `Configuration::spin_before_sleep` for every endpoint: `SPIN_BEFORE_SLEEP_US` microseconds
+/// (the default's zero when unset).
+fn spin_before_sleep() -> Duration {
+    let micros = std::env::var("SPIN_BEFORE_SLEEP_US").ok();
+    Duration::from_micros(micros.and_then(|text| text.parse().ok()).unwrap_or(0))
+}
+
 fn open(busy_poll: bool) -> LibfabricEndpoint {
     let write_completion = if LOCAL_WRITES.load(Ordering::Relaxed) {
         WriteCompletion::Local
@@ -45,6 +52,7 @@ fn open(busy_poll: bool) -> LibfabricEndpoint {
         rma: true,
         busy_poll,
         write_completion,
+        spin_before_sleep: spin_before_sleep(),
         // The throughput runs keep `WINDOW` writes in flight to one peer, on both faces: a
         // smaller per-peer budget would hold half of them back as backpressure.
         max_operations_per_peer: WINDOW,
@@ -493,6 +501,10 @@ fn main() {
     LOCAL_WRITES.store(local, Ordering::Relaxed);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average at the start: {}", load.trim());
+    println!(
+        "spin_before_sleep: {:?} (SPIN_BEFORE_SLEEP_US)",
+        spin_before_sleep()
+    );
     println!(
         "writes complete: {}",
         if local {

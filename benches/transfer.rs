@@ -83,6 +83,13 @@ struct Row {
     transfers: Vec<Duration>,
 }
 
+/// `Configuration::spin_before_sleep` for both endpoints: `SPIN_BEFORE_SLEEP_US` microseconds
+/// (the default's zero when unset).
+fn spin_before_sleep() -> Duration {
+    let micros = std::env::var("SPIN_BEFORE_SLEEP_US").ok();
+    Duration::from_micros(micros.and_then(|text| text.parse().ok()).unwrap_or(0))
+}
+
 fn p99(mut samples: Vec<Duration>) -> Duration {
     samples.sort_unstable();
     samples[((samples.len() - 1) as f64 * 0.99) as usize]
@@ -336,6 +343,7 @@ fn main() {
         rma: true,
         max_operations_per_peer: IN_FLIGHT,
         write_completion,
+        spin_before_sleep: spin_before_sleep(),
         ..Configuration::default()
     };
     let initiator = LibfabricEndpoint::open(&configuration, Some("127.0.0.1")).unwrap();
@@ -350,6 +358,10 @@ fn main() {
     );
     println!(
         "threads: 2 (one posts and waits, sleeping in wait_for; one drives the target, sleeping in progress_sleeping)"
+    );
+    println!(
+        "spin_before_sleep: {:?} (SPIN_BEFORE_SLEEP_US)",
+        spin_before_sleep()
     );
     println!(
         "writes complete: {}; max_operations_per_peer {IN_FLIGHT}",

@@ -134,6 +134,13 @@ fn configuration_defaults() -> Vec<(&'static str, Vec<String>)> {
             vec![format!("WriteCompletion::{:?}", default.write_completion)],
         ),
         (
+            "spin_before_sleep",
+            vec![
+                format!("{:?}", default.spin_before_sleep),
+                "Duration::ZERO".to_string(),
+            ],
+        ),
+        (
             "send_completion",
             vec![format!("SendCompletion::{:?}", default.send_completion)],
         ),

@@ -39,7 +39,7 @@ impl LibfabricEndpoint {
     /// [`DmaError::WouldBlock`] when it has not completed within `timeout` (it is still in
     /// flight).
     pub fn wait_for(&self, id: u64, timeout: Duration) -> Result<Completion, DmaError> {
-        self.wait_until(Deadline::after(timeout), || {
+        self.wait_until_spinning_first(Deadline::after(timeout), || {
             self.progress();
             self.operations.take_ready(id)
         })

@@ -193,6 +193,7 @@ impl LibfabricEndpoint {
             )
         });
         operations.write_flags = configuration.write_completion.flags();
+        operations.spin_before_sleep = configuration.spin_before_sleep;
         let backend = FabricAv::new(
             handles.av,
             description.addr_format,

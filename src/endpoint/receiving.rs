@@ -178,7 +178,7 @@ pub(super) fn receive_with<T>(
             Some(None)
         }
     };
-    let received = endpoint.wait_until(Deadline::after(timeout), || {
+    let received = endpoint.wait_until_spinning_first(Deadline::after(timeout), || {
         attempt().or_else(|| {
             // Reading the transmit queue too is what moves a manual-progress provider; on a
             // credited endpoint the pass reads the receive queue as well, so what it set

@@ -112,6 +112,9 @@ pub(in crate::endpoint) struct Operations {
     pub(in crate::endpoint) mr_mode: i32,
     /// The flags every write is posted with (`Configuration::write_completion`).
     pub(in crate::endpoint) write_flags: u64,
+    /// How long a wait for a completion or a message calls its attempt back to back before it
+    /// sleeps (`Configuration::spin_before_sleep`).
+    pub(in crate::endpoint) spin_before_sleep: std::time::Duration,
     pub(in crate::endpoint) enabled: bool,
     /// Remote writes' data read from the receive queue (see `vectored`), at most `cq_size`.
     pub(in crate::endpoint) notifications: Notifications,
@@ -174,6 +177,7 @@ impl Operations {
             pool: Arc::new(Pool::default()),
             mr_mode,
             write_flags: WriteCompletion::default().flags(),
+            spin_before_sleep: std::time::Duration::ZERO,
             enabled,
             notifications: Notifications::new(cq_size),
             sends,

@@ -444,4 +444,33 @@ impl LibfabricEndpoint {
             |cq, bound| self.operations.reap_blocking(cq, bound),
         )
     }
+
+    /// [`wait_until`](Self::wait_until), after calling `attempt` back to back for up to
+    /// `Configuration::spin_before_sleep` (and never past `deadline`) on an endpoint whose waits
+    /// sleep: for the waits of one result (`wait_for`, `receive`), where the answer is often
+    /// microseconds away and a sleep's wake-up costs tens of them. Not for `progress_sleeping`,
+    /// whose second attempt always answers: spinning there would never sleep.
+    pub(in crate::endpoint) fn wait_until_spinning_first<T>(
+        &self,
+        deadline: Deadline,
+        mut attempt: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
+        let spin = self.operations.spin_before_sleep;
+        if !spin.is_zero() && !self.operations.sources().is_empty() {
+            // A spin too long for an instant (`Duration::MAX`) spins until the deadline.
+            let until = std::time::Instant::now().checked_add(spin);
+            loop {
+                if let Some(found) = attempt() {
+                    return Some(found);
+                }
+                if deadline.passed()
+                    || until.is_some_and(|until| until <= std::time::Instant::now())
+                {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        self.wait_until(deadline, attempt)
+    }
 }
