@@ -1,6 +1,5 @@
 //! When a message's send completes ([`SendCompletion`]).
 
-use super::Provider;
 #[cfg(doc)] // for the docs' links
 use super::{Configuration, PeerProtocol};
 use dma_libfabric_sys as sys;
@@ -44,13 +43,12 @@ pub enum SendCompletion {
 }
 
 impl SendCompletion {
-    /// The `tx_attr.op_flags` an endpoint of `provider` is opened with.
-    pub(crate) fn tx_op_flags(self, provider: Provider) -> u64 {
-        match (self, provider) {
-            (Self::Acknowledged, Provider::Tcp | Provider::TcpNative) => {
-                u64::from(sys::FI_TRANSMIT_COMPLETE)
-            }
-            _ => 0,
+    /// The `tx_attr.op_flags` a tcp endpoint is opened with (other providers are asked for none:
+    /// `open`'s hints).
+    pub(crate) fn tx_op_flags(self) -> u64 {
+        match self {
+            Self::Acknowledged => u64::from(sys::FI_TRANSMIT_COMPLETE),
+            Self::Local => 0,
         }
     }
 }
@@ -60,21 +58,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_tcp_is_asked_for_an_acknowledgement_and_only_by_default() {
-        let acknowledged = u64::from(sys::FI_TRANSMIT_COMPLETE);
+    fn only_the_default_asks_for_an_acknowledgement() {
         assert_eq!(
-            acknowledged,
-            SendCompletion::default().tx_op_flags(Provider::Tcp)
+            u64::from(sys::FI_TRANSMIT_COMPLETE),
+            SendCompletion::default().tx_op_flags()
         );
-        assert_eq!(
-            acknowledged,
-            SendCompletion::Acknowledged.tx_op_flags(Provider::TcpNative)
-        );
-        assert_eq!(0, SendCompletion::Local.tx_op_flags(Provider::Tcp));
-        assert_eq!(0, SendCompletion::Local.tx_op_flags(Provider::TcpNative));
-        assert_eq!(
-            0,
-            SendCompletion::Acknowledged.tx_op_flags(Provider::EfaDirect)
-        );
+        assert_eq!(0, SendCompletion::Local.tx_op_flags());
     }
 }

@@ -457,15 +457,14 @@ impl LibfabricEndpoint {
     ) -> Option<T> {
         let spin = self.operations.spin_before_sleep;
         if !spin.is_zero() && !self.operations.sources().is_empty() {
-            // A spin too long for an instant (`Duration::MAX`) spins until the deadline.
-            let until = std::time::Instant::now().checked_add(spin);
+            // A spin too long for an instant (`Duration::MAX`) never passes: the wait's own
+            // deadline ends it.
+            let spinning = Deadline::after(spin);
             loop {
                 if let Some(found) = attempt() {
                     return Some(found);
                 }
-                if deadline.passed()
-                    || until.is_some_and(|until| until <= std::time::Instant::now())
-                {
+                if deadline.passed() || spinning.passed() {
                     break;
                 }
                 std::hint::spin_loop();

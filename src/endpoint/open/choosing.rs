@@ -195,6 +195,10 @@ mod tests {
     #[test]
     fn efa_direct_is_asked_for_what_it_requires_and_refused_with_reasons() {
         let hints = Hints::for_provider(Provider::EfaDirect, SendCompletion::default());
+        assert_eq!(
+            0, hints.tx_op_flags,
+            "efa is asked for no acknowledgement, whatever the configuration"
+        );
         assert_eq!(sys::FI_CONTEXT2, hints.mode & sys::FI_CONTEXT2);
         assert_eq!(
             sys::FI_MR_LOCAL as i32,
@@ -294,6 +298,15 @@ mod tests {
     #[test]
     fn tcp_is_asked_for_thread_safety_and_not_refused() {
         let hints = Hints::for_provider(Provider::Tcp, SendCompletion::default());
+        for provider in [Provider::Tcp, Provider::TcpNative] {
+            let acknowledged = Hints::for_provider(provider, SendCompletion::Acknowledged);
+            let local = Hints::for_provider(provider, SendCompletion::Local);
+            assert_eq!(
+                u64::from(sys::FI_TRANSMIT_COMPLETE),
+                acknowledged.tx_op_flags
+            );
+            assert_eq!(0, local.tx_op_flags);
+        }
         assert_eq!(sys::FI_THREAD_SAFE, hints.threading);
         assert_eq!(0, hints.mr_mode & sys::FI_MR_LOCAL as i32);
         let tcp = Demands {

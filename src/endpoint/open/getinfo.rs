@@ -65,7 +65,7 @@ impl Hints {
                 mode: sys::FI_CONTEXT,
                 threading: sys::FI_THREAD_SAFE,
                 mr_mode,
-                tx_op_flags: sends.tx_op_flags(provider),
+                tx_op_flags: sends.tx_op_flags(),
                 caps: sys::FI_SOURCE,
             },
             _ => Self {
