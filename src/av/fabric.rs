@@ -352,4 +352,25 @@ mod tests {
             seals.capacity()
         );
     }
+
+    #[test]
+    fn a_seal_held_twice_outlives_the_shrinks_around_it_until_both_holds_go() {
+        let record = register(std::ptr::null_mut(), 10_001);
+        let kept = 10_000;
+        assert!(record.hold(kept, Some(7), false));
+        assert!(record.hold(kept, Some(7), false));
+        for fi_addr in 0..kept {
+            assert!(record.hold(fi_addr, Some(fi_addr + 1), false));
+        }
+        // Every other index goes, the map shrinking under the held one many times over.
+        for fi_addr in 0..kept {
+            record.let_go(fi_addr);
+        }
+        assert_eq!(Some(7), record.secret_at(kept));
+        record.let_go(kept);
+        assert_eq!(Some(7), record.secret_at(kept), "one hold is left");
+        record.let_go(kept);
+        assert_eq!(None, record.secret_at(kept));
+        assert!(crate::sync::lock(&record.seals).capacity() <= 64);
+    }
 }
