@@ -12,8 +12,11 @@
 //! - a waiter counts itself in `waiting` *before* its first attempt, and reads the generation
 //!   *before* each attempt;
 //! - a ringer publishes (under the publisher's own lock, which the attempt also takes) *before*
-//!   it reads `waiting`, and, seeing a waiter, moves the generation on under the state lock and,
-//!   if a poller is asleep, wakes it (the bell);
+//!   it reads `waiting`, and, seeing a waiter, moves the generation on under the state lock and
+//!   reads there whether a poller and followers are asleep: it wakes the poller (the bell) and
+//!   notifies the condition variable only if one is (a follower counts itself in `followers` in
+//!   the critical section in which it decides to sleep, so a follower the ringer reads as absent
+//!   decides after the generation moved, and does not sleep);
 //! - a waiter decides to sleep under the state lock, and only if the generation is the one it
 //!   read before its attempt: a ring that landed after the read makes it attempt again, and a
 //!   ring after the decision finds it either on the condition variable (notified) or the poller
@@ -62,6 +65,10 @@ struct State {
     poller: bool,
     /// Moves on whenever the poller wakes or something a waiter may wait for is published.
     generation: u64,
+    /// Waiters asleep on the condition variable now (followers): a ring or a poller's wake-up
+    /// notifies it only when one is, since std's notify is a `futex` system call even when
+    /// nobody waits, and the commonest ringer is a waiter reaping its own completions.
+    followers: usize,
 }
 
 /// The threads waiting on one endpoint's (or one rail set's) completions, and the ringers that
@@ -76,6 +83,8 @@ pub struct Handoff {
     /// Sleeps that lasted the whole of [`MOST_SLEEP`] with nothing waking them: statistics, not
     /// part of the protocol (std's atomic under loom too).
     ran_out: std::sync::atomic::AtomicU64,
+    /// Notifications of the condition variable: statistics, as `ran_out`.
+    notified: std::sync::atomic::AtomicU64,
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -116,16 +125,21 @@ impl Handoff {
 
     /// Something a waiter may wait for was just published (under a lock its `attempt` takes too):
     /// make every waiter attempt again, calling `wake_poller` if one sleeps as the poller (the
-    /// shipped one writes the `eventfd` in its `poll` set). One atomic load when none waits.
+    /// shipped one writes the `eventfd` in its `poll` set). One atomic load when none waits, and
+    /// no system call when only the ringer itself waits (a waiter reaping its own completions).
     pub fn ring(&self, wake_poller: impl FnOnce()) {
         if 0 == self.waiting.load(Ordering::SeqCst) {
             return;
         }
         let mut state = lock(&self.state);
         state.generation = state.generation.wrapping_add(1);
-        let poller = state.poller;
+        let (poller, followers) = (state.poller, state.followers);
         drop(state);
-        self.changed.notify_all();
+        // A follower counts itself under this lock before it sleeps, and one that counts itself
+        // after it sees the generation moved and does not sleep.
+        if 0 < followers {
+            self.notify_followers();
+        }
         if poller {
             wake_poller();
         }
@@ -178,10 +192,14 @@ impl Handoff {
                     continue;
                 }
                 // One wait: a wake-up, spurious or not, or the bound sends it back to `attempt`.
-                let (_state, waited) = self
+                let mut state = state;
+                state.followers += 1;
+                let (mut state, waited) = self
                     .changed
                     .wait_timeout(state, bound)
                     .unwrap_or_else(PoisonError::into_inner);
+                state.followers -= 1;
+                drop(state);
                 self.count_run_out(bound, !waited.timed_out());
                 continue;
             }
@@ -198,9 +216,24 @@ impl Handoff {
             let mut state = lock(&self.state);
             state.poller = false;
             state.generation = state.generation.wrapping_add(1);
+            let followers = state.followers;
             drop(state);
-            self.changed.notify_all();
+            if 0 < followers {
+                self.notify_followers();
+            }
         }
+    }
+
+    /// How many times a ring or a poller's wake-up notified the followers' condition variable
+    /// (a `futex` system call each): only when a follower was asleep on it.
+    pub fn notifications(&self) -> u64 {
+        self.notified.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn notify_followers(&self) {
+        self.notified
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.changed.notify_all();
     }
 
     /// Count a sleep bounded by `bound` that nothing woke, if it was the longest sleep.
@@ -230,5 +263,83 @@ struct Counted<'count>(&'count AtomicUsize);
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(all(test, not(dma_loom)))]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests assert by panicking
+mod tests {
+    use std::cell::Cell;
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// A waiter that reaps its own completions rings for each (as `send_within` waiting for its
+    /// budget does): with nobody else waiting, no ring notifies the condition variable.
+    #[test]
+    fn a_waiter_ringing_for_itself_notifies_nobody() {
+        let handoff = Handoff::new();
+        let rings = Cell::new(0);
+        let found = handoff.wait(
+            Deadline::after(Duration::MAX),
+            || {
+                handoff.ring(|| panic!("no poller sleeps"));
+                rings.set(rings.get() + 1);
+                (rings.get() == 1_000).then_some(())
+            },
+            |_| panic!("the attempt answers before any sleep: {}", rings.get()),
+        );
+        // The sleep closure is never called: every attempt but the last saw its own ring move
+        // the generation, so it attempted again at once.
+        assert_eq!(Some(()), found);
+        assert_eq!(0, handoff.notifications());
+    }
+
+    /// A follower asleep on the condition variable is notified by a ring (the no-lost-wake-up
+    /// half of the same rule; the loom model `waiter` checks it in every interleaving).
+    #[test]
+    fn a_ring_notifies_a_follower_asleep() {
+        let (handoff, ready) = (&Handoff::new(), &Mutex::new(false));
+        let (asleep, poller_asleep) = mpsc::channel::<()>();
+        let (wake, poller_woken) = mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            // The poller: sleeps until rung, so the second waiter must follow it.
+            let poller = scope.spawn(move || {
+                let slept = Cell::new(false);
+                handoff.wait(
+                    Deadline::after(Duration::MAX),
+                    || (slept.get() && *lock_ready(ready)).then_some(()),
+                    |_| {
+                        slept.set(true);
+                        asleep.send(()).unwrap();
+                        poller_woken.recv().unwrap();
+                        true
+                    },
+                )
+            });
+            poller_asleep.recv().unwrap();
+            let follower = scope.spawn(move || {
+                handoff.wait(
+                    Deadline::after(Duration::MAX),
+                    || lock_ready(ready).then_some(()),
+                    |_| panic!("the poller sleeps already"),
+                )
+            });
+            // A hang detector, not a timing verdict: the follower counts itself as it sleeps.
+            let hang = std::time::Instant::now() + Duration::from_secs(60);
+            while 0 == lock(&handoff.state).followers {
+                assert!(std::time::Instant::now() < hang, "the follower never slept");
+                std::thread::yield_now();
+            }
+            *lock_ready(ready) = true;
+            handoff.ring(|| wake.send(()).unwrap());
+            assert_eq!(Some(()), follower.join().unwrap());
+            assert_eq!(Some(()), poller.join().unwrap());
+        });
+        assert!(0 < handoff.notifications());
+    }
+
+    fn lock_ready(ready: &Mutex<bool>) -> MutexGuard<'_, bool> {
+        ready.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
