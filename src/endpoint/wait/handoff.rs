@@ -83,7 +83,8 @@ pub struct Handoff {
     /// Sleeps that lasted the whole of [`MOST_SLEEP`] with nothing waking them: statistics, not
     /// part of the protocol (std's atomic under loom too).
     ran_out: std::sync::atomic::AtomicU64,
-    /// Notifications of the condition variable: statistics, as `ran_out`.
+    /// Notifications of the condition variable, for the unit tests.
+    #[cfg(test)]
     notified: std::sync::atomic::AtomicU64,
 }
 
@@ -226,11 +227,13 @@ impl Handoff {
 
     /// How many times a ring or a poller's wake-up notified the followers' condition variable
     /// (a `futex` system call each): only when a follower was asleep on it.
-    pub fn notifications(&self) -> u64 {
+    #[cfg(test)]
+    fn notifications(&self) -> u64 {
         self.notified.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn notify_followers(&self) {
+        #[cfg(test)]
         self.notified
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.changed.notify_all();
