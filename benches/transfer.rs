@@ -10,12 +10,23 @@
 //! The regions are 1 GiB each: a batch larger than that (16 MiB × 64, 64 MiB × 16 and × 64)
 //! wraps around and reuses offsets within the batch.
 //!
+//! Then the same row runs both ways at once, in the shape of fi_rma_bw's own `-o write` and
+//! `-o read` tests: two threads, each posting the same number of batches from its endpoint to
+//! the other's and waiting for its own (asleep in `wait_for`, which drives its endpoint's
+//! progress, so each serves the other's transfers as target, as each fi_rma_bw process does),
+//! and no third thread. The table gives the slower side's GB/s (its own bytes over its own
+//! time, as fi_rma_bw reports its client's), and that as a ratio of fi_rma_bw: the comparison
+//! of like with like. The one-way GB/s is given as a ratio of it too, as before (a one-way
+//! stream against fi_rma_bw's one side of a two-way one).
+//!
 //! Columns, as nixlbench's:
 //!
 //! - GB/s: bytes moved ÷ the measured time (10^9 bytes a second);
 //! - average latency: the measured time ÷ the batches, per batch;
 //! - p99 post time: one post call, the lease (a cache hit) and the `write` or `read`;
 //! - p99 transfer time: from the first post of a batch to the last of its completions read.
+//!
+//! `TRANSFER_ONLY=write:4096:16` (op, block in bytes, batch) runs that row alone, for `perf`.
 //!
 //! Then, where fabtests' `fi_rma_bw` is found (the path in `FI_RMA_BW`, else `PATH`, else
 //! `target/fabtests-2.6.0/bin/fi_rma_bw`, a build of the fabtests of the repository's 2.6.0
@@ -24,7 +35,7 @@
 //! server and a client process on 127.0.0.1, with `-U` (delivery complete, as our writes) for
 //! WRITE; the table gives its MB/s (10^6 bytes a second, the client's figure) and ours as a
 //! ratio of it. fi_rma_bw's WRITE and READ tests are bidirectional: both processes post at
-//! once, each at the other. So for WRITE it runs once more as `-o writedata`, its one-way
+//! once, each at the other (hence ours both ways). So for WRITE it runs once more as `-o writedata`, its one-way
 //! test (the client writes, with remote CQ data the server reads; `-U` too), in the last two
 //! columns; READ has no one-way test. It waits for its completions with `-c sread` (asleep in
 //! `fi_cq_sread`, as ours sleep): on this shared two-core machine its default, `-c spin`, gave a
@@ -36,7 +47,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dma_libfabric::{Configuration, Exposure, LibfabricEndpoint, WriteCompletion};
@@ -178,6 +189,67 @@ impl Bench<'_> {
             transfers,
         }
     }
+}
+
+/// Whether this row runs: all of them, or with `TRANSFER_ONLY=op:block:batch` (for example
+/// `write:4096:16`, for `perf` to look at one row) only that one.
+fn selected(op: Op, block: usize, batch: usize) -> bool {
+    std::env::var("TRANSFER_ONLY").map_or(true, |only| {
+        only.eq_ignore_ascii_case(&format!("{}:{block}:{batch}", op.name()))
+    })
+}
+
+/// A source region on `from` and a landing region on `to`, a [`REGION`] each.
+fn regions<'a>(
+    from: &'a LibfabricEndpoint,
+    to: &'a LibfabricEndpoint,
+) -> (
+    dma_libfabric::MemoryRegion<'a, Vec<u8>>,
+    dma_libfabric::MemoryRegion<'a, Vec<u8>>,
+) {
+    (
+        from.register_buffer(vec![0x5a_u8; REGION], Exposure::Local)
+            .unwrap(),
+        to.register_buffer(vec![0xa5_u8; REGION], Exposure::Remote)
+            .unwrap(),
+    )
+}
+
+/// Both ways at once, as fi_rma_bw's `-o write` and `-o read` run: two threads, each posting
+/// `iterations` batches from its own endpoint to the other's and waiting for its own completions
+/// (asleep in `wait_for`, which drives its endpoint's progress, so each serves the other's
+/// transfers as their target, as each fi_rma_bw process does; no third thread). The slower
+/// side's GB/s, its own bytes over its own time, as fi_rma_bw reports the client's.
+fn both_ways(
+    [forward, backward]: [&mut Bench<'_>; 2],
+    op: Op,
+    block: usize,
+    batch: usize,
+    iterations: usize,
+) -> f64 {
+    let budget = Budget {
+        bytes: usize::MAX,
+        iterations,
+        seconds: f64::INFINITY,
+    };
+    // A side that is done keeps driving its endpoint until the other is: its transfers need
+    // their target's progress (and its first, the connection's).
+    let done = AtomicUsize::new(0);
+    let side = |bench: &mut Bench<'_>| {
+        let row = bench.run(op, block, batch, &budget);
+        done.fetch_add(1, Ordering::SeqCst);
+        while done.load(Ordering::SeqCst) < 2 {
+            bench.initiator.progress_sleeping(Duration::from_millis(1));
+        }
+        row
+    };
+    let (there, back) = std::thread::scope(|scope| {
+        let back = scope.spawn(|| side(backward));
+        let there = side(forward);
+        (there, back.join().unwrap())
+    });
+    let rate = |row: &Row| (row.iterations * batch * block) as f64 / row.seconds / 1e9;
+    rate(&there).min(rate(&back))
 }
 
 /// Where fi_rma_bw is, or why not.
@@ -357,7 +429,7 @@ fn main() {
         if quick { "--quick" } else { "full run" }
     );
     println!(
-        "threads: 2 (one posts and waits, sleeping in wait_for; one drives the target, sleeping in progress_sleeping)"
+        "threads: 2 (one way: one posts and waits, sleeping in wait_for; one drives the target, sleeping in progress_sleeping. Both ways: each posts to the other and waits, sleeping in wait_for)"
     );
     println!(
         "spin_before_sleep: {:?} (SPIN_BEFORE_SLEEP_US)",
@@ -387,12 +459,8 @@ fn main() {
     }
     println!();
 
-    let local = initiator
-        .register_buffer(vec![0x5a_u8; REGION], Exposure::Local)
-        .unwrap();
-    let landing = target
-        .register_buffer(vec![0xa5_u8; REGION], Exposure::Remote)
-        .unwrap();
+    let ((local, landing), (local_back, landing_back)) =
+        (regions(&initiator, &target), regions(&target, &initiator));
     let mut bench = Bench {
         initiator: &initiator,
         local,
@@ -400,72 +468,96 @@ fn main() {
         address: target.local_address().unwrap(),
         next_id: 0,
     };
+    // The other way, for the rows' both-ways run: from the target to the initiator.
+    let mut back = Bench {
+        initiator: &target,
+        local: local_back,
+        remote: landing_back.remote(),
+        address: initiator.local_address().unwrap(),
+        next_id: 0,
+    };
+    // Each endpoint's connection to the other, set up before any row is timed.
+    both_ways([&mut bench, &mut back], Op::Write, 4 << 10, 1, 10);
     let mut port = 20_000 + (std::process::id() % 20_000) as u16;
 
     println!(
-        "| op | block | batch | batches | GB/s | avg latency (µs/batch) | p99 post (µs) | p99 transfer (µs) | fi_rma_bw (MB/s) | ours ÷ fi_rma_bw | fi_rma_bw writedata, one way (MB/s) | ours ÷ that |"
+        "| op | block | batch | batches | GB/s | avg latency (µs/batch) | p99 post (µs) | p99 transfer (µs) | ours both ways (GB/s, slower side) | fi_rma_bw (MB/s) | ours both ways ÷ fi_rma_bw | one way ÷ fi_rma_bw | fi_rma_bw writedata, one way (MB/s) | one way ÷ that |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                target.progress_sleeping(Duration::from_millis(50));
-            }
-        });
-        for op in [Op::Write, Op::Read] {
-            for block in BLOCKS {
-                for batch in BATCHES {
-                    let row = bench.run(op, block, batch, &budget);
-                    let bytes = (row.iterations * batch * block) as f64;
-                    let rate = bytes / row.seconds / 1e9;
-                    let average = row.seconds * 1e6 / row.iterations as f64;
-                    let delivered = write_completion == WriteCompletion::Delivered;
-                    let mut compare = |fabtests_op: &str, delivered: bool| match &fabtests {
-                        Err(_) => ("skipped".to_owned(), String::new()),
-                        Ok(_) if block * batch > FABTESTS_LIMIT => {
-                            ("not run (buffers > 2 GiB)".to_owned(), String::new())
-                        }
-                        Ok(binary) => {
-                            port = port.wrapping_add(1).max(20_000);
-                            let transfers = row.iterations * batch;
-                            match fi_rma_bw(
-                                binary,
-                                fabtests_op,
-                                block,
-                                batch,
-                                transfers,
-                                delivered,
-                                port,
-                            ) {
-                                Ok(mbs) => {
-                                    (format!("{mbs:.0}"), format!("{:.2}×", rate * 1e3 / mbs))
-                                }
-                                Err(why) => (format!("failed: {why}"), String::new()),
-                            }
-                        }
-                    };
-                    let (theirs, ratio) = match op {
-                        Op::Write => compare("write", delivered),
-                        Op::Read => compare("read", false),
-                    };
-                    let (one_way, one_way_ratio) = match op {
-                        Op::Write => compare("writedata", delivered),
-                        Op::Read => ("–".to_owned(), String::new()),
-                    };
-                    println!(
-                        "| {} | {} | {batch} | {} | {rate:.3} | {average:.1} | {:.1} | {:.1} | {theirs} | {ratio} | {one_way} | {one_way_ratio} |",
-                        op.name(),
-                        size(block),
-                        row.iterations,
-                        micros(p99(row.posts)),
-                        micros(p99(row.transfers)),
-                    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for op in [Op::Write, Op::Read] {
+        for block in BLOCKS {
+            for batch in BATCHES {
+                if !selected(op, block, batch) {
+                    continue;
                 }
+                // One way: this thread posts, a second drives the target asleep.
+                let stop = AtomicBool::new(false);
+                let row = std::thread::scope(|scope| {
+                    scope.spawn(|| {
+                        while !stop.load(Ordering::Relaxed) {
+                            target.progress_sleeping(Duration::from_millis(50));
+                        }
+                    });
+                    let row = bench.run(op, block, batch, &budget);
+                    stop.store(true, Ordering::Relaxed);
+                    row
+                });
+                let both = both_ways([&mut bench, &mut back], op, block, batch, row.iterations);
+                let bytes = (row.iterations * batch * block) as f64;
+                let rate = bytes / row.seconds / 1e9;
+                let average = row.seconds * 1e6 / row.iterations as f64;
+                let delivered = write_completion == WriteCompletion::Delivered;
+                let mut compare = |fabtests_op: &str, delivered: bool, ours: &[f64]| match &fabtests
+                {
+                    Err(_) => ("skipped".to_owned(), vec![String::new(); ours.len()]),
+                    Ok(_) if block * batch > FABTESTS_LIMIT => (
+                        "not run (buffers > 2 GiB)".to_owned(),
+                        vec![String::new(); ours.len()],
+                    ),
+                    Ok(binary) => {
+                        port = port.wrapping_add(1).max(20_000);
+                        let transfers = row.iterations * batch;
+                        match fi_rma_bw(
+                            binary,
+                            fabtests_op,
+                            block,
+                            batch,
+                            transfers,
+                            delivered,
+                            port,
+                        ) {
+                            Ok(mbs) => (
+                                format!("{mbs:.0}"),
+                                ours.iter()
+                                    .map(|ours| format!("{:.2}×", ours * 1e3 / mbs))
+                                    .collect(),
+                            ),
+                            Err(why) => (format!("failed: {why}"), vec![String::new(); ours.len()]),
+                        }
+                    }
+                };
+                let (theirs, ratios) = match op {
+                    Op::Write => compare("write", delivered, &[both, rate]),
+                    Op::Read => compare("read", false, &[both, rate]),
+                };
+                let (one_way, one_way_ratio) = match op {
+                    Op::Write => compare("writedata", delivered, &[rate]),
+                    Op::Read => ("–".to_owned(), vec![String::new()]),
+                };
+                println!(
+                    "| {} | {} | {batch} | {} | {rate:.3} | {average:.1} | {:.1} | {:.1} | {both:.3} | {theirs} | {} | {} | {one_way} | {} |",
+                    op.name(),
+                    size(block),
+                    row.iterations,
+                    micros(p99(row.posts)),
+                    micros(p99(row.transfers)),
+                    ratios[0],
+                    ratios[1],
+                    one_way_ratio[0],
+                );
             }
         }
-        stop.store(true, Ordering::Relaxed);
-    });
+    }
     println!();
     println!("load average at the end: {}", load());
 }
