@@ -32,13 +32,20 @@ impl LibfabricEndpoint {
     /// Wait up to `timeout` for the completion of the operation posted with `id`, driving
     /// progress; other completions stay for [`poll_completions`](Self::poll_completions). For
     /// tests and simple callers: it scans the ready queue, so a completion another thread's
-    /// `poll_completions` already took is not seen here. Any `Duration` is accepted: one too
-    /// long for a deadline (`Duration::MAX`) waits until the completion arrives.
+    /// `poll_completions` already took is not seen here. A completion an earlier read of the
+    /// queues has already set aside (a batch's, waited for one by one) is answered at once,
+    /// without driving progress. Any `Duration` is accepted: one too long for a deadline
+    /// (`Duration::MAX`) waits until the completion arrives.
     ///
     /// # Errors
     /// [`DmaError::WouldBlock`] when it has not completed within `timeout` (it is still in
     /// flight).
     pub fn wait_for(&self, id: u64, timeout: Duration) -> Result<Completion, DmaError> {
+        // Each progress pass reads both queues, and on tcp each read is the provider's whole
+        // progress (an `epoll_wait`): not for a completion that is already here.
+        if let Some(done) = self.operations.take_ready(id) {
+            return Ok(done);
+        }
         self.wait_until_spinning_first(Deadline::after(timeout), || {
             self.progress();
             self.operations.take_ready(id)
