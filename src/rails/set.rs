@@ -445,13 +445,18 @@ impl RailSet {
     /// [`LibfabricEndpoint::wait_for`]). It takes only that transfer's completion: every other
     /// stays for [`poll_completions`](Self::poll_completions) or another waiter, also while this
     /// one waits. An operation posted on a rail directly is waited for on that rail
-    /// ([`LibfabricEndpoint::wait_for`]). Any `Duration` is accepted (`Duration::MAX` waits until
-    /// the completion arrives).
+    /// ([`LibfabricEndpoint::wait_for`]). A completion an earlier read already set aside is
+    /// answered at once, without driving progress. Any `Duration` is accepted (`Duration::MAX`
+    /// waits until the completion arrives).
     ///
     /// # Errors
     /// [`DmaError::WouldBlock`] when it has not completed within `timeout` (it is still in
     /// flight).
     pub fn wait_for(&self, id: u64, timeout: Duration) -> Result<Completion, DmaError> {
+        // A pass reads every rail's queues: not for a completion that is already here.
+        if let Some(done) = self.transfers.take(id) {
+            return Ok(done);
+        }
         self.transfers
             .waiter
             .wait(&self.sources, Deadline::after(timeout), || {
