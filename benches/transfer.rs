@@ -94,6 +94,13 @@ struct Row {
     transfers: Vec<Duration>,
 }
 
+impl Row {
+    /// GB/s: the row's bytes, `iterations` batches of `batch` transfers of `block`, over its time.
+    fn rate(&self, block: usize, batch: usize) -> f64 {
+        (self.iterations * batch * block) as f64 / self.seconds / 1e9
+    }
+}
+
 /// `Configuration::spin_before_sleep` for both endpoints: `SPIN_BEFORE_SLEEP_US` microseconds
 /// (the default's zero when unset).
 fn spin_before_sleep() -> Duration {
@@ -248,8 +255,7 @@ fn both_ways(
         let there = side(forward);
         (there, back.join().unwrap())
     });
-    let rate = |row: &Row| (row.iterations * batch * block) as f64 / row.seconds / 1e9;
-    rate(&there).min(rate(&back))
+    there.rate(block, batch).min(back.rate(block, batch))
 }
 
 /// Where fi_rma_bw is, or why not.
@@ -503,17 +509,15 @@ fn main() {
                     row
                 });
                 let both = both_ways([&mut bench, &mut back], op, block, batch, row.iterations);
-                let bytes = (row.iterations * batch * block) as f64;
-                let rate = bytes / row.seconds / 1e9;
+                let rate = row.rate(block, batch);
                 let average = row.seconds * 1e6 / row.iterations as f64;
                 let delivered = write_completion == WriteCompletion::Delivered;
-                let mut compare = |fabtests_op: &str, delivered: bool, ours: &[f64]| match &fabtests
-                {
-                    Err(_) => ("skipped".to_owned(), vec![String::new(); ours.len()]),
-                    Ok(_) if block * batch > FABTESTS_LIMIT => (
-                        "not run (buffers > 2 GiB)".to_owned(),
-                        vec![String::new(); ours.len()],
-                    ),
+                // fi_rma_bw's MB/s as the table gives it, and the figure when it ran.
+                let mut compare = |fabtests_op: &str, delivered: bool| match &fabtests {
+                    Err(_) => ("skipped".to_owned(), None),
+                    Ok(_) if block * batch > FABTESTS_LIMIT => {
+                        ("not run (buffers > 2 GiB)".to_owned(), None)
+                    }
                     Ok(binary) => {
                         port = port.wrapping_add(1).max(20_000);
                         let transfers = row.iterations * batch;
@@ -526,23 +530,21 @@ fn main() {
                             delivered,
                             port,
                         ) {
-                            Ok(mbs) => (
-                                format!("{mbs:.0}"),
-                                ours.iter()
-                                    .map(|ours| format!("{:.2}×", ours * 1e3 / mbs))
-                                    .collect(),
-                            ),
-                            Err(why) => (format!("failed: {why}"), vec![String::new(); ours.len()]),
+                            Ok(mbs) => (format!("{mbs:.0}"), Some(mbs)),
+                            Err(why) => (format!("failed: {why}"), None),
                         }
                     }
                 };
-                let (theirs, ratios) = match op {
-                    Op::Write => compare("write", delivered, &[both, rate]),
-                    Op::Read => compare("read", false, &[both, rate]),
+                let ratio = |ours: f64, theirs: Option<f64>| {
+                    theirs.map_or_else(String::new, |mbs| format!("{:.2}×", ours * 1e3 / mbs))
                 };
-                let (one_way, one_way_ratio) = match op {
-                    Op::Write => compare("writedata", delivered, &[rate]),
-                    Op::Read => ("–".to_owned(), vec![String::new()]),
+                let (theirs, their_rate) = match op {
+                    Op::Write => compare("write", delivered),
+                    Op::Read => compare("read", false),
+                };
+                let (one_way, one_way_rate) = match op {
+                    Op::Write => compare("writedata", delivered),
+                    Op::Read => ("–".to_owned(), None),
                 };
                 println!(
                     "| {} | {} | {batch} | {} | {rate:.3} | {average:.1} | {:.1} | {:.1} | {both:.3} | {theirs} | {} | {} | {one_way} | {} |",
@@ -551,9 +553,9 @@ fn main() {
                     row.iterations,
                     micros(p99(row.posts)),
                     micros(p99(row.transfers)),
-                    ratios[0],
-                    ratios[1],
-                    one_way_ratio[0],
+                    ratio(both, their_rate),
+                    ratio(rate, their_rate),
+                    ratio(rate, one_way_rate),
                 );
             }
         }
