@@ -493,3 +493,39 @@ fn a_write_to_a_hand_built_descriptor_that_wraps_is_refused_at_the_post() {
     assert_eq!(0, server.operations_in_flight());
     assert_eq!(0, server.cache().stats().leases, "the lease went back");
 }
+
+/// `wait_for` of a completion an earlier read already set aside answers it at once and once:
+/// with a zero timeout, after the target has stopped progressing (so no read now could bring
+/// it), and a second `wait_for` of the same id finds nothing.
+#[test]
+fn a_completion_already_set_aside_is_answered_at_once_and_once() {
+    let (server, client) = (rma_tcp(), rma_tcp());
+    connect(&server, &client);
+    let address = client.local_address().expect("address");
+    let source = server.register(64).expect("server memory");
+    let target = client.register(2 * 64).expect("client memory");
+    with_progress(&client, || {
+        for id in [1_u64, 2] {
+            let lease = server.cache().lease(1, &address).expect("a lease");
+            let remote = target.remote().slice((id - 1) * 64, 64).expect("in range");
+            server
+                .write(lease, source.segment(0, 64).expect("segment"), remote, id)
+                .expect("posted");
+        }
+        let second = server.wait_for(2, PATIENCE).expect("completed");
+        assert_eq!(Ok(()), second.result);
+        // Write 1's completion is read by now or by these passes, and set aside: `wait_for(2)`
+        // took only its own.
+        progress_until(&server, "write 1's completion read", || {
+            0 == server.operations_in_flight()
+        });
+    });
+    let first = server
+        .wait_for(1, std::time::Duration::ZERO)
+        .expect("set aside, answered without waiting");
+    assert_eq!((1, Ok(())), (first.id, first.result));
+    assert!(matches!(
+        server.wait_for(1, std::time::Duration::ZERO),
+        Err(DmaError::WouldBlock)
+    ));
+}
